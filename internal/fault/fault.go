@@ -1,0 +1,166 @@
+// Package fault defines the domain error type that every Kibotos package
+// returns. A fault says what went wrong in domain terms (a Kind, a Reason, the
+// offending field); internal/apierr is the one place that turns it into a
+// Connect error carrying a kibotos.ctrl.v1.ErrorDetail.
+//
+// Messages must never contain secrets: callers build them from field names
+// and public values only.
+package fault
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Kind is the class of failure. Each Kind maps to exactly one Connect code in
+// internal/apierr.
+type Kind int
+
+const (
+	KindInternal Kind = iota
+	KindInvalidArgument
+	KindNotFound
+	KindAlreadyExists
+	KindFailedPrecondition
+	KindAborted
+	KindResourceExhausted
+	KindUnavailable
+	KindDeadlineExceeded
+	KindPermissionDenied
+	KindUnauthenticated
+	KindUnimplemented
+)
+
+var kindNames = [...]string{
+	KindInternal:           "internal",
+	KindInvalidArgument:    "invalid_argument",
+	KindNotFound:           "not_found",
+	KindAlreadyExists:      "already_exists",
+	KindFailedPrecondition: "failed_precondition",
+	KindAborted:            "aborted",
+	KindResourceExhausted:  "resource_exhausted",
+	KindUnavailable:        "unavailable",
+	KindDeadlineExceeded:   "deadline_exceeded",
+	KindPermissionDenied:   "permission_denied",
+	KindUnauthenticated:    "unauthenticated",
+	KindUnimplemented:      "unimplemented",
+}
+
+func (k Kind) String() string {
+	if int(k) >= 0 && int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Reason is the fine-grained cause, mirrored one to one by the FailureReason
+// enum of the public API.
+type Reason string
+
+const (
+	ReasonUnspecified                Reason = ""
+	ReasonInvalidArgument            Reason = "INVALID_ARGUMENT"
+	ReasonInvalidCommandID           Reason = "INVALID_COMMAND_ID"
+	ReasonReservedCommandID          Reason = "RESERVED_COMMAND_ID"
+	ReasonCommandIDReused            Reason = "COMMAND_ID_REUSED"
+	ReasonNotFound                   Reason = "NOT_FOUND"
+	ReasonRevisionMismatch           Reason = "REVISION_MISMATCH"
+	ReasonExpirationRevisionMismatch Reason = "EXPIRATION_REVISION_MISMATCH"
+	ReasonStateConflict              Reason = "STATE_CONFLICT"
+	ReasonConflict                   Reason = "CONFLICT"
+	ReasonCapacityExhausted          Reason = "CAPACITY_EXHAUSTED"
+	ReasonCapabilityUnavailable      Reason = "CAPABILITY_UNAVAILABLE"
+	ReasonSessionExpired             Reason = "SESSION_EXPIRED"
+	ReasonTimedOut                   Reason = "TIMED_OUT"
+	ReasonNodeUnreachable            Reason = "NODE_UNREACHABLE"
+	ReasonGuestWritebackFailed       Reason = "GUEST_WRITEBACK_FAILED"
+	ReasonGuestUnresponsive          Reason = "GUEST_UNRESPONSIVE"
+	ReasonExecutionFailed            Reason = "EXECUTION_FAILED"
+	ReasonEndpointForbidden          Reason = "ENDPOINT_FORBIDDEN"
+	ReasonPageTokenInvalid           Reason = "PAGE_TOKEN_INVALID"
+	ReasonPermissionDenied           Reason = "PERMISSION_DENIED"
+	ReasonUnavailable                Reason = "UNAVAILABLE"
+	ReasonInternal                   Reason = "INTERNAL"
+)
+
+// Error is a domain failure.
+type Error struct {
+	Kind   Kind
+	Reason Reason
+	// Field is the path of the offending request field (for example
+	// "spec.socks5.address"), when one is to blame.
+	Field string
+	// Message is human readable and never contains a secret.
+	Message string
+	// Retryable reports whether resending the same request can succeed.
+	Retryable bool
+	// Stage names where the failure happened: "admission", "placement", ...
+	Stage string
+}
+
+func (e *Error) Error() string {
+	var s string
+	if e.Field != "" {
+		s = e.Field + ": "
+	}
+	s += e.Message
+	if e.Reason != ReasonUnspecified {
+		s += " (" + string(e.Reason) + ")"
+	}
+	return s
+}
+
+// As returns the *Error in err's chain.
+func As(err error) (*Error, bool) {
+	var fe *Error
+	ok := errors.As(err, &fe)
+	return fe, ok
+}
+
+// KindOf returns the Kind of err, KindInternal when err is not a fault.
+func KindOf(err error) Kind {
+	if fe, ok := As(err); ok {
+		return fe.Kind
+	}
+	return KindInternal
+}
+
+// Invalid reports a malformed request field.
+func Invalid(field, format string, args ...any) *Error {
+	return &Error{Kind: KindInvalidArgument, Reason: ReasonInvalidArgument, Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// InvalidReason is Invalid with a more specific reason.
+func InvalidReason(reason Reason, field, format string, args ...any) *Error {
+	e := Invalid(field, format, args...)
+	e.Reason = reason
+	return e
+}
+
+// NotFound reports a missing object.
+func NotFound(what, id string) *Error {
+	return &Error{Kind: KindNotFound, Reason: ReasonNotFound, Message: fmt.Sprintf("%s %q not found", what, id)}
+}
+
+// RevisionMismatch reports a failed compare-and-swap on a revision other than
+// the expiration revision.
+func RevisionMismatch(field string, want, have uint64) *Error {
+	return &Error{Kind: KindAborted, Reason: ReasonRevisionMismatch, Field: field,
+		Message: fmt.Sprintf("expected revision %d, current revision is %d", want, have)}
+}
+
+// Precondition reports that the object's state forbids the request.
+func Precondition(reason Reason, format string, args ...any) *Error {
+	return &Error{Kind: KindFailedPrecondition, Reason: reason, Message: fmt.Sprintf(format, args...)}
+}
+
+// Unavailable reports a transient failure; the same request may succeed later.
+func Unavailable(reason Reason, format string, args ...any) *Error {
+	return &Error{Kind: KindUnavailable, Reason: reason, Retryable: true, Message: fmt.Sprintf(format, args...)}
+}
+
+// Internal wraps an unexpected failure. Its message is replaced at the API
+// edge; the original is only logged.
+func Internal(format string, args ...any) *Error {
+	return &Error{Kind: KindInternal, Reason: ReasonInternal, Message: fmt.Sprintf(format, args...)}
+}
