@@ -1,0 +1,101 @@
+// Package capability is the one table of capability names. The server
+// advertises the names it serves in GetServerInfo; kibo looks up the names
+// each of its commands needs in the same table, by exact string match.
+//
+// A name is listed as served only when the deployment really serves it end
+// to end. Names are lower case, dot separated, <object>.<feature>.
+package capability
+
+import "slices"
+
+// Capability names.
+const (
+	// EgressManage: EgressService (create, get, list, update, delete, labels,
+	// annotations) with every endpoint check.
+	EgressManage = "egress.manage"
+	// ResolverManage: ResolverService, likewise.
+	ResolverManage = "resolver.manage"
+
+	// The names below are defined by the API; the server lists them once the
+	// part that serves them exists.
+	WorkspaceCreate            = "workspace.create"
+	WorkspaceStart             = "workspace.start"
+	WorkspaceStop              = "workspace.stop"
+	WorkspaceDelete            = "workspace.delete"
+	WorkspaceNetworkPolicy     = "workspace.network_policy"
+	WorkspaceResources         = "workspace.resources"
+	WorkspaceWritableLayerGrow = "workspace.writable_layer.resize"
+	WorkspaceVolumeBinding     = "workspace.volume_binding"
+	WorkspaceExpiration        = "workspace.expiration"
+	WorkspaceDataPlaneRevoke   = "workspace.data_plane.revoke"
+	WorkspaceFilesystem        = "workspace.filesystem"
+	WorkspaceExec              = "workspace.exec"
+	WorkspaceDesktop           = "workspace.desktop"
+	EgressSOCKS5               = "egress.socks5"
+	EgressSOCKS5TLS            = "egress.socks5.tls"
+	EgressUDP                  = "egress.udp"
+	ResolverUDP                = "resolver.udp"
+	ResolverTCP                = "resolver.tcp"
+	VolumeCreate               = "volume.create"
+)
+
+// Served lists the capabilities this build serves end to end, sorted.
+// Add a name here only together with the end-to-end test that proves it.
+var served = []string{
+	EgressManage,
+	ResolverManage,
+}
+
+// Served returns the served capabilities, sorted.
+func Served() []string {
+	out := slices.Clone(served)
+	slices.Sort(out)
+	return out
+}
+
+// IsServed reports whether name is served.
+func IsServed(name string) bool { return slices.Contains(served, name) }
+
+// Procedures maps each ctrl procedure to the capability it needs. kibo and
+// the SDK check it before calling; the server refuses procedures whose
+// capability it does not serve.
+var Procedures = map[string]string{
+	"/kibotos.ctrl.v1.EgressService/CreateEgress":                    EgressManage,
+	"/kibotos.ctrl.v1.EgressService/GetEgress":                       EgressManage,
+	"/kibotos.ctrl.v1.EgressService/ListEgresses":                    EgressManage,
+	"/kibotos.ctrl.v1.EgressService/UpdateEgress":                    EgressManage,
+	"/kibotos.ctrl.v1.EgressService/DeleteEgress":                    EgressManage,
+	"/kibotos.ctrl.v1.EgressService/UpdateEgressLabels":              EgressManage,
+	"/kibotos.ctrl.v1.EgressService/UpdateEgressAnnotations":         EgressManage,
+	"/kibotos.ctrl.v1.ResolverService/CreateResolver":                ResolverManage,
+	"/kibotos.ctrl.v1.ResolverService/GetResolver":                   ResolverManage,
+	"/kibotos.ctrl.v1.ResolverService/ListResolvers":                 ResolverManage,
+	"/kibotos.ctrl.v1.ResolverService/UpdateResolver":                ResolverManage,
+	"/kibotos.ctrl.v1.ResolverService/DeleteResolver":                ResolverManage,
+	"/kibotos.ctrl.v1.ResolverService/UpdateResolverLabels":          ResolverManage,
+	"/kibotos.ctrl.v1.ResolverService/UpdateResolverAnnotations":     ResolverManage,
+	"/kibotos.ctrl.v1.WorkspaceService/CreateWorkspace":              WorkspaceCreate,
+	"/kibotos.ctrl.v1.WorkspaceService/GetWorkspace":                 WorkspaceCreate,
+	"/kibotos.ctrl.v1.WorkspaceService/ListWorkspaces":               WorkspaceCreate,
+	"/kibotos.ctrl.v1.WorkspaceService/GetWorkspaceCommand":          WorkspaceCreate,
+	"/kibotos.ctrl.v1.WorkspaceService/UpdateWorkspaceLabels":        WorkspaceCreate,
+	"/kibotos.ctrl.v1.WorkspaceService/UpdateWorkspaceAnnotations":   WorkspaceCreate,
+	"/kibotos.ctrl.v1.WorkspaceService/StartWorkspace":               WorkspaceStart,
+	"/kibotos.ctrl.v1.WorkspaceService/StopWorkspace":                WorkspaceStop,
+	"/kibotos.ctrl.v1.WorkspaceService/DeleteWorkspace":              WorkspaceDelete,
+	"/kibotos.ctrl.v1.WorkspaceService/UpdateWorkspaceNetworkPolicy": WorkspaceNetworkPolicy,
+	"/kibotos.ctrl.v1.WorkspaceService/UpdateWorkspaceMemory":        WorkspaceResources,
+	"/kibotos.ctrl.v1.WorkspaceService/UpdateWorkspaceCpu":           WorkspaceResources,
+	"/kibotos.ctrl.v1.WorkspaceService/ResizeWorkspaceWritableLayer": WorkspaceWritableLayerGrow,
+	"/kibotos.ctrl.v1.WorkspaceService/UpdateWorkspaceVolumeBinding": WorkspaceVolumeBinding,
+	"/kibotos.ctrl.v1.WorkspaceService/UpdateWorkspaceExpiration":    WorkspaceExpiration,
+	"/kibotos.ctrl.v1.WorkspaceService/RevokeWorkspaceDataPlane":     WorkspaceDataPlaneRevoke,
+	"/kibotos.ctrl.v1.VolumeService/CreateVolume":                    VolumeCreate,
+	"/kibotos.ctrl.v1.VolumeService/GetVolume":                       VolumeCreate,
+	"/kibotos.ctrl.v1.VolumeService/ListVolumes":                     VolumeCreate,
+	"/kibotos.ctrl.v1.VolumeService/ResizeVolume":                    VolumeCreate,
+	"/kibotos.ctrl.v1.VolumeService/DeleteVolume":                    VolumeCreate,
+	"/kibotos.ctrl.v1.VolumeService/GetVolumeCommand":                VolumeCreate,
+	"/kibotos.ctrl.v1.VolumeService/UpdateVolumeLabels":              VolumeCreate,
+	"/kibotos.ctrl.v1.VolumeService/UpdateVolumeAnnotations":         VolumeCreate,
+}

@@ -1,0 +1,373 @@
+// Package catalog implements the operations shared by caller-owned endpoint
+// objects, Egresses and Resolvers: create, get, list, update with CAS,
+// delete guarded by references, and label and annotation updates. Each
+// operation is a command (internal/command) and each rule is stated once
+// here; the API handlers only convert messages.
+package catalog
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"errors"
+	"maps"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kibotos/kibotos/internal/command"
+	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/labels"
+	"github.com/kibotos/kibotos/internal/paging"
+	"github.com/kibotos/kibotos/internal/store"
+)
+
+// Kind describes one kind of catalog object.
+type Kind[S proto.Message] struct {
+	// Store is the resource kind in the store.
+	Store store.Kind
+	// Noun names the kind in messages ("egress").
+	Noun string
+	// IDPrefix starts every ID ("eg-").
+	IDPrefix string
+	// IDField is the request field that names an object ("egress_id").
+	IDField string
+	// NewSpec allocates an empty spec.
+	NewSpec func() S
+	// Validate checks a spec's syntax.
+	Validate func(field string, s S) error
+	// Check runs the slow checks (endpoint resolution) before admission.
+	Check func(ctx context.Context, field string, s S) error
+	// GuardUpdate refuses a spec change that a reference depends on.
+	GuardUpdate func(ctx context.Context, tx store.Tx, id string, old, new S) error
+	// DeleteRefs are the reference kinds that block a delete.
+	DeleteRefs []store.RefKind
+}
+
+// Object is a decoded catalog object.
+type Object[S proto.Message] struct {
+	*store.Resource
+	Spec S
+}
+
+// Service runs the operations of one kind.
+type Service[S proto.Message] struct {
+	Kind   Kind[S]
+	Engine *command.Engine
+	Store  store.Store
+	Pages  *paging.Codec
+	Now    func() time.Time
+}
+
+func (s *Service[S]) now() time.Time {
+	if s.Now != nil {
+		return s.Now().UTC().Truncate(time.Microsecond)
+	}
+	return time.Now().UTC().Truncate(time.Microsecond)
+}
+
+func (s *Service[S]) decode(r *store.Resource) (*Object[S], error) {
+	spec := s.Kind.NewSpec()
+	if err := proto.Unmarshal(r.Spec, spec); err != nil {
+		return nil, fault.Internal("decode %s spec: %v", s.Kind.Noun, err)
+	}
+	return &Object[S]{Resource: r, Spec: spec}, nil
+}
+
+func (s *Service[S]) load(ctx context.Context, tx store.Tx, id string) (*store.Resource, error) {
+	r, err := tx.GetResource(ctx, s.Kind.Store, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fault.NotFound(s.Kind.Noun, id)
+	}
+	return r, err
+}
+
+func (s *Service[S]) validateID(id string) error {
+	if id == "" {
+		return fault.Invalid(s.Kind.IDField, "%s is required", s.Kind.IDField)
+	}
+	if !strings.HasPrefix(id, s.Kind.IDPrefix) || len(id) > 64 {
+		return fault.NotFound(s.Kind.Noun, truncate(id))
+	}
+	return nil
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
+
+// NewID returns a fresh object ID with prefix: 20 characters of base32.
+func NewID(prefix string) string {
+	var b [13]byte
+	_, _ = rand.Read(b[:])
+	return prefix + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:])[:20])
+}
+
+// Respond converts an object to the method's response.
+type Respond[S proto.Message, Resp proto.Message] func(*Object[S]) Resp
+
+// Create stores a new object at revision 1.
+func Create[S proto.Message, Req command.Input, Resp proto.Message](ctx context.Context, s *Service[S], method string, req Req,
+	spec S, lbls, annotations map[string]string, respond Respond[S, Resp], newResp func() Resp) (Resp, error) {
+	var zero Resp
+	if err := s.Kind.Validate("spec", spec); err != nil {
+		return zero, err
+	}
+	if err := labels.ValidateLabels("labels", lbls); err != nil {
+		return zero, err
+	}
+	if err := labels.ValidateAnnotations("annotations", annotations); err != nil {
+		return zero, err
+	}
+	return command.Execute(ctx, s.Engine, command.Spec[Req, Resp]{
+		Method: method, ObjectKind: string(s.Kind.Store), Request: req, NewResponse: newResp,
+		Prepare: func(ctx context.Context) error { return s.Kind.Check(ctx, "spec", spec) },
+		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (Resp, error) {
+			b, err := marshal(spec)
+			if err != nil {
+				return zero, err
+			}
+			now := s.now()
+			r := &store.Resource{
+				Kind: s.Kind.Store, ID: NewID(s.Kind.IDPrefix), CreatedAt: now, UpdatedAt: now,
+				Revision: 1, Spec: b,
+				Labels: nonNil(lbls), LabelsRevision: 1,
+				Annotations: nonNil(annotations), AnnotationsRevision: 1,
+			}
+			if err := tx.InsertResource(ctx, r); err != nil {
+				return zero, err
+			}
+			rec.ObjectID = r.ID
+			o, err := s.decode(r)
+			if err != nil {
+				return zero, err
+			}
+			return respond(o), nil
+		},
+	})
+}
+
+// Get reads one object.
+func (s *Service[S]) Get(ctx context.Context, id string) (*Object[S], error) {
+	if err := s.validateID(id); err != nil {
+		return nil, err
+	}
+	var r *store.Resource
+	err := s.Store.View(ctx, func(tx store.Tx) error {
+		var err error
+		r, err = s.load(ctx, tx, id)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s.decode(r)
+}
+
+// List returns one page of objects in creation order, and the token of the
+// next page ("" on the last).
+func (s *Service[S]) List(ctx context.Context, pageSize uint32, token string, selector map[string]string) ([]*Object[S], string, error) {
+	n, err := paging.PageSize("page_size", pageSize)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := labels.ValidateSelector("label_selector", selector); err != nil {
+		return nil, "", err
+	}
+	filter := paging.Filter(labels.Canonical(selector))
+	cur, ok, err := s.Pages.Decode(string(s.Kind.Store), filter, token)
+	if err != nil {
+		return nil, "", err
+	}
+	q := store.ListQuery{Kind: s.Kind.Store, Selector: selector, Limit: n + 1}
+	if ok {
+		q.After = &store.Cursor{CreatedAt: cur.CreatedAt, ID: cur.ID}
+	}
+	var rows []*store.Resource
+	err = s.Store.View(ctx, func(tx store.Tx) error {
+		var err error
+		rows, err = tx.ListResources(ctx, q)
+		return err
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(rows) > n {
+		rows = rows[:n]
+		last := rows[n-1]
+		next = s.Pages.Encode(string(s.Kind.Store), filter, paging.Cursor{CreatedAt: last.CreatedAt, ID: last.ID})
+	}
+	out := make([]*Object[S], 0, len(rows))
+	for _, r := range rows {
+		o, err := s.decode(r)
+		if err != nil {
+			return nil, "", err
+		}
+		out = append(out, o)
+	}
+	return out, next, nil
+}
+
+// Update replaces an object's spec under CAS on its revision. Equal content
+// keeps the revision.
+func Update[S proto.Message, Req command.Input, Resp proto.Message](ctx context.Context, s *Service[S], method string, req Req,
+	id string, expected uint64, spec S, same func(a, b S) bool, respond Respond[S, Resp], newResp func() Resp) (Resp, error) {
+	var zero Resp
+	if err := s.validateID(id); err != nil {
+		return zero, err
+	}
+	if expected == 0 {
+		return zero, fault.Invalid("expected_revision", "expected_revision is required")
+	}
+	if err := s.Kind.Validate("spec", spec); err != nil {
+		return zero, err
+	}
+	return command.Execute(ctx, s.Engine, command.Spec[Req, Resp]{
+		Method: method, ObjectKind: string(s.Kind.Store), ObjectID: id, Request: req, NewResponse: newResp,
+		Prepare: func(ctx context.Context) error { return s.Kind.Check(ctx, "spec", spec) },
+		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (Resp, error) {
+			r, err := s.load(ctx, tx, id)
+			if err != nil {
+				return zero, err
+			}
+			if r.Revision != expected {
+				return zero, fault.RevisionMismatch("expected_revision", expected, r.Revision)
+			}
+			cur, err := s.decode(r)
+			if err != nil {
+				return zero, err
+			}
+			if same(cur.Spec, spec) {
+				return respond(cur), nil
+			}
+			if s.Kind.GuardUpdate != nil {
+				if err := s.Kind.GuardUpdate(ctx, tx, id, cur.Spec, spec); err != nil {
+					return zero, err
+				}
+			}
+			b, err := marshal(spec)
+			if err != nil {
+				return zero, err
+			}
+			r.Spec = b
+			r.Revision++
+			r.UpdatedAt = s.now()
+			if err := tx.UpdateResource(ctx, r); err != nil {
+				return zero, err
+			}
+			o, err := s.decode(r)
+			if err != nil {
+				return zero, err
+			}
+			return respond(o), nil
+		},
+	})
+}
+
+// Delete removes an object that no policy of a non-deleted Workspace
+// references.
+func Delete[S proto.Message, Req command.Input, Resp proto.Message](ctx context.Context, s *Service[S], method string, req Req,
+	id string, resp func() Resp) (Resp, error) {
+	var zero Resp
+	if err := s.validateID(id); err != nil {
+		return zero, err
+	}
+	return command.Execute(ctx, s.Engine, command.Spec[Req, Resp]{
+		Method: method, ObjectKind: string(s.Kind.Store), ObjectID: id, Request: req, NewResponse: resp,
+		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (Resp, error) {
+			if _, err := s.load(ctx, tx, id); err != nil {
+				return zero, err
+			}
+			for _, k := range s.Kind.DeleteRefs {
+				n, err := tx.CountReferences(ctx, k, id)
+				if err != nil {
+					return zero, err
+				}
+				if n > 0 {
+					return zero, fault.Precondition(fault.ReasonConflict,
+						"%s %q is referenced by the network policy of %d non-deleted workspace(s)", s.Kind.Noun, id, n)
+				}
+			}
+			if err := tx.DeleteResource(ctx, s.Kind.Store, id); err != nil {
+				return zero, err
+			}
+			return resp(), nil
+		},
+	})
+}
+
+// MapField selects the labels or the annotations of an object.
+type MapField int
+
+// The two maps of an object.
+const (
+	Labels MapField = iota
+	Annotations
+)
+
+// UpdateMap replaces the labels or annotations of an object as a whole,
+// under CAS on their own revision. Equal content keeps the revision.
+func UpdateMap[S proto.Message, Req command.Input, Resp proto.Message](ctx context.Context, s *Service[S], method string, req Req,
+	id string, which MapField, expected uint64, m map[string]string, respond Respond[S, Resp], newResp func() Resp) (Resp, error) {
+	var zero Resp
+	if err := s.validateID(id); err != nil {
+		return zero, err
+	}
+	field := "labels"
+	validate := labels.ValidateLabels
+	if which == Annotations {
+		field, validate = "annotations", labels.ValidateAnnotations
+	}
+	if err := validate(field, m); err != nil {
+		return zero, err
+	}
+	return command.Execute(ctx, s.Engine, command.Spec[Req, Resp]{
+		Method: method, ObjectKind: string(s.Kind.Store), ObjectID: id, Request: req, NewResponse: newResp,
+		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (Resp, error) {
+			r, err := s.load(ctx, tx, id)
+			if err != nil {
+				return zero, err
+			}
+			cur, rev := &r.Labels, &r.LabelsRevision
+			if which == Annotations {
+				cur, rev = &r.Annotations, &r.AnnotationsRevision
+			}
+			if *rev != expected {
+				return zero, fault.RevisionMismatch("expected_revision", expected, *rev)
+			}
+			if !maps.Equal(*cur, m) {
+				*cur = nonNil(m)
+				*rev++
+				r.UpdatedAt = s.now()
+				if err := tx.UpdateResource(ctx, r); err != nil {
+					return zero, err
+				}
+			}
+			o, err := s.decode(r)
+			if err != nil {
+				return zero, err
+			}
+			return respond(o), nil
+		},
+	})
+}
+
+func nonNil(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return maps.Clone(m)
+}
+
+func marshal(m proto.Message) ([]byte, error) {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		return nil, fault.Internal("encode spec: %v", err)
+	}
+	return b, nil
+}

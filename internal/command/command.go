@@ -1,0 +1,270 @@
+// Package command is the write convention of the ctrl API in one place:
+// every write carries a command ID; the first result of an ID is recorded
+// atomically with its effect and replayed for every resend with the same
+// input; the same ID with other input is already_exists.
+//
+// A request runs through Execute:
+//  1. the command ID is validated (format, reserved prefixes) — nothing is
+//     recorded for a malformed ID;
+//  2. a read-only look-up replays a recorded result without any other work;
+//  3. Prepare runs outside any transaction (slow checks such as resolving an
+//     endpoint's name); its failures record nothing;
+//  4. one write transaction locks the ID, looks it up again, runs the
+//     decision, and records the result with its effect. A settled failure
+//     (a decision such as not_found or aborted) rolls the effect back and is
+//     recorded on its own, so that a resend replays it.
+package command
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/internal/apierr"
+	"github.com/kibotos/kibotos/internal/commandid"
+	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/store"
+)
+
+// IDField is the request field that carries the command ID.
+const IDField = "metadata.command_id"
+
+// Input is a write request of the Workspace API.
+type Input interface {
+	proto.Message
+	GetMetadata() *ctrlv1.CommandMetadata
+}
+
+// Spec describes one command.
+type Spec[Req Input, Resp proto.Message] struct {
+	// Method is the full procedure name; it is part of the fingerprint, so one
+	// ID cannot be reused across methods.
+	Method string
+	// ObjectKind and ObjectID name the object the command acts on (ObjectID
+	// may be set by Decide for creations through Record.ObjectID).
+	ObjectKind string
+	ObjectID   string
+	// Kind is the API command kind (e.g. a WorkspaceCommandKind), 0 for none.
+	Kind int
+	// Request is the caller's request.
+	Request Req
+	// Normalize, when set, clears input fields the fingerprint must ignore
+	// (it receives a clone).
+	Normalize func(Req)
+	// Prepare runs once before the write transaction, only when the ID has no
+	// recorded result. Its errors are returned as they are and record
+	// nothing.
+	Prepare func(ctx context.Context) error
+	// Decide runs inside the write transaction. It returns the response, or
+	// a fault: a settled fault is recorded and replayed, any other error is
+	// returned without recording.
+	Decide func(ctx context.Context, tx store.Tx, rec *store.Command) (Resp, error)
+	// NewResponse allocates an empty response for replays.
+	NewResponse func() Resp
+}
+
+// Engine executes commands against a store.
+type Engine struct {
+	Store store.Store
+	Now   func() time.Time
+}
+
+func (e *Engine) now() time.Time {
+	if e.Now != nil {
+		return e.Now().UTC().Truncate(time.Microsecond)
+	}
+	return time.Now().UTC().Truncate(time.Microsecond)
+}
+
+// Fingerprint digests a request's input: the method and the deterministic
+// encoding of the request without its metadata.
+func Fingerprint[Req Input](method string, req Req, normalize func(Req)) ([]byte, error) {
+	c := proto.Clone(req).(Req)
+	c.ProtoReflect().Clear(c.ProtoReflect().Descriptor().Fields().ByName("metadata"))
+	if normalize != nil {
+		normalize(c)
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(c)
+	if err != nil {
+		return nil, err
+	}
+	h := sha256.New()
+	h.Write([]byte(method))
+	h.Write([]byte{0})
+	h.Write(b)
+	return h.Sum(nil), nil
+}
+
+// errSettled carries a settled fault out of the first transaction so that
+// its effects roll back.
+type errSettled struct{ fe *fault.Error }
+
+func (e errSettled) Error() string { return e.fe.Error() }
+
+// Execute runs a command once per command ID and returns its recorded
+// result.
+func Execute[Req Input, Resp proto.Message](ctx context.Context, e *Engine, s Spec[Req, Resp]) (Resp, error) {
+	var zero Resp
+	id := s.Request.GetMetadata().GetCommandId()
+	if err := commandid.Validate(IDField, id); err != nil {
+		return zero, err
+	}
+	fp, err := Fingerprint(s.Method, s.Request, s.Normalize)
+	if err != nil {
+		return zero, fault.Internal("fingerprint: %v", err)
+	}
+
+	// A recorded result needs no other work.
+	var rec *store.Command
+	err = e.Store.View(ctx, func(tx store.Tx) error {
+		var err error
+		rec, err = tx.GetCommand(ctx, id)
+		return err
+	})
+	switch {
+	case err == nil:
+		return replay(s, rec, fp)
+	case !errors.Is(err, store.ErrNotFound):
+		return zero, storeUnavailable(err)
+	}
+
+	if s.Prepare != nil {
+		if err := s.Prepare(ctx); err != nil {
+			return zero, err
+		}
+	}
+
+	var (
+		resp     Resp
+		replayed *store.Command
+	)
+	err = e.Store.InTx(ctx, func(tx store.Tx) error {
+		replayed = nil
+		if err := tx.LockCommand(ctx, id); err != nil {
+			return err
+		}
+		prior, err := tx.GetCommand(ctx, id)
+		if err == nil {
+			replayed = prior
+			return nil
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		now := e.now()
+		rec := &store.Command{
+			ID: id, Method: s.Method, Fingerprint: fp,
+			ObjectKind: s.ObjectKind, ObjectID: s.ObjectID, Kind: s.Kind,
+			Initiator: int(ctrlv1.CommandInitiator_COMMAND_INITIATOR_CALLER),
+			Status:    store.CommandCompleted, CreatedAt: now, CompletedAt: now,
+		}
+		out, err := s.Decide(ctx, tx, rec)
+		if err != nil {
+			if apierr.Settled(err) {
+				fe, _ := fault.As(err)
+				return errSettled{fe}
+			}
+			return err
+		}
+		if rec.Status == store.CommandProcessing {
+			rec.CompletedAt = time.Time{}
+		}
+		if rec.Result, err = proto.Marshal(out); err != nil {
+			return fault.Internal("encode result: %v", err)
+		}
+		resp = out
+		return tx.InsertCommand(ctx, rec)
+	})
+	var settled errSettled
+	switch {
+	case err == nil && replayed != nil:
+		return replay(s, replayed, fp)
+	case err == nil:
+		return resp, nil
+	case errors.As(err, &settled):
+		return recordFailure(ctx, e, s, id, fp, settled.fe)
+	default:
+		return zero, storeErr(err)
+	}
+}
+
+// recordFailure records a settled failure in its own transaction, unless a
+// concurrent request with the same ID recorded a result first (then that
+// result is the answer).
+func recordFailure[Req Input, Resp proto.Message](ctx context.Context, e *Engine, s Spec[Req, Resp], id string, fp []byte, fe *fault.Error) (Resp, error) {
+	var zero Resp
+	code, detail, err := apierr.Encode(fe)
+	if err != nil {
+		return zero, fault.Internal("encode failure: %v", err)
+	}
+	var replayed *store.Command
+	err = e.Store.InTx(ctx, func(tx store.Tx) error {
+		replayed = nil
+		if err := tx.LockCommand(ctx, id); err != nil {
+			return err
+		}
+		prior, err := tx.GetCommand(ctx, id)
+		if err == nil {
+			replayed = prior
+			return nil
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		now := e.now()
+		return tx.InsertCommand(ctx, &store.Command{
+			ID: id, Method: s.Method, Fingerprint: fp,
+			ObjectKind: s.ObjectKind, ObjectID: s.ObjectID, Kind: s.Kind,
+			Initiator: int(ctrlv1.CommandInitiator_COMMAND_INITIATOR_CALLER),
+			Status:    store.CommandCompleted, ErrorCode: code, ErrorDetail: detail,
+			CreatedAt: now, CompletedAt: now,
+		})
+	})
+	if err != nil {
+		return zero, storeErr(err)
+	}
+	if replayed != nil {
+		return replay(s, replayed, fp)
+	}
+	return zero, apierr.FromFault(fe, true)
+}
+
+// replay answers with a recorded result.
+func replay[Req Input, Resp proto.Message](s Spec[Req, Resp], rec *store.Command, fp []byte) (Resp, error) {
+	var zero Resp
+	if string(rec.Fingerprint) != string(fp) {
+		return zero, &fault.Error{
+			Kind: fault.KindAlreadyExists, Reason: fault.ReasonCommandIDReused, Field: IDField,
+			Message: "command ID was already used with a different request; use a new command ID",
+		}
+	}
+	if rec.ErrorCode != "" {
+		return zero, apierr.Decode(rec.ErrorCode, rec.ErrorDetail)
+	}
+	out := s.NewResponse()
+	if err := proto.Unmarshal(rec.Result, out); err != nil {
+		return zero, fault.Internal("decode recorded result: %v", err)
+	}
+	return out, nil
+}
+
+func storeErr(err error) error {
+	if _, ok := fault.As(err); ok {
+		return err
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return err
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return storeUnavailable(err)
+}
+
+func storeUnavailable(err error) error {
+	return fault.Internal("store: %v", err)
+}

@@ -1,0 +1,185 @@
+package ctrl
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/kibotos/kibotos/internal/buildinfo"
+	"github.com/kibotos/kibotos/internal/netguard"
+	"github.com/kibotos/kibotos/internal/pki"
+	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/store/postgres"
+	"github.com/kibotos/kibotos/internal/store/sqlite"
+)
+
+// Options are the command-line settings of kibotos-ctrl.
+type Options struct {
+	Dev           bool
+	DataDir       string
+	Listen        string
+	MetricsListen string
+	TLSCert       string
+	TLSKey        string
+	ClientCA      string
+	Store         string
+	AllowRanges   string
+	LogLevel      string
+	Hosts         string
+}
+
+// Main runs kibotos-ctrl with args (without the program name) and returns
+// the process exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kibotos-ctrl", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o Options
+	fs.BoolVar(&o.Dev, "dev", false, "single-machine mode: SQLite under --data-dir and a development PKI in DIR/pki, created on first start")
+	fs.StringVar(&o.DataDir, "data-dir", "", "directory for the SQLite database and the development PKI (required with --dev)")
+	fs.StringVar(&o.Listen, "listen", "127.0.0.1:7443", "address of the HTTPS API listener")
+	fs.StringVar(&o.MetricsListen, "metrics-listen", "", "address of the Prometheus /metrics listener (plain HTTP); empty disables it")
+	fs.StringVar(&o.TLSCert, "tls-cert", "", "server certificate (PEM); with --dev defaults to DIR/pki/server.pem")
+	fs.StringVar(&o.TLSKey, "tls-key", "", "server private key (PEM); with --dev defaults to DIR/pki/server-key.pem")
+	fs.StringVar(&o.ClientCA, "client-ca", "", "operator CA (PEM): only client certificates it issued may call the API; with --dev defaults to DIR/pki/ca.pem")
+	fs.StringVar(&o.Store, "store", "", "a SQLite file path, or a postgres:// URL; with --dev defaults to DIR/ctrl.db")
+	fs.StringVar(&o.AllowRanges, "allow-endpoint-ranges", "", "comma-separated address ranges that Egress and Resolver endpoints may use although they are special-purpose (e.g. 127.0.0.0/8,::1); default none")
+	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.Hosts, "dev-hosts", "", "with --dev: extra comma-separated names and addresses for the server certificate")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "kibotos-ctrl: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.LogLevel)); err != nil {
+		fmt.Fprintf(stderr, "kibotos-ctrl: --log-level: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o, log, stdout); err != nil {
+		log.Error("kibotos-ctrl failed", "error", err.Error())
+		return 1
+	}
+	return 0
+}
+
+func run(ctx context.Context, o Options, log *slog.Logger, stdout io.Writer) error {
+	if o.Dev {
+		if o.DataDir == "" {
+			return errors.New("--dev needs --data-dir")
+		}
+		if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
+			return err
+		}
+		var hosts []string
+		if o.Hosts != "" {
+			hosts = strings.Split(o.Hosts, ",")
+		}
+		if host, _, err := net.SplitHostPort(o.Listen); err == nil && host != "" && host != "0.0.0.0" && host != "::" {
+			hosts = append(hosts, host)
+		}
+		p, err := pki.EnsureDev(o.DataDir, hosts)
+		if err != nil {
+			return fmt.Errorf("development PKI: %w", err)
+		}
+		o.TLSCert = orDefault(o.TLSCert, p.Server)
+		o.TLSKey = orDefault(o.TLSKey, p.ServerKey)
+		o.ClientCA = orDefault(o.ClientCA, p.CA)
+		o.Store = orDefault(o.Store, filepath.Join(o.DataDir, "ctrl.db"))
+	}
+	if o.TLSCert == "" || o.TLSKey == "" || o.ClientCA == "" || o.Store == "" {
+		return errors.New("--tls-cert, --tls-key, --client-ca and --store are required without --dev")
+	}
+	allow, err := netguard.ParseAllowList(o.AllowRanges)
+	if err != nil {
+		return fmt.Errorf("--allow-endpoint-ranges: %w", err)
+	}
+	tlsc, err := pki.ServerConfig(o.TLSCert, o.TLSKey, o.ClientCA)
+	if err != nil {
+		return err
+	}
+	st, err := OpenStore(ctx, o.Store)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv, err := New(ctx, Config{
+		Store: st, Checker: &netguard.Checker{Allow: allow}, Logger: log,
+		SourceRevision: buildinfo.Revision(), Registry: reg,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return err
+	}
+	if o.MetricsListen != "" {
+		mln, err := net.Listen("tcp", o.MetricsListen)
+		if err != nil {
+			return err
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", srv.MetricsHandler())
+		ms := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = ms.Serve(mln) }()
+		defer ms.Close()
+	}
+	log.Info("kibotos-ctrl serving", "listen", ln.Addr().String(), "store", storeKind(o.Store), "revision", buildinfo.Revision())
+	if o.Dev {
+		p := pki.DevPathsIn(o.DataDir)
+		fmt.Fprintf(stdout, "kibotos-ctrl is serving on https://%s\n", ln.Addr())
+		fmt.Fprintf(stdout, "To call it (kibo, buf curl, curl):\n  export KIBO_ENDPOINT=https://%s KIBO_CA=%s KIBO_CERT=%s KIBO_KEY=%s\n",
+			ln.Addr(), p.CA, p.Operator, p.OperatorKey)
+	}
+	err = srv.Serve(ctx, ln, tlsc)
+	log.Info("kibotos-ctrl stopped")
+	return err
+}
+
+// OpenStore opens a PostgreSQL store for a postgres:// or postgresql:// URL
+// and a SQLite store for anything else (a file path).
+func OpenStore(ctx context.Context, spec string) (store.Store, error) {
+	if storeKind(spec) == "postgres" {
+		return postgres.Open(ctx, spec)
+	}
+	return sqlite.Open(ctx, spec)
+}
+
+func storeKind(spec string) string {
+	if strings.HasPrefix(spec, "postgres://") || strings.HasPrefix(spec, "postgresql://") {
+		return "postgres"
+	}
+	return "sqlite"
+}
+
+func orDefault(v, d string) string {
+	if v == "" {
+		return d
+	}
+	return v
+}

@@ -1,0 +1,218 @@
+// Package ctrl wires the control plane: the store, the command engine, the
+// API handlers, authentication, observability and the HTTPS listener.
+package ctrl
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"connectrpc.com/connect"
+	"connectrpc.com/grpchealth"
+	"connectrpc.com/grpcreflect"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
+	"github.com/kibotos/kibotos/internal/api"
+	"github.com/kibotos/kibotos/internal/apierr"
+	"github.com/kibotos/kibotos/internal/catalog"
+	"github.com/kibotos/kibotos/internal/command"
+	"github.com/kibotos/kibotos/internal/netguard"
+	"github.com/kibotos/kibotos/internal/paging"
+	"github.com/kibotos/kibotos/internal/store"
+)
+
+// MaxRequestBytes bounds every request body; larger bodies are refused
+// before they are parsed.
+const MaxRequestBytes = 4 << 20
+
+// Config configures a Server.
+type Config struct {
+	// Store is the opened store.
+	Store store.Store
+	// Checker applies the endpoint checks (its Allow list is the operator's).
+	Checker *netguard.Checker
+	// Logger receives structured logs; nil discards them.
+	Logger *slog.Logger
+	// SourceRevision is reported by GetServerInfo.
+	SourceRevision string
+	// Registry receives the server's metrics; nil uses a private registry.
+	Registry *prometheus.Registry
+	// Now is the clock; nil is time.Now.
+	Now func() time.Time
+}
+
+// Server is a configured control plane.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	handler http.Handler
+	health  *grpchealth.StaticChecker
+	metrics *metrics
+}
+
+// pageSecret names the page-token key in the store.
+const pageSecret = "page-token-hmac"
+
+// New builds a Server.
+func New(ctx context.Context, cfg Config) (*Server, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	if cfg.Checker == nil {
+		cfg.Checker = &netguard.Checker{}
+	}
+	key, err := cfg.Store.Secret(ctx, pageSecret, randomKey)
+	if err != nil {
+		return nil, fmt.Errorf("load page token key: %w", err)
+	}
+	pages := paging.NewCodec(key)
+	engine := &command.Engine{Store: cfg.Store, Now: cfg.Now}
+
+	s := &Server{cfg: cfg, log: log, metrics: newMetrics(cfg.Registry)}
+	opts := connect.WithHandlerOptions(append(codecs(),
+		connect.WithInterceptors(s.metrics.interceptor(log), apierr.NewInterceptor(log), decodeInterceptor()),
+		connect.WithReadMaxBytes(MaxRequestBytes),
+	)...)
+
+	mux := http.NewServeMux()
+	mux.Handle(ctrlv1connect.NewServerInfoServiceHandler(&api.ServerInfo{SourceRevision: cfg.SourceRevision}, opts))
+	mux.Handle(ctrlv1connect.NewEgressServiceHandler(api.NewEgresses(&catalog.Service[*ctrlv1.EgressSpec]{
+		Kind: api.EgressKind(cfg.Checker), Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
+	}), opts))
+	mux.Handle(ctrlv1connect.NewResolverServiceHandler(api.NewResolvers(&catalog.Service[*ctrlv1.ResolverSpec]{
+		Kind: api.ResolverKind(cfg.Checker), Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
+	}), opts))
+	mux.Handle(ctrlv1connect.NewWorkspaceServiceHandler(&api.Workspaces{}, opts))
+	mux.Handle(ctrlv1connect.NewVolumeServiceHandler(&api.Volumes{}, opts))
+
+	services := []string{
+		ctrlv1connect.ServerInfoServiceName, ctrlv1connect.WorkspaceServiceName,
+		ctrlv1connect.EgressServiceName, ctrlv1connect.ResolverServiceName, ctrlv1connect.VolumeServiceName,
+	}
+	s.health = grpchealth.NewStaticChecker(services...)
+	reflector := grpcreflect.NewStaticReflector(services...)
+	mux.Handle(grpcreflect.NewHandlerV1(reflector))
+	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
+	health := http.NewServeMux()
+	health.Handle(grpchealth.NewHandler(s.health))
+
+	s.handler = s.authenticate(mux, health)
+	return s, nil
+}
+
+// Handler returns the HTTP handler of the API, for a TLS listener whose
+// config came from TLSConfig.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// TLSConfig adapts a server tls.Config built by pki.ServerConfig: the
+// handshake asks for a client certificate but verification happens in the
+// handler, so a missing or foreign certificate is answered with a proper
+// unauthenticated error instead of a broken handshake.
+func TLSConfig(base *tls.Config) *tls.Config {
+	c := base.Clone()
+	c.ClientAuth = tls.RequestClientCert
+	return c
+}
+
+// authenticate verifies the Operator certificate of every API call against
+// the client CA. gRPC health is served without a certificate, for load
+// balancers and probes.
+func (s *Server) authenticate(api, health http.Handler) http.Handler {
+	errw := connect.NewErrorWriter()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/"+grpchealth.HealthV1ServiceName+"/Check" {
+			health.ServeHTTP(w, r)
+			return
+		}
+		if err := s.verifyOperator(r); err != nil {
+			s.metrics.rejected.Inc()
+			s.log.WarnContext(r.Context(), "rejected client", "remote", r.RemoteAddr, "path", r.URL.Path, "reason", err.Error())
+			ce := apierr.FromDetail(connect.CodeUnauthenticated, &ctrlv1.ErrorDetail{
+				Reason:  ctrlv1.FailureReason_FAILURE_REASON_PERMISSION_DENIED,
+				Message: "an Operator certificate issued by this deployment's operator CA is required",
+			})
+			_ = errw.Write(w, r, ce)
+			return
+		}
+		if r.ContentLength > MaxRequestBytes {
+			_ = errw.Write(w, r, apierr.FromDetail(connect.CodeResourceExhausted, &ctrlv1.ErrorDetail{
+				Reason:  ctrlv1.FailureReason_FAILURE_REASON_INVALID_ARGUMENT,
+				Message: fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, MaxRequestBytes),
+			}))
+			return
+		}
+		api.ServeHTTP(w, r)
+	})
+}
+
+// clientCAs is set from the TLS config of the connection's server.
+func (s *Server) verifyOperator(r *http.Request) error {
+	if r.TLS == nil {
+		return errors.New("not a TLS connection")
+	}
+	if len(r.TLS.PeerCertificates) == 0 {
+		return errors.New("no client certificate")
+	}
+	pool, _ := r.Context().Value(clientCAsKey{}).(*x509.CertPool)
+	if pool == nil {
+		return errors.New("no client CA configured")
+	}
+	inter := x509.NewCertPool()
+	for _, c := range r.TLS.PeerCertificates[1:] {
+		inter.AddCert(c)
+	}
+	_, err := r.TLS.PeerCertificates[0].Verify(x509.VerifyOptions{
+		Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+	return err
+}
+
+type clientCAsKey struct{}
+
+// Serve serves the API on ln with TLS config tlsc (as built by
+// pki.ServerConfig) until ctx is done, then shuts down gracefully.
+func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsc *tls.Config) error {
+	pool := tlsc.ClientCAs
+	srv := &http.Server{
+		Handler:           s.handler,
+		TLSConfig:         TLSConfig(tlsc),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		BaseContext: func(net.Listener) context.Context {
+			return context.WithValue(context.Background(), clientCAsKey{}, pool)
+		},
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ServeTLS(ln, "", "") }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	s.health.SetStatus("", grpchealth.StatusNotServing)
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := srv.Shutdown(shutdown)
+	<-errc
+	return err
+}
+
+// MetricsHandler serves the Prometheus metrics, for a separate listener.
+func (s *Server) MetricsHandler() http.Handler {
+	return promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{})
+}

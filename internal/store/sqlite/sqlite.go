@@ -1,0 +1,411 @@
+// Package sqlite implements store.Store on an embedded SQLite database file
+// (modernc.org/sqlite, pure Go, no cgo).
+//
+// SQLite means ONE ctrl replica. The database is a local file and the store
+// assumes its process is the only writer: every write goes through a single
+// connection owned by one writer goroutine. Run several replicas against
+// store/postgres instead.
+//
+// # Durability and group commit
+//
+// The file is in WAL mode with synchronous=FULL, so a COMMIT fsyncs the WAL
+// before it returns, and InTx returns only after that. An fsync costs
+// milliseconds, so one fsync per transaction would cap the store at a few
+// hundred writes per second. InTx therefore hands fn to the writer
+// goroutine, which takes the first pending request, drains whatever else is
+// already waiting (up to 128 requests), and runs them all in one BEGIN
+// IMMEDIATE … COMMIT, each inside its own SAVEPOINT. A request whose fn fails
+// (or panics) is rolled back to its savepoint and gets fn's error; the others
+// in the batch are unaffected and share the single COMMIT, hence the single
+// fsync. Every request of a batch sees the writes of the requests before it,
+// exactly as if they had run one after the other, so each InTx is still
+// serializable.
+//
+// Statements that run inside a batch are detached from the caller's context:
+// cancelling it mid-statement would interrupt SQLite, and an interrupted
+// write rolls back the whole transaction, that is every request of the batch.
+// The context is checked before each statement instead, and a request whose
+// context is done before it starts returns ctx.Err() without running.
+//
+// # Reads
+//
+// View runs on a separate pool of connections opened with query_only, each
+// View a deferred read transaction on its own WAL snapshot, so reads never
+// wait for the writer and a write attempted in View fails with
+// store.ErrReadOnly.
+//
+// # Conventions
+//
+// Timestamps are stored as INTEGER microseconds since the Unix epoch and come
+// back in UTC at microsecond precision; a zero Command.CompletedAt is stored
+// as NULL and comes back zero. Labels and Annotations always come back as
+// non-nil maps, empty when there are none (nil and empty are stored alike).
+// Byte fields (Spec, Result, Fingerprint, ErrorDetail) come back nil when
+// empty.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"time"
+
+	msqlite "modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/kibotos/kibotos/internal/store"
+)
+
+const (
+	// maxBatch is the most InTx requests one commit carries.
+	maxBatch = 128
+	// readConns is the size of the reader pool that serves View.
+	readConns = 4
+	// busyTimeout bounds waits for a lock held by another connection (the
+	// WAL checkpoint, or another process opening the file).
+	busyTimeout = 10 * time.Second
+)
+
+// ErrClosed is returned by InTx and View after Close.
+var ErrClosed = errors.New("store/sqlite: store is closed")
+
+// Store is a store.Store on one SQLite file. It is safe for concurrent use.
+type Store struct {
+	wdb *sql.DB // the single writer connection, owned by writeLoop
+	rdb *sql.DB // query_only readers for View
+
+	reqs chan *request // unbuffered: a pending request is a blocked sender
+	quit chan struct{} // closed by Close
+	done chan struct{} // closed when writeLoop has returned
+
+	closeOnce sync.Once
+	closeErr  error
+
+	// testHookBatch, when set before the first InTx, is called by the writer
+	// with the size of every batch it starts.
+	testHookBatch func(n int)
+}
+
+var _ store.Store = (*Store)(nil)
+
+// request is one InTx call waiting for the writer.
+type request struct {
+	ctx context.Context
+	fn  func(*txn) error
+	res chan error // buffered; receives exactly one result
+}
+
+// Open opens (creating if needed) the SQLite database at path, applies the
+// pending migrations and starts the writer goroutine. Close releases it.
+func Open(ctx context.Context, path string) (*Store, error) {
+	if path == "" || strings.ContainsRune(path, '?') {
+		return nil, fmt.Errorf("store/sqlite: invalid database path %q", path)
+	}
+	common := url.Values{}
+	common.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeout.Milliseconds()))
+	common.Add("_pragma", "foreign_keys(1)")
+
+	w := cloneValues(common)
+	w.Add("_pragma", "journal_mode(WAL)")
+	w.Add("_pragma", "synchronous(FULL)")
+	w.Set("_txlock", "immediate")
+	wdb, err := sql.Open("sqlite", path+"?"+w.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("store/sqlite: open %s: %w", path, err)
+	}
+	wdb.SetMaxOpenConns(1)
+	wdb.SetMaxIdleConns(1)
+	wdb.SetConnMaxLifetime(0)
+	wdb.SetConnMaxIdleTime(0)
+	if err := migrate(ctx, wdb); err != nil {
+		wdb.Close()
+		return nil, fmt.Errorf("store/sqlite: migrate %s: %w", path, err)
+	}
+
+	r := cloneValues(common)
+	r.Add("_pragma", "query_only(1)")
+	rdb, err := sql.Open("sqlite", path+"?"+r.Encode())
+	if err != nil {
+		wdb.Close()
+		return nil, fmt.Errorf("store/sqlite: open %s: %w", path, err)
+	}
+	rdb.SetMaxOpenConns(readConns)
+	rdb.SetMaxIdleConns(readConns)
+	rdb.SetConnMaxLifetime(0)
+	rdb.SetConnMaxIdleTime(0)
+	if err := rdb.PingContext(ctx); err != nil {
+		wdb.Close()
+		rdb.Close()
+		return nil, fmt.Errorf("store/sqlite: open %s: %w", path, err)
+	}
+
+	s := &Store{
+		wdb:  wdb,
+		rdb:  rdb,
+		reqs: make(chan *request),
+		quit: make(chan struct{}),
+		done: make(chan struct{}),
+	}
+	go s.writeLoop()
+	return s, nil
+}
+
+func cloneValues(v url.Values) url.Values {
+	c := url.Values{}
+	for k, vs := range v {
+		c[k] = append([]string(nil), vs...)
+	}
+	return c
+}
+
+// InTx implements store.Store. fn runs on the writer goroutine, in a batch
+// with other concurrent calls; see the package documentation.
+func (s *Store) InTx(ctx context.Context, fn func(store.Tx) error) error {
+	return s.inTx(ctx, func(t *txn) error { return fn(t) })
+}
+
+func (s *Store) inTx(ctx context.Context, fn func(*txn) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	r := &request{ctx: ctx, fn: fn, res: make(chan error, 1)}
+	select {
+	case s.reqs <- r:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.quit:
+		return ErrClosed
+	}
+	// Once the writer holds the request it must be waited for: returning
+	// early would let fn commit after InTx reported a failure.
+	return <-r.res
+}
+
+// writeLoop is the writer goroutine: it runs batches of requests until Close.
+func (s *Store) writeLoop() {
+	defer close(s.done)
+	var batch []*request
+	for {
+		if len(batch) == 0 {
+			select {
+			case r := <-s.reqs:
+				batch = append(batch, r)
+			case <-s.quit:
+				return
+			}
+		}
+	drain:
+		for len(batch) < maxBatch {
+			select {
+			case r := <-s.reqs:
+				batch = append(batch, r)
+			default:
+				break drain
+			}
+		}
+		batch = s.runBatch(batch)
+	}
+}
+
+// runBatch runs batch in one transaction and delivers every result. When the
+// transaction is lost midway (SQLite rolls it back by itself after an I/O
+// error, a full disk and the like), the requests that have not run yet are
+// returned to be run in the next transaction; the request that hit the error
+// and those before it fail with it.
+func (s *Store) runBatch(batch []*request) (leftover []*request) {
+	if s.testHookBatch != nil {
+		s.testHookBatch(len(batch))
+	}
+	bg := context.Background()
+	tx, err := s.wdb.BeginTx(bg, nil) // BEGIN IMMEDIATE (_txlock)
+	if err != nil {
+		err = fmt.Errorf("store/sqlite: begin: %w", classify(err))
+		for _, r := range batch {
+			r.res <- err
+		}
+		return nil
+	}
+	var succeeded []*request
+	abort := func(err error) {
+		for _, r := range succeeded {
+			r.res <- err
+		}
+		_ = tx.Rollback()
+	}
+	for i, r := range batch {
+		if err := r.ctx.Err(); err != nil {
+			r.res <- err
+			continue
+		}
+		if _, err := tx.ExecContext(bg, "SAVEPOINT req"); err != nil {
+			err = fmt.Errorf("store/sqlite: savepoint: %w", err)
+			r.res <- err
+			abort(err)
+			return batch[i+1:]
+		}
+		t := &txn{q: tx, detach: true}
+		fnErr := call(r.fn, t)
+		t.finish()
+		if fnErr != nil {
+			_, e1 := tx.ExecContext(bg, "ROLLBACK TO req")
+			_, e2 := tx.ExecContext(bg, "RELEASE req")
+			r.res <- fnErr
+			if e := errors.Join(e1, e2); e != nil {
+				abort(fmt.Errorf("store/sqlite: transaction lost: %w", e))
+				return batch[i+1:]
+			}
+			continue
+		}
+		if _, err := tx.ExecContext(bg, "RELEASE req"); err != nil {
+			err = fmt.Errorf("store/sqlite: transaction lost: %w", err)
+			r.res <- err
+			abort(err)
+			return batch[i+1:]
+		}
+		succeeded = append(succeeded, r)
+	}
+	if err := tx.Commit(); err != nil {
+		err = fmt.Errorf("store/sqlite: commit: %w", classify(err))
+		for _, r := range succeeded {
+			r.res <- err
+		}
+		return nil
+	}
+	for _, r := range succeeded {
+		r.res <- nil
+	}
+	return nil
+}
+
+// call runs fn, turning a panic into an error.
+func call(fn func(*txn) error, t *txn) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("store/sqlite: InTx fn panicked: %v\n%s", p, debug.Stack())
+		}
+	}()
+	return fn(t)
+}
+
+// View implements store.Store: fn runs in a read transaction on one of the
+// query_only reader connections.
+func (s *Store) View(ctx context.Context, fn func(store.Tx) error) error {
+	return s.view(ctx, func(t *txn) error { return fn(t) })
+}
+
+func (s *Store) view(ctx context.Context, fn func(*txn) error) error {
+	select {
+	case <-s.quit:
+		return ErrClosed
+	default:
+	}
+	tx, err := s.rdb.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return fmt.Errorf("store/sqlite: begin read: %w", classify(err))
+	}
+	defer tx.Rollback() //nolint:errcheck // read-only: nothing to keep
+	t := &txn{q: tx}
+	defer t.finish()
+	return fn(t)
+}
+
+// Secret implements store.Store: it reads the secret and, when absent,
+// inserts create()'s value unless a concurrent caller got there first, then
+// reads back whichever value won.
+func (s *Store) Secret(ctx context.Context, name string, create func() []byte) ([]byte, error) {
+	var v []byte
+	err := s.view(ctx, func(t *txn) (err error) {
+		v, err = t.secret(ctx, name)
+		return err
+	})
+	if err == nil {
+		return v, nil
+	}
+	if !errors.Is(err, store.ErrNotFound) {
+		return nil, err
+	}
+	nv := nonNil(create())
+	err = s.inTx(ctx, func(t *txn) (err error) {
+		if _, err := t.exec(ctx, `INSERT INTO secrets (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING`, name, nv); err != nil {
+			return err
+		}
+		v, err = t.secret(ctx, name)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// Ping implements store.Store.
+func (s *Store) Ping(ctx context.Context) error {
+	select {
+	case <-s.quit:
+		return ErrClosed
+	default:
+	}
+	var one int
+	if err := s.rdb.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
+		return fmt.Errorf("store/sqlite: ping: %w", err)
+	}
+	return nil
+}
+
+// Close stops the writer after the batch it is running, fails InTx calls
+// still waiting, and closes the database. It is safe to call more than once.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.quit)
+		<-s.done
+		s.closeErr = errors.Join(s.wdb.Close(), s.rdb.Close())
+	})
+	return s.closeErr
+}
+
+// classify maps SQLite errors to the store's errors: a primary key or unique
+// constraint violation is store.ErrDuplicate, a write on a query_only (or
+// read-only) connection store.ErrReadOnly, a missing row store.ErrNotFound.
+// Other errors are returned unchanged.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.ErrNotFound
+	}
+	var se *msqlite.Error
+	if errors.As(err, &se) {
+		switch se.Code() {
+		case sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY, sqlite3.SQLITE_CONSTRAINT_UNIQUE:
+			return fmt.Errorf("%w: %v", store.ErrDuplicate, err)
+		}
+		if se.Code()&0xff == sqlite3.SQLITE_READONLY {
+			return fmt.Errorf("%w: %v", store.ErrReadOnly, err)
+		}
+	}
+	return err
+}
+
+// recoverable reports whether a statement that failed with err leaves the
+// transaction intact: store errors and Go-side errors do; other SQLite errors
+// (I/O, full disk, interrupt, ...) may have rolled the whole transaction back.
+func recoverable(err error) bool {
+	if errors.Is(err, store.ErrDuplicate) || errors.Is(err, store.ErrReadOnly) || errors.Is(err, store.ErrNotFound) {
+		return true
+	}
+	var se *msqlite.Error
+	if !errors.As(err, &se) {
+		return true
+	}
+	switch se.Code() & 0xff {
+	case sqlite3.SQLITE_CONSTRAINT, sqlite3.SQLITE_ERROR, sqlite3.SQLITE_MISMATCH, sqlite3.SQLITE_RANGE, sqlite3.SQLITE_TOOBIG:
+		return true
+	}
+	return false
+}

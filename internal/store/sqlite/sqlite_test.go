@@ -1,0 +1,545 @@
+package sqlite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/store/storetest"
+)
+
+func openTest(t testing.TB) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), filepath.Join(t.TempDir(), "ctrl.db"))
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store { return openTest(t) })
+}
+
+var base = time.Date(2024, 3, 1, 12, 0, 0, 0, time.UTC)
+
+func resource(id string, labels map[string]string) *store.Resource {
+	return &store.Resource{Kind: store.KindEgress, ID: id, CreatedAt: base, UpdatedAt: base, Revision: 1, Labels: labels}
+}
+
+func exists(t *testing.T, s *Store, id string) bool {
+	t.Helper()
+	var err error
+	if verr := s.View(context.Background(), func(tx store.Tx) error {
+		_, err = tx.GetResource(context.Background(), store.KindEgress, id)
+		return nil
+	}); verr != nil {
+		t.Fatal(verr)
+	}
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		t.Fatal(err)
+	}
+	return err == nil
+}
+
+// blockWriter occupies the writer with a request that waits until the
+// returned release is called, so that the requests started meanwhile queue
+// up and run as one batch after it.
+func blockWriter(t *testing.T, s *Store) (release func()) {
+	t.Helper()
+	started, unblock := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- s.InTx(context.Background(), func(store.Tx) error {
+			close(started)
+			<-unblock
+			return nil
+		})
+	}()
+	<-started
+	return func() {
+		close(unblock)
+		if err := <-done; err != nil {
+			t.Errorf("blocking InTx: %v", err)
+		}
+	}
+}
+
+func TestGroupCommitIsolatesFailures(t *testing.T) {
+	s := openTest(t)
+	var sizes []int
+	var mu sync.Mutex
+	ctx := context.Background()
+	cancelled, cancel := context.WithCancel(ctx)
+	s.testHookBatch = func(n int) {
+		mu.Lock()
+		sizes = append(sizes, n)
+		mu.Unlock()
+		if n > 1 {
+			// Request 7 is in this batch but has not started: it must
+			// not run.
+			cancel()
+		}
+	}
+
+	release := blockWriter(t, s)
+	const n = 20
+	errs := make([]error, n)
+	ran := make([]atomic.Bool, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			c := ctx
+			if i == 7 {
+				c = cancelled
+			}
+			errs[i] = s.InTx(c, func(tx store.Tx) error {
+				ran[i].Store(true)
+				if err := tx.InsertResource(ctx, resource(fmt.Sprintf("r%02d", i), map[string]string{"i": fmt.Sprint(i)})); err != nil {
+					return err
+				}
+				switch i {
+				case 3:
+					return errors.New("fn 3 failed")
+				case 5:
+					panic("fn 5 panicked")
+				case 9:
+					// A duplicate inside the batch fails this request only.
+					return tx.InsertResource(ctx, resource("r00", nil))
+				}
+				return nil
+			})
+		})
+	}
+	// Give every goroutine time to block on the hand-off.
+	time.Sleep(200 * time.Millisecond)
+	release()
+	wg.Wait()
+
+	for i := range n {
+		id := fmt.Sprintf("r%02d", i)
+		switch i {
+		case 3:
+			if errs[i] == nil || errs[i].Error() != "fn 3 failed" {
+				t.Errorf("request 3: %v, want fn's error", errs[i])
+			}
+		case 5:
+			if errs[i] == nil || !strings.Contains(errs[i].Error(), "fn 5 panicked") {
+				t.Errorf("request 5: %v, want the panic", errs[i])
+			}
+		case 7:
+			if !errors.Is(errs[i], context.Canceled) {
+				t.Errorf("request 7: %v, want context.Canceled", errs[i])
+			}
+			if ran[i].Load() {
+				t.Error("request 7 ran after its context was done")
+			}
+		case 9:
+			if !errors.Is(errs[i], store.ErrDuplicate) {
+				t.Errorf("request 9: %v, want ErrDuplicate", errs[i])
+			}
+		default:
+			if errs[i] != nil {
+				t.Errorf("request %d: %v", i, errs[i])
+			}
+		}
+		want := errs[i] == nil
+		if got := exists(t, s, id); got != want {
+			t.Errorf("%s stored = %v, want %v (err %v)", id, got, want, errs[i])
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// The blocker ran alone; everything else queued behind it and ran in one
+	// batch.
+	if len(sizes) < 2 || sizes[0] != 1 || sizes[1] != n {
+		t.Errorf("batch sizes %v, want [1 %d ...]", sizes, n)
+	}
+}
+
+func TestGroupCommitBatches(t *testing.T) {
+	s := openTest(t)
+	var batches, maxSize atomic.Int32
+	s.testHookBatch = func(n int) {
+		batches.Add(1)
+		for {
+			m := maxSize.Load()
+			if int32(n) <= m || maxSize.CompareAndSwap(m, int32(n)) {
+				break
+			}
+		}
+	}
+	const n = 500
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			errs[i] = s.InTx(context.Background(), func(tx store.Tx) error {
+				if i%10 == 0 {
+					return errors.New("fail")
+				}
+				return tx.InsertResource(context.Background(), resource(fmt.Sprintf("r%03d", i), nil))
+			})
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if (err != nil) != (i%10 == 0) {
+			t.Errorf("request %d: %v", i, err)
+		}
+	}
+	t.Logf("%d requests in %d batches, the largest of %d", n, batches.Load(), maxSize.Load())
+	if batches.Load() >= n || maxSize.Load() < 2 {
+		t.Errorf("no group commit: %d batches for %d requests", batches.Load(), n)
+	}
+	if maxSize.Load() > maxBatch {
+		t.Errorf("batch of %d over the maximum %d", maxSize.Load(), maxBatch)
+	}
+	var got []*store.Resource
+	if err := s.View(context.Background(), func(tx store.Tx) (err error) {
+		got, err = tx.ListResources(context.Background(), store.ListQuery{Kind: store.KindEgress, Limit: 1000})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != n-n/10 {
+		t.Errorf("%d resources stored, want %d", len(got), n-n/10)
+	}
+}
+
+func TestPanicDoesNotStopWriter(t *testing.T) {
+	s := openTest(t)
+	ctx := context.Background()
+	err := s.InTx(ctx, func(tx store.Tx) error {
+		if err := tx.InsertResource(ctx, resource("p", nil)); err != nil {
+			return err
+		}
+		panic(errors.New("boom"))
+	})
+	if err == nil || !strings.Contains(err.Error(), "boom") {
+		t.Fatalf("InTx = %v, want the panic as an error", err)
+	}
+	if exists(t, s, "p") {
+		t.Error("the write of a panicking fn was committed")
+	}
+	if err := s.InTx(ctx, func(tx store.Tx) error { return tx.InsertResource(ctx, resource("q", nil)) }); err != nil {
+		t.Fatalf("InTx after a panic: %v", err)
+	}
+	if !exists(t, s, "q") {
+		t.Error("write after a panic is missing")
+	}
+}
+
+func TestContextDoneBeforeStart(t *testing.T) {
+	s := openTest(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	ran := false
+	if err := s.InTx(ctx, func(store.Tx) error { ran = true; return nil }); !errors.Is(err, context.Canceled) {
+		t.Errorf("InTx = %v, want context.Canceled", err)
+	}
+	if ran {
+		t.Error("fn ran with a done context")
+	}
+}
+
+func TestTxUnusableAfterFn(t *testing.T) {
+	s := openTest(t)
+	ctx := context.Background()
+	var leaked store.Tx
+	if err := s.InTx(ctx, func(tx store.Tx) error { leaked = tx; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := leaked.InsertResource(ctx, resource("late", nil)); !errors.Is(err, errTxDone) {
+		t.Errorf("write on a leaked Tx: %v, want errTxDone", err)
+	}
+}
+
+func TestClose(t *testing.T) {
+	s, err := Open(context.Background(), filepath.Join(t.TempDir(), "ctrl.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if err := s.InTx(context.Background(), func(store.Tx) error { return nil }); !errors.Is(err, ErrClosed) {
+		t.Errorf("InTx after Close: %v", err)
+	}
+	if err := s.View(context.Background(), func(store.Tx) error { return nil }); !errors.Is(err, ErrClosed) {
+		t.Errorf("View after Close: %v", err)
+	}
+}
+
+func TestDurabilitySettings(t *testing.T) {
+	s := openTest(t)
+	ctx := context.Background()
+	var sync, fk int
+	var mode string
+	if err := s.wdb.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&sync); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.wdb.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.wdb.QueryRowContext(ctx, "PRAGMA foreign_keys").Scan(&fk); err != nil {
+		t.Fatal(err)
+	}
+	if sync != 2 || mode != "wal" || fk != 1 {
+		t.Errorf("writer: synchronous=%d journal_mode=%s foreign_keys=%d, want 2 (FULL), wal, 1", sync, mode, fk)
+	}
+	var queryOnly int
+	if err := s.rdb.QueryRowContext(ctx, "PRAGMA query_only").Scan(&queryOnly); err != nil {
+		t.Fatal(err)
+	}
+	if queryOnly != 1 {
+		t.Errorf("reader: query_only=%d, want 1", queryOnly)
+	}
+	// A write on a reader connection is refused by SQLite itself.
+	_, err := s.rdb.ExecContext(ctx, "INSERT INTO secrets (name, value) VALUES ('x', x'00')")
+	if !errors.Is(classify(err), store.ErrReadOnly) {
+		t.Errorf("write on a reader: %v, want ErrReadOnly", err)
+	}
+}
+
+func TestReopenKeepsData(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "ctrl.db")
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InTx(ctx, func(tx store.Tx) error {
+		return tx.InsertResource(ctx, resource("kept", map[string]string{"a": "b"}))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	secret, err := s.Secret(ctx, "k", func() []byte { return []byte("v1") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Two stores opening the file at once both find the schema migrated.
+	var wg sync.WaitGroup
+	stores := make([]*Store, 2)
+	errs := make([]error, 2)
+	for i := range stores {
+		wg.Go(func() { stores[i], errs[i] = Open(ctx, path) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("reopen %d: %v", i, err)
+		}
+		defer stores[i].Close()
+	}
+	s = stores[0]
+	if !exists(t, s, "kept") {
+		t.Error("resource lost across reopen")
+	}
+	if v, err := s.Secret(ctx, "k", func() []byte { return []byte("v2") }); err != nil || string(v) != string(secret) {
+		t.Errorf("secret after reopen = %q, %v; want %q", v, err, secret)
+	}
+	var n int
+	if err := s.rdb.QueryRowContext(ctx, "SELECT count(*) FROM schema_migrations").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	ms, _ := migrations()
+	if n != len(ms) {
+		t.Errorf("schema_migrations has %d rows, want %d", n, len(ms))
+	}
+}
+
+// explain returns the EXPLAIN QUERY PLAN details of one ListResources page.
+func explain(t *testing.T, s *Store, q store.ListQuery) []string {
+	t.Helper()
+	query, args := listSQL(q)
+	rows, err := s.rdb.QueryContext(context.Background(), "EXPLAIN QUERY PLAN "+query, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var plan []string
+	for rows.Next() {
+		var id, parent, notused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, detail)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return plan
+}
+
+func TestListQueryPlans(t *testing.T) {
+	s := openTest(t)
+	ctx := context.Background()
+	if err := s.InTx(ctx, func(tx store.Tx) error {
+		for i := range 2000 {
+			r := resource(fmt.Sprintf("r%04d", i), map[string]string{"a": fmt.Sprint(i % 10), "b": fmt.Sprint(i % 7), "c": fmt.Sprint(i % 3)})
+			r.CreatedAt = base.Add(time.Duration(i) * time.Millisecond)
+			if err := tx.InsertResource(ctx, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.wdb.ExecContext(ctx, "ANALYZE"); err != nil {
+		t.Fatal(err)
+	}
+	after := &store.Cursor{CreatedAt: base.Add(time.Second), ID: "r1000"}
+	for _, tc := range []struct {
+		name string
+		q    store.ListQuery
+		want []string
+	}{
+		{"all", store.ListQuery{Kind: store.KindEgress, Limit: 100},
+			[]string{"SEARCH r USING INDEX resources_list (kind=?)"}},
+		{"all after", store.ListQuery{Kind: store.KindEgress, After: after, Limit: 100},
+			[]string{"SEARCH r USING INDEX resources_list (kind=? AND (created_at,id)>(?,?))"}},
+		{"selector 1", store.ListQuery{Kind: store.KindEgress, Selector: map[string]string{"a": "1"}, After: after, Limit: 100},
+			[]string{
+				"SEARCH l0 USING COVERING INDEX labels_selector (kind=? AND key=? AND value=? AND (object_created_at,object_id)>(?,?))",
+				"SEARCH r USING PRIMARY KEY (kind=? AND id=?)",
+			}},
+		{"selector 3", store.ListQuery{Kind: store.KindEgress, Selector: map[string]string{"c": "1", "a": "1", "b": "2"}, After: after, Limit: 100},
+			[]string{
+				"SEARCH l0 USING COVERING INDEX labels_selector (kind=? AND key=? AND value=? AND (object_created_at,object_id)>(?,?))",
+				"SEARCH r USING PRIMARY KEY (kind=? AND id=?)",
+				"SEARCH l EXISTS USING PRIMARY KEY (kind=? AND object_id=? AND key=?)",
+			}},
+	} {
+		plan := explain(t, s, tc.q)
+		t.Logf("%s:\n  %s", tc.name, strings.Join(plan, "\n  "))
+		for _, w := range tc.want {
+			found := false
+			for _, p := range plan {
+				found = found || p == w
+			}
+			if !found {
+				t.Errorf("%s: plan lacks %q", tc.name, w)
+			}
+		}
+		for _, p := range plan {
+			if strings.HasPrefix(p, "SCAN") || strings.Contains(p, "TEMP B-TREE") {
+				t.Errorf("%s: plan has %q: a page would cost more than its rows", tc.name, p)
+			}
+		}
+	}
+
+	// The labels of a page are read with one statement, by primary key.
+	rows, err := s.rdb.QueryContext(ctx, "EXPLAIN QUERY PLAN "+labelsSQL, "egress", `["r0001","r0002"]`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var plan []string
+	for rows.Next() {
+		var id, parent, notused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, detail)
+	}
+	t.Logf("labels of a page:\n  %s", strings.Join(plan, "\n  "))
+	if len(plan) == 0 || !strings.Contains(plan[0], "USING PRIMARY KEY (kind=? AND object_id=?)") {
+		t.Errorf("labels of a page: plan %q, want a primary key search", plan)
+	}
+}
+
+func BenchmarkInTxInsert(b *testing.B) {
+	s := openTest(b)
+	ctx := context.Background()
+	var next atomic.Int64
+	b.SetParallelism(64)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			id := fmt.Sprintf("b%09d", next.Add(1))
+			if err := s.InTx(ctx, func(tx store.Tx) error {
+				return tx.InsertResource(ctx, resource(id, map[string]string{"app": "bench", "n": id}))
+			}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "writes/s")
+}
+
+func BenchmarkListSelector100k(b *testing.B) {
+	s := openTest(b)
+	ctx := context.Background()
+	const n, chunk = 100_000, 10_000
+	start := time.Now()
+	for c := 0; c < n; c += chunk {
+		if err := s.InTx(ctx, func(tx store.Tx) error {
+			for i := c; i < c+chunk; i++ {
+				r := resource(fmt.Sprintf("r%06d", i), map[string]string{
+					"app":   fmt.Sprintf("app-%d", i%10),
+					"tier":  fmt.Sprintf("tier-%d", i%3),
+					"shard": fmt.Sprintf("shard-%d", i%100),
+				})
+				r.CreatedAt = base.Add(time.Duration(i) * time.Microsecond)
+				if err := tx.InsertResource(ctx, r); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Logf("inserted %d resources with 3 labels each in %v", n, time.Since(start))
+	deep := &store.Cursor{CreatedAt: base.Add(90_000 * time.Microsecond), ID: "r090000"}
+	for _, bc := range []struct {
+		name string
+		q    store.ListQuery
+	}{
+		{"none/first", store.ListQuery{Kind: store.KindEgress, Limit: 100}},
+		{"none/deep", store.ListQuery{Kind: store.KindEgress, After: deep, Limit: 100}},
+		{"sel1/first", store.ListQuery{Kind: store.KindEgress, Selector: map[string]string{"app": "app-3"}, Limit: 100}},
+		{"sel1/deep", store.ListQuery{Kind: store.KindEgress, Selector: map[string]string{"app": "app-3"}, After: deep, Limit: 100}},
+		{"sel3/first", store.ListQuery{Kind: store.KindEgress, Selector: map[string]string{"app": "app-3", "tier": "tier-1", "shard": "shard-13"}, Limit: 100}},
+		{"sel3/deep", store.ListQuery{Kind: store.KindEgress, Selector: map[string]string{"app": "app-3", "tier": "tier-1", "shard": "shard-13"}, After: deep, Limit: 100}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			for b.Loop() {
+				var page []*store.Resource
+				if err := s.View(ctx, func(tx store.Tx) (err error) {
+					page, err = tx.ListResources(ctx, bc.q)
+					return err
+				}); err != nil {
+					b.Fatal(err)
+				}
+				if len(page) == 0 {
+					b.Fatal("empty page")
+				}
+			}
+		})
+	}
+}
