@@ -21,9 +21,14 @@
 // serialization failure and retried, so the retry sees the committed
 // command.
 //
-// Inserts use ON CONFLICT DO NOTHING and report ErrDuplicate from the row
-// count, so an ErrDuplicate does not abort the transaction (fn may go on), as
-// in the SQLite dialect.
+// InsertCommand and InsertResource run their INSERTs inside a savepoint, so
+// an ErrDuplicate does not abort the transaction (fn may go on), as in the
+// SQLite dialect. They are plain INSERTs, not INSERT … ON CONFLICT, and
+// labels have no foreign key: both would read an index and take SSI predicate
+// locks on its pages, making concurrent inserts of neighbouring keys fail
+// each other although none reads what another writes. A duplicate key whose
+// row the transaction's snapshot cannot see (committed by a concurrent
+// transaction) is a serialization failure, so fn runs again and sees it.
 //
 // View runs fn in a READ ONLY REPEATABLE READ transaction: one snapshot for
 // all of fn's reads, never a serialization failure, and a write fails with
@@ -110,6 +115,8 @@ func openConfig(ctx context.Context, cfg *pgxpool.Config) (*Store, error) {
 }
 
 // InTx implements store.Store; see the package documentation for retries.
+// fn may run up to 10 times; a panic in fn rolls back and goes on to the
+// caller.
 func (s *Store) InTx(ctx context.Context, fn func(store.Tx) error) error {
 	return s.inTx(ctx, func(t *txn) error { return fn(t) })
 }

@@ -53,6 +53,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	msqlite "modernc.org/sqlite"
@@ -85,6 +86,9 @@ type Store struct {
 
 	closeOnce sync.Once
 	closeErr  error
+
+	// handing counts the InTx calls waiting to hand their request over.
+	handing atomic.Int32
 
 	// testHookBatch, when set before the first InTx, is called by the writer
 	// with the size of every batch it starts.
@@ -164,7 +168,10 @@ func cloneValues(v url.Values) url.Values {
 }
 
 // InTx implements store.Store. fn runs on the writer goroutine, in a batch
-// with other concurrent calls; see the package documentation.
+// with other concurrent calls; see the package documentation. fn runs once;
+// it holds up every other write while it runs, so it must be quick, and it
+// must not call InTx (that would wait for itself). A panic in fn is
+// recovered and returned as an error.
 func (s *Store) InTx(ctx context.Context, fn func(store.Tx) error) error {
 	return s.inTx(ctx, func(t *txn) error { return fn(t) })
 }
@@ -174,11 +181,15 @@ func (s *Store) inTx(ctx context.Context, fn func(*txn) error) error {
 		return err
 	}
 	r := &request{ctx: ctx, fn: fn, res: make(chan error, 1)}
+	s.handing.Add(1)
 	select {
 	case s.reqs <- r:
+		s.handing.Add(-1)
 	case <-ctx.Done():
+		s.handing.Add(-1)
 		return ctx.Err()
 	case <-s.quit:
+		s.handing.Add(-1)
 		return ErrClosed
 	}
 	// Once the writer holds the request it must be waited for: returning

@@ -116,15 +116,22 @@ func TestGroupCommitIsolatesFailures(t *testing.T) {
 				case 5:
 					panic("fn 5 panicked")
 				case 9:
-					// A duplicate inside the batch fails this request only.
-					return tx.InsertResource(ctx, resource("r00", nil))
+					// A duplicate fails this request only (and rolls back
+					// its first insert).
+					return tx.InsertResource(ctx, resource("r09", nil))
 				}
 				return nil
 			})
 		})
 	}
-	// Give every goroutine time to block on the hand-off.
-	time.Sleep(200 * time.Millisecond)
+	// Wait for every goroutine to block on the hand-off.
+	for deadline := time.Now().Add(30 * time.Second); s.handing.Load() < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d requests waiting for the writer", s.handing.Load(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond) // from the counter to the select
 	release()
 	wg.Wait()
 
@@ -494,25 +501,33 @@ func BenchmarkInTxInsert(b *testing.B) {
 func BenchmarkListSelector100k(b *testing.B) {
 	s := openTest(b)
 	ctx := context.Background()
-	const n, chunk = 100_000, 10_000
+	const n = 100_000
 	start := time.Now()
-	for c := 0; c < n; c += chunk {
-		if err := s.InTx(ctx, func(tx store.Tx) error {
-			for i := c; i < c+chunk; i++ {
-				r := resource(fmt.Sprintf("r%06d", i), map[string]string{
-					"app":   fmt.Sprintf("app-%d", i%10),
-					"tier":  fmt.Sprintf("tier-%d", i%3),
-					"shard": fmt.Sprintf("shard-%d", i%100),
-				})
-				r.CreatedAt = base.Add(time.Duration(i) * time.Microsecond)
-				if err := tx.InsertResource(ctx, r); err != nil {
-					return err
-				}
-			}
-			return nil
-		}); err != nil {
-			b.Fatal(err)
+	// Bulk load in one transaction, in SQL: the rows are those
+	// InsertResource would write.
+	if err := s.inTx(ctx, func(t *txn) error {
+		if _, err := t.exec(ctx, `WITH RECURSIVE seq(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM seq WHERE i + 1 < ?)
+			INSERT INTO resources (kind, id, created_at, updated_at, revision, spec, labels_revision, annotations, annotations_revision)
+			SELECT 'egress', printf('r%06d', i), ? + i, ? + i, 1, x'', 1, '{}', 1 FROM seq`,
+			n, micros(base), micros(base)); err != nil {
+			return err
 		}
+		for _, l := range []struct {
+			key string
+			mod int
+		}{{"app", 10}, {"tier", 3}, {"shard", 100}} {
+			if _, err := t.exec(ctx, `INSERT INTO labels (kind, object_id, key, value, object_created_at)
+				SELECT kind, id, ?, ? || '-' || ((created_at - ?) % ?), created_at FROM resources WHERE kind = 'egress'`,
+				l.key, l.key, micros(base), l.mod); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := s.wdb.ExecContext(ctx, "ANALYZE"); err != nil {
+		b.Fatal(err)
 	}
 	b.Logf("inserted %d resources with 3 labels each in %v", n, time.Since(start))
 	deep := &store.Cursor{CreatedAt: base.Add(90_000 * time.Microsecond), ID: "r090000"}

@@ -44,6 +44,10 @@ CREATE INDEX resources_list ON resources (kind, created_at, id);
 
 -- Labels live only here. object_created_at repeats resources.created_at so
 -- that a selector page is one range scan of labels_selector in list order.
+-- There is deliberately no foreign key to resources (the store deletes a
+-- resource's labels with it): under SERIALIZABLE the foreign key check reads
+-- resources_pkey, and its SSI predicate lock on the index page makes
+-- concurrent inserts of neighbouring resources abort each other.
 CREATE TABLE labels (
 	kind              TEXT COLLATE "C" NOT NULL,
 	object_id         TEXT COLLATE "C" NOT NULL,
