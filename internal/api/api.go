@@ -39,13 +39,6 @@ func (s *ServerInfo) GetServerInfo(context.Context, *connect.Request[ctrlv1.GetS
 	}), nil
 }
 
-// Workspaces serves WorkspaceService. Its methods are not served yet: each
-// answers unimplemented with an ErrorDetail (CAPABILITY_UNAVAILABLE), and
-// none of their capabilities is listed.
-type Workspaces struct {
-	ctrlv1connect.UnimplementedWorkspaceServiceHandler
-}
-
 // Volumes serves VolumeService; not served yet, like Workspaces.
 type Volumes struct {
 	ctrlv1connect.UnimplementedVolumeServiceHandler

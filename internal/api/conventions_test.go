@@ -43,7 +43,7 @@ func TestServerInfo(t *testing.T) {
 func TestUnimplementedCarriesDetail(t *testing.T) {
 	t.Parallel()
 	_, c := newEnv(t)
-	_, err := c.Workspace.CreateWorkspace(t.Context(), connect.NewRequest(&ctrlv1.CreateWorkspaceRequest{Metadata: md("ws-1")}))
+	_, err := c.Workspace.UpdateWorkspaceMemory(t.Context(), connect.NewRequest(&ctrlv1.UpdateWorkspaceMemoryRequest{Metadata: md("ws-1")}))
 	wantErr(t, err, connect.CodeUnimplemented, ctrlv1.FailureReason_FAILURE_REASON_CAPABILITY_UNAVAILABLE, false)
 	_, err = c.Volume.GetVolume(t.Context(), connect.NewRequest(&ctrlv1.GetVolumeRequest{VolumeId: "vol-1"}))
 	wantErr(t, err, connect.CodeUnimplemented, ctrlv1.FailureReason_FAILURE_REASON_CAPABILITY_UNAVAILABLE, false)

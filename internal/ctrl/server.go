@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -21,13 +22,17 @@ import (
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
+	"github.com/kibotos/kibotos/gen/kibotos/node/v1/nodev1connect"
 	"github.com/kibotos/kibotos/internal/api"
 	"github.com/kibotos/kibotos/internal/apierr"
 	"github.com/kibotos/kibotos/internal/catalog"
 	"github.com/kibotos/kibotos/internal/command"
 	"github.com/kibotos/kibotos/internal/netguard"
 	"github.com/kibotos/kibotos/internal/paging"
+	"github.com/kibotos/kibotos/internal/pki"
+	"github.com/kibotos/kibotos/internal/reconciler"
 	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/workspace"
 )
 
 // MaxRequestBytes bounds every request body; larger bodies are refused
@@ -48,6 +53,12 @@ type Config struct {
 	Registry *prometheus.Registry
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
+	// WaitBound bounds how long StopWorkspace and DeleteWorkspace wait; zero
+	// is one minute.
+	WaitBound time.Duration
+	// NodeGrace is how long a node may stay silent before its Workspaces
+	// turn UNKNOWN; zero is 15 seconds.
+	NodeGrace time.Duration
 }
 
 // Server is a configured control plane.
@@ -57,6 +68,7 @@ type Server struct {
 	handler http.Handler
 	health  *grpchealth.StaticChecker
 	metrics *metrics
+	recon   *reconciler.Reconciler
 }
 
 // pageSecret names the page-token key in the store.
@@ -95,7 +107,14 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	mux.Handle(ctrlv1connect.NewResolverServiceHandler(api.NewResolvers(&catalog.Service[*ctrlv1.ResolverSpec]{
 		Kind: api.ResolverKind(cfg.Checker), Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 	}), opts))
-	mux.Handle(ctrlv1connect.NewWorkspaceServiceHandler(&api.Workspaces{}, opts))
+	completions := &workspace.Notifier{}
+	s.recon = &reconciler.Reconciler{Store: cfg.Store, Log: log, Completions: completions, Now: cfg.Now, NodeGrace: cfg.NodeGrace}
+	mux.Handle(ctrlv1connect.NewWorkspaceServiceHandler(api.NewWorkspaces(&workspace.Service{
+		Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
+		Templates:   func(id string) (string, bool) { return "builtin", id == workspace.DefaultTemplate },
+		MaxCapacity: s.recon.MaxCapacity, Kick: s.recon.Kick, Completions: completions, WaitBound: cfg.WaitBound,
+	}), opts))
+	mux.Handle(nodev1connect.NewNodeServiceHandler(s.recon, connect.WithInterceptors(apierr.NewInterceptor(log))))
 	mux.Handle(ctrlv1connect.NewVolumeServiceHandler(&api.Volumes{}, opts))
 
 	services := []string{
@@ -137,12 +156,20 @@ func (s *Server) authenticate(api, health http.Handler) http.Handler {
 			health.ServeHTTP(w, r)
 			return
 		}
-		if err := s.verifyOperator(r); err != nil {
+		role := pki.RoleOperator
+		if strings.HasPrefix(r.URL.Path, "/"+nodev1connect.NodeServiceName+"/") {
+			role = pki.RoleNode
+		}
+		id, err := s.verifyPeer(r, role)
+		if err == nil && role == pki.RoleNode {
+			r = r.WithContext(reconciler.WithNodeIdentity(r.Context(), id))
+		}
+		if err != nil {
 			s.metrics.rejected.Inc()
 			s.log.WarnContext(r.Context(), "rejected client", "remote", r.RemoteAddr, "path", r.URL.Path, "reason", err.Error())
 			ce := apierr.FromDetail(connect.CodeUnauthenticated, &ctrlv1.ErrorDetail{
 				Reason:  ctrlv1.FailureReason_FAILURE_REASON_PERMISSION_DENIED,
-				Message: "an Operator certificate issued by this deployment's operator CA is required",
+				Message: "a " + role + " certificate issued by this deployment's CA is required",
 			})
 			_ = errw.Write(w, r, ce)
 			return
@@ -158,26 +185,34 @@ func (s *Server) authenticate(api, health http.Handler) http.Handler {
 	})
 }
 
-// clientCAs is set from the TLS config of the connection's server.
-func (s *Server) verifyOperator(r *http.Request) error {
+// verifyPeer checks the client certificate against the client CA and the
+// role the path needs: node certificates (OU "node") may only use
+// NodeService, and NodeService needs one. It returns the certificate's
+// common name.
+func (s *Server) verifyPeer(r *http.Request, role string) (string, error) {
 	if r.TLS == nil {
-		return errors.New("not a TLS connection")
+		return "", errors.New("not a TLS connection")
 	}
 	if len(r.TLS.PeerCertificates) == 0 {
-		return errors.New("no client certificate")
+		return "", errors.New("no client certificate")
 	}
 	pool, _ := r.Context().Value(clientCAsKey{}).(*x509.CertPool)
 	if pool == nil {
-		return errors.New("no client CA configured")
+		return "", errors.New("no client CA configured")
+	}
+	leaf := r.TLS.PeerCertificates[0]
+	isNode := len(leaf.Subject.OrganizationalUnit) > 0 && leaf.Subject.OrganizationalUnit[0] == pki.RoleNode
+	if isNode != (role == pki.RoleNode) {
+		return "", errors.New("certificate role does not match the API")
 	}
 	inter := x509.NewCertPool()
 	for _, c := range r.TLS.PeerCertificates[1:] {
 		inter.AddCert(c)
 	}
-	_, err := r.TLS.PeerCertificates[0].Verify(x509.VerifyOptions{
+	_, err := leaf.Verify(x509.VerifyOptions{
 		Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	})
-	return err
+	return leaf.Subject.CommonName, err
 }
 
 type clientCAsKey struct{}
@@ -197,6 +232,15 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsc *tls.Config) e
 		},
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
+	reconCtx, stopRecon := context.WithCancel(context.Background())
+	reconDone := make(chan struct{})
+	go func() {
+		defer close(reconDone)
+		if err := s.recon.Run(reconCtx); err != nil {
+			s.log.Error("reconciler stopped", "error", err.Error())
+		}
+	}()
+	defer func() { stopRecon(); <-reconDone }()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ServeTLS(ln, "", "") }()
 	select {

@@ -20,8 +20,10 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
+	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/internal/ctrl"
 	"github.com/kibotos/kibotos/internal/netguard"
+	"github.com/kibotos/kibotos/internal/node/agent"
 	"github.com/kibotos/kibotos/internal/pki"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/store/postgres"
@@ -52,6 +54,16 @@ type Options struct {
 	Allow []netip.Prefix
 	// Resolver replaces the system resolver for endpoint checks.
 	Resolver netguard.Resolver
+	// Runtime, when set, runs a node agent with this runtime, connected to
+	// the server over mTLS with a node certificate.
+	Runtime agent.Runtime
+	// NodeMemoryMiB and NodeCPUMillis are the node's capacity (defaults 8192
+	// and 4000).
+	NodeMemoryMiB, NodeCPUMillis uint64
+	// WaitBound bounds stop and delete waits (default one minute).
+	WaitBound time.Duration
+	// NodeGrace is how long a node may be silent (default 15s).
+	NodeGrace time.Duration
 }
 
 // OpenStore opens a fresh SQLite or PostgreSQL store for t.
@@ -101,7 +113,7 @@ func New(t testing.TB, o Options) *Env {
 	srv, err := ctrl.New(context.Background(), ctrl.Config{
 		Store: st, Checker: &netguard.Checker{Allow: allow, Resolver: o.Resolver},
 		Logger:         slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		SourceRevision: "test-revision",
+		SourceRevision: "test-revision", WaitBound: o.WaitBound, NodeGrace: o.NodeGrace,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +135,42 @@ func New(t testing.TB, o Options) *Env {
 	t.Cleanup(func() { cancel(); <-done })
 	e := &Env{URL: "https://" + ln.Addr().String(), PKI: p, Store: st, Log: logs}
 	e.HTTP = e.Client(t, p.Operator, p.OperatorKey)
+	if o.Runtime != nil {
+		e.StartNode(t, "node-1", o)
+	}
 	return e
+}
+
+// StartNode runs a node agent with o.Runtime until t ends; it returns a
+// function that stops it early.
+func (e *Env) StartNode(t testing.TB, id string, o Options) (stop func()) {
+	t.Helper()
+	dir := t.TempDir()
+	cert, key := dir+"/node.pem", dir+"/node-key.pem"
+	if err := pki.IssueClient(e.PKI.CA, e.PKI.CAKey, id, pki.RoleNode, time.Hour, cert, key); err != nil {
+		t.Fatal(err)
+	}
+	mem, cpu := o.NodeMemoryMiB, o.NodeCPUMillis
+	if mem == 0 {
+		mem = 8192
+	}
+	if cpu == 0 {
+		cpu = 4000
+	}
+	hc := e.Client(t, cert, key)
+	hc.Timeout = 0 // the stream lives as long as the agent
+	a := agent.New(agent.Config{
+		NodeID: id, Endpoint: e.URL, HTTP: hc, Runtime: o.Runtime,
+		Capacity: &nodev1.Capacity{MemoryMib: mem, CpuMillis: cpu, StorageBytes: 100 << 30, StoragePool: "default"},
+		Log:      slog.New(slog.NewJSONHandler(e.Log, nil)), Heartbeat: 200 * time.Millisecond,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(ctx) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
 }
 
 // Client returns an HTTP/2 client that trusts the server and presents the

@@ -76,6 +76,8 @@ type Tx interface {
 	SetReferences(ctx context.Context, workspaceID string, refs []Reference) error
 	// CountReferences counts the Workspaces that reference target with kind.
 	CountReferences(ctx context.Context, kind RefKind, targetID string) (int, error)
+
+	WorkspaceTx
 }
 
 // Kind is the kind of a Resource.

@@ -21,14 +21,15 @@
 // serialization failure and retried, so the retry sees the committed
 // command.
 //
-// InsertCommand and InsertResource run their INSERTs inside a savepoint, so
-// an ErrDuplicate does not abort the transaction (fn may go on), as in the
-// SQLite dialect. They are plain INSERTs, not INSERT … ON CONFLICT, and
-// labels have no foreign key: both would read an index and take SSI predicate
-// locks on its pages, making concurrent inserts of neighbouring keys fail
-// each other although none reads what another writes. A duplicate key whose
-// row the transaction's snapshot cannot see (committed by a concurrent
-// transaction) is a serialization failure, so fn runs again and sees it.
+// InsertCommand, InsertResource and InsertWorkspace run their INSERTs inside
+// a savepoint, so an ErrDuplicate does not abort the transaction (fn may go
+// on), as in the SQLite dialect. They are plain INSERTs, not INSERT … ON
+// CONFLICT, and labels have no foreign key: both would read an index and
+// take SSI predicate locks on its pages, making concurrent inserts of
+// neighbouring keys fail each other although none reads what another
+// writes. A duplicate key whose row the transaction's snapshot cannot see
+// (committed by a concurrent transaction) is a serialization failure, so fn
+// runs again and sees it. (UpsertNode is an INSERT … ON CONFLICT: see there.)
 //
 // View runs fn in a READ ONLY REPEATABLE READ transaction: one snapshot for
 // all of fn's reads, never a serialization failure, and a write fails with
@@ -45,10 +46,12 @@
 // # Conventions
 //
 // Timestamps are stored as BIGINT microseconds since the Unix epoch and come
-// back in UTC at microsecond precision; a zero Command.CompletedAt is stored
-// as NULL and comes back zero. Labels and Annotations always come back as
-// non-nil maps, empty when there are none. Byte fields come back nil when
-// empty. Key columns use the "C" collation, so IDs order bytewise.
+// back in UTC at microsecond precision; a zero Command.CompletedAt,
+// Workspace.DeletedAt or Workspace.ObservedAt is stored as NULL and comes
+// back zero. Labels and Annotations always come back as non-nil maps, empty
+// when there are none. Byte fields come back nil when empty. Workspace labels
+// live in the labels table with kind "workspace", beside those of resources.
+// Key columns use the "C" collation, so IDs order bytewise.
 package postgres
 
 import (

@@ -37,11 +37,13 @@
 // # Conventions
 //
 // Timestamps are stored as INTEGER microseconds since the Unix epoch and come
-// back in UTC at microsecond precision; a zero Command.CompletedAt is stored
-// as NULL and comes back zero. Labels and Annotations always come back as
-// non-nil maps, empty when there are none (nil and empty are stored alike).
-// Byte fields (Spec, Result, Fingerprint, ErrorDetail) come back nil when
-// empty.
+// back in UTC at microsecond precision; a zero Command.CompletedAt,
+// Workspace.DeletedAt or Workspace.ObservedAt is stored as NULL and comes
+// back zero. Labels and Annotations always come back as non-nil maps, empty
+// when there are none (nil and empty are stored alike). Byte fields (Spec,
+// Result, Fingerprint, ErrorDetail, Doc) come back nil when empty. Workspace
+// labels live in the labels table with kind "workspace", beside those of
+// resources.
 package sqlite
 
 import (

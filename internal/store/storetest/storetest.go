@@ -12,6 +12,14 @@
 //   - An ErrDuplicate from InsertCommand or InsertResource leaves the
 //     transaction usable.
 //   - ListResources orders by (CreatedAt, ID), comparing IDs bytewise.
+//   - Workspaces follow the same conventions (Doc nil when empty, Labels
+//     non-nil); a zero DeletedAt or ObservedAt comes back zero. Every
+//     Workspace listing orders by (CreatedAt, ID); PendingWorkspaces and
+//     ProcessingCommands are oldest first by (CreatedAt, ID), and a limit of
+//     0 or less returns nothing.
+//   - UpdateWorkspace keeps the stored CreatedAt; UpsertNode replacing a
+//     node keeps the CreatedAt it was first stored with. ListNodes orders by
+//     ID bytewise.
 package storetest
 
 import (
@@ -58,6 +66,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"ConcurrentSameCommand", testConcurrentSameCommand},
 		{"ConcurrentInserts", testConcurrentInserts},
 	}
+	tests = append(tests, workspaceTests...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open(t)) })
 	}

@@ -1,0 +1,361 @@
+// Package agent is the node agent: it holds one stream to ctrl
+// (NodeService/Connect), receives the desired state of the node's
+// Workspaces, drives the runtime towards it and reports what it observes.
+//
+// Every action is idempotent (start what should run and does not, stop what
+// should not run, delete what should be gone), so the agent keeps no state
+// of its own: after a restart it re-adopts the executions the runtime left
+// running, receives the full desired state again and converges.
+package agent
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
+	"github.com/kibotos/kibotos/gen/kibotos/node/v1/nodev1connect"
+)
+
+// Spec is what the runtime needs to start an execution.
+type Spec struct {
+	WorkspaceID   string
+	Generation    uint64
+	TemplateID    string
+	CapacityBytes uint64
+	MemoryMiB     uint32
+	CPUMillis     uint32
+}
+
+// Status is one execution or writable layer the runtime holds.
+type Status struct {
+	WorkspaceID  string
+	Generation   uint64
+	Running      bool
+	LayerExists  bool
+	Guest        ctrlv1.GuestCondition
+	GuestMessage string
+}
+
+// Event is something the runtime observed on its own.
+type Event struct {
+	WorkspaceID string
+	// Exited is set when the execution ended without being asked (the guest
+	// powered itself off).
+	Exited       bool
+	Guest        ctrlv1.GuestCondition
+	GuestMessage string
+}
+
+// ErrWritebackFailed is returned by Runtime.Stop when the guest could not
+// confirm writeback: the execution is still running and held.
+var ErrWritebackFailed = errors.New("guest could not confirm writeback")
+
+// Runtime runs executions. internal/node/sandbox implements it.
+type Runtime interface {
+	Start(ctx context.Context, s Spec) error
+	Stop(ctx context.Context, workspaceID string, force bool) error
+	Delete(ctx context.Context, workspaceID string) error
+	Status(workspaceID string) Status
+	Executions() []Status
+	Events() <-chan Event
+}
+
+// Config configures an Agent.
+type Config struct {
+	NodeID   string
+	Endpoint string       // ctrl's URL
+	HTTP     *http.Client // presents the node certificate
+	Runtime  Runtime
+	Capacity *nodev1.Capacity
+	Log      *slog.Logger
+	// Heartbeat is the interval of heartbeats; zero is 5 seconds.
+	Heartbeat time.Duration
+}
+
+// Agent is a running node agent.
+type Agent struct {
+	cfg    Config
+	client nodev1connect.NodeServiceClient
+
+	reports chan *nodev1.ExecutionReport
+
+	mu      sync.Mutex
+	desired map[string]*nodev1.DesiredWorkspace
+	busy    map[string]bool // a worker runs for the workspace
+	dirty   map[string]bool // desired changed while the worker ran
+}
+
+// New returns an Agent.
+func New(cfg Config) *Agent {
+	if cfg.Heartbeat == 0 {
+		cfg.Heartbeat = 5 * time.Second
+	}
+	return &Agent{
+		cfg:     cfg,
+		client:  nodev1connect.NewNodeServiceClient(cfg.HTTP, cfg.Endpoint),
+		reports: make(chan *nodev1.ExecutionReport, 1024),
+		desired: map[string]*nodev1.DesiredWorkspace{},
+		busy:    map[string]bool{},
+		dirty:   map[string]bool{},
+	}
+}
+
+// Run keeps a stream to ctrl open until ctx is done, reconnecting with
+// back-off.
+func (a *Agent) Run(ctx context.Context) error {
+	go a.watchEvents(ctx)
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := a.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		a.cfg.Log.Warn("ctrl stream ended", "error", errString(err))
+		if time.Since(start) > 10*time.Second {
+			backoff = 100 * time.Millisecond
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+	return nil
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+func (a *Agent) session(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream := a.client.Connect(ctx)
+	hello := &nodev1.Hello{NodeId: a.cfg.NodeID, Capacity: a.cfg.Capacity}
+	for _, st := range a.cfg.Runtime.Executions() {
+		hello.Executions = append(hello.Executions, a.statusReport(st, st.Generation))
+	}
+	if err := stream.Send(&nodev1.ConnectRequest{Body: &nodev1.ConnectRequest_Hello{Hello: hello}}); err != nil {
+		return err
+	}
+	errc := make(chan error, 2)
+	go func() {
+		for {
+			msg, err := stream.Receive()
+			if err != nil {
+				errc <- err
+				return
+			}
+			a.apply(ctx, msg.GetDesired())
+		}
+	}()
+	hb := time.NewTicker(a.cfg.Heartbeat)
+	defer hb.Stop()
+	for {
+		var msg *nodev1.ConnectRequest
+		select {
+		case <-ctx.Done():
+			_ = stream.CloseRequest()
+			return ctx.Err()
+		case err := <-errc:
+			return err
+		case rep := <-a.reports:
+			msg = &nodev1.ConnectRequest{Body: &nodev1.ConnectRequest_Report{Report: rep}}
+		case <-hb.C:
+			msg = &nodev1.ConnectRequest{Body: &nodev1.ConnectRequest_Heartbeat{Heartbeat: &nodev1.Heartbeat{SentAt: timestamppb.Now()}}}
+		}
+		if err := stream.Send(msg); err != nil {
+			if rep := msg.GetReport(); rep != nil {
+				a.requeue(rep)
+			}
+			return err
+		}
+	}
+}
+
+// requeue keeps a report that could not be sent for the next stream; the
+// full desired state on reconnect makes workers report again anyway.
+func (a *Agent) requeue(rep *nodev1.ExecutionReport) {
+	select {
+	case a.reports <- rep:
+	default:
+	}
+}
+
+// apply records desired state and wakes the workers.
+func (a *Agent) apply(ctx context.Context, d *nodev1.DesiredState) {
+	if d == nil {
+		return
+	}
+	a.mu.Lock()
+	listed := map[string]bool{}
+	for _, w := range d.GetWorkspaces() {
+		listed[w.GetWorkspaceId()] = true
+		if cur := a.desired[w.GetWorkspaceId()]; cur == nil || w.GetGeneration() >= cur.GetGeneration() {
+			a.desired[w.GetWorkspaceId()] = w
+		}
+	}
+	var orphans []string
+	if d.GetFull() {
+		for _, st := range a.cfg.Runtime.Executions() {
+			if st.Running && !listed[st.WorkspaceID] {
+				orphans = append(orphans, st.WorkspaceID)
+			}
+		}
+	}
+	a.mu.Unlock()
+	for id := range listed {
+		a.wake(ctx, id)
+	}
+	for _, id := range orphans {
+		// ctrl does not know this execution: release it, keep its layer.
+		a.cfg.Log.Warn("stopping an execution ctrl does not know", "workspace_id", id)
+		go func() { _ = a.cfg.Runtime.Stop(ctx, id, true) }()
+	}
+}
+
+// wake runs the workspace's worker, or marks it dirty if it runs.
+func (a *Agent) wake(ctx context.Context, id string) {
+	a.mu.Lock()
+	if a.busy[id] {
+		a.dirty[id] = true
+		a.mu.Unlock()
+		return
+	}
+	a.busy[id] = true
+	a.mu.Unlock()
+	go func() {
+		for {
+			a.mu.Lock()
+			d := a.desired[id]
+			a.dirty[id] = false
+			a.mu.Unlock()
+			a.act(ctx, d)
+			a.mu.Lock()
+			if !a.dirty[id] || ctx.Err() != nil {
+				a.busy[id] = false
+				if d.GetPower() == nodev1.Power_POWER_DELETED && a.desired[id] == d {
+					delete(a.desired, id)
+				}
+				a.mu.Unlock()
+				return
+			}
+			a.mu.Unlock()
+		}
+	}()
+}
+
+// act drives one workspace to its desired state and reports the result.
+func (a *Agent) act(ctx context.Context, d *nodev1.DesiredWorkspace) {
+	id, gen := d.GetWorkspaceId(), d.GetGeneration()
+	rt := a.cfg.Runtime
+	log := a.cfg.Log.With("workspace_id", id, "generation", gen)
+	switch d.GetPower() {
+	case nodev1.Power_POWER_RUNNING:
+		if st := rt.Status(id); st.Running {
+			a.report(a.statusReport(st, gen))
+			return
+		}
+		a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_STARTING, ObservedAt: timestamppb.Now()})
+		err := rt.Start(ctx, Spec{WorkspaceID: id, Generation: gen, TemplateID: d.GetTemplateId(),
+			CapacityBytes: d.GetCapacityBytes(), MemoryMiB: d.GetMemoryMib(), CPUMillis: d.GetCpuMillis()})
+		if err != nil {
+			log.Warn("start failed", "error", err.Error())
+			st := rt.Status(id)
+			a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_FAILED,
+				HoldsExecution: st.Running, LayerExists: st.LayerExists, FailureReason: "EXECUTION_FAILED",
+				FailureMessage: err.Error(), ObservedAt: timestamppb.Now()})
+			return
+		}
+		a.report(a.statusReport(rt.Status(id), gen))
+	case nodev1.Power_POWER_STOPPED:
+		err := rt.Stop(ctx, id, d.GetForce())
+		st := rt.Status(id)
+		switch {
+		case err == nil && !st.Running:
+			a.report(a.statusReport(st, gen))
+		case errors.Is(err, ErrWritebackFailed):
+			a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_FAILED,
+				HoldsExecution: true, LayerExists: st.LayerExists, FailureReason: "GUEST_WRITEBACK_FAILED",
+				FailureMessage: err.Error(), ObservedAt: timestamppb.Now()})
+		default:
+			log.Warn("stop failed", "error", errString(err))
+			a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_FAILED,
+				HoldsExecution: st.Running, LayerExists: st.LayerExists, FailureReason: "EXECUTION_FAILED",
+				FailureMessage: errString(err), ObservedAt: timestamppb.Now()})
+		}
+	case nodev1.Power_POWER_DELETED:
+		if err := rt.Delete(ctx, id); err != nil {
+			log.Warn("delete failed", "error", err.Error())
+			st := rt.Status(id)
+			a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_FAILED,
+				HoldsExecution: st.Running, LayerExists: st.LayerExists, FailureReason: "EXECUTION_FAILED",
+				FailureMessage: err.Error(), ObservedAt: timestamppb.Now()})
+			return
+		}
+		a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_DELETED, ObservedAt: timestamppb.Now()})
+	}
+}
+
+func (a *Agent) statusReport(st Status, gen uint64) *nodev1.ExecutionReport {
+	rep := &nodev1.ExecutionReport{WorkspaceId: st.WorkspaceID, Generation: gen, LayerExists: st.LayerExists,
+		HoldsExecution: st.Running, GuestCondition: int32(st.Guest), GuestMessage: st.GuestMessage, ObservedAt: timestamppb.Now()}
+	switch {
+	case st.Running && st.Guest == ctrlv1.GuestCondition_GUEST_CONDITION_BOOTING:
+		rep.State = nodev1.ExecState_EXEC_STATE_STARTING
+	case st.Running:
+		rep.State = nodev1.ExecState_EXEC_STATE_RUNNING
+	default:
+		rep.State = nodev1.ExecState_EXEC_STATE_STOPPED
+	}
+	return rep
+}
+
+func (a *Agent) report(rep *nodev1.ExecutionReport) {
+	select {
+	case a.reports <- rep:
+	default:
+		a.cfg.Log.Warn("report queue full; dropping a report (the next full state repeats it)", "workspace_id", rep.GetWorkspaceId())
+	}
+}
+
+// watchEvents turns runtime events into reports for the current desired
+// generation.
+func (a *Agent) watchEvents(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-a.cfg.Runtime.Events():
+			if !ok {
+				return
+			}
+			a.mu.Lock()
+			d := a.desired[ev.WorkspaceID]
+			a.mu.Unlock()
+			if d == nil {
+				continue
+			}
+			st := a.cfg.Runtime.Status(ev.WorkspaceID)
+			rep := a.statusReport(st, d.GetGeneration())
+			if ev.Exited {
+				rep.GuestExited = true
+				rep.State = nodev1.ExecState_EXEC_STATE_STOPPED
+			} else if ev.Guest != 0 {
+				rep.GuestCondition, rep.GuestMessage = int32(ev.Guest), ev.GuestMessage
+			}
+			a.report(rep)
+		}
+	}
+}

@@ -1,0 +1,126 @@
+// Package agenttest provides a test double of agent.Runtime for fast tests
+// of ctrl's lifecycle logic without root. It runs nothing; the real runtime
+// is internal/node/sandbox, which the end-to-end tests use.
+package agenttest
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/internal/node/agent"
+)
+
+// Runtime records executions in memory.
+type Runtime struct {
+	mu     sync.Mutex
+	execs  map[string]*agent.Status
+	events chan agent.Event
+
+	// FailStart makes Start fail for these workspaces.
+	FailStart map[string]bool
+	// FailWriteback makes a normal Stop fail with ErrWritebackFailed.
+	FailWriteback map[string]bool
+	// Gate, when set, blocks Start until it is closed.
+	Gate chan struct{}
+	// Starts counts Start calls per workspace.
+	Starts map[string]int
+}
+
+// New returns an empty Runtime.
+func New() *Runtime {
+	return &Runtime{execs: map[string]*agent.Status{}, events: make(chan agent.Event, 64),
+		FailStart: map[string]bool{}, FailWriteback: map[string]bool{}, Starts: map[string]int{}}
+}
+
+func (r *Runtime) get(id string) *agent.Status {
+	s := r.execs[id]
+	if s == nil {
+		s = &agent.Status{WorkspaceID: id}
+		r.execs[id] = s
+	}
+	return s
+}
+
+// Start marks the execution running with a ready guest.
+func (r *Runtime) Start(ctx context.Context, s agent.Spec) error {
+	r.mu.Lock()
+	gate := r.Gate
+	r.Starts[s.WorkspaceID]++
+	r.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.FailStart[s.WorkspaceID] {
+		return errors.New("injected start failure")
+	}
+	st := r.get(s.WorkspaceID)
+	st.Running, st.LayerExists, st.Generation = true, true, s.Generation
+	st.Guest = ctrlv1.GuestCondition_GUEST_CONDITION_READY
+	return nil
+}
+
+// Stop ends the execution (normal stops can be made to fail).
+func (r *Runtime) Stop(_ context.Context, id string, force bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := r.get(id)
+	if st.Running && !force && r.FailWriteback[id] {
+		return agent.ErrWritebackFailed
+	}
+	st.Running, st.Guest = false, 0
+	return nil
+}
+
+// Delete releases everything.
+func (r *Runtime) Delete(_ context.Context, id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.execs, id)
+	return nil
+}
+
+// Status reports one workspace.
+func (r *Runtime) Status(id string) agent.Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.execs[id]; s != nil {
+		return *s
+	}
+	return agent.Status{WorkspaceID: id}
+}
+
+// Executions lists running executions.
+func (r *Runtime) Executions() []agent.Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []agent.Status
+	for _, s := range r.execs {
+		if s.Running {
+			out = append(out, *s)
+		}
+	}
+	return out
+}
+
+// Events delivers injected events.
+func (r *Runtime) Events() <-chan agent.Event { return r.events }
+
+// GuestExits simulates a guest powering itself off.
+func (r *Runtime) GuestExits(id string) {
+	r.mu.Lock()
+	st := r.get(id)
+	st.Running, st.Guest = false, 0
+	r.mu.Unlock()
+	r.events <- agent.Event{WorkspaceID: id, Exited: true}
+}
+
+// Running reports whether the workspace's execution runs.
+func (r *Runtime) Running(id string) bool { return r.Status(id).Running }

@@ -1,0 +1,240 @@
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
+	"github.com/kibotos/kibotos/internal/apierr"
+	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/workspace"
+)
+
+// outcome is how an observed report ends the in-flight command.
+type outcome struct {
+	done bool
+	err  *fault.Error // nil: success
+}
+
+// derive sets the public state of a Workspace from its desired state and a
+// report that answers the current generation, and says whether the in-flight
+// command is done.
+func derive(w *store.Workspace, pub *ctrlv1.Workspace, rep *nodev1.ExecutionReport) outcome {
+	st := rep.GetState()
+	fail := func(state ctrlv1.WorkspaceState, fe *fault.Error) outcome {
+		pub.State = state
+		pub.HoldsExecution = rep.GetHoldsExecution()
+		return outcome{done: true, err: fe}
+	}
+	reasonOr := func(def fault.Reason) fault.Reason {
+		if r := rep.GetFailureReason(); r != "" {
+			return fault.Reason(r)
+		}
+		return def
+	}
+	switch w.Power {
+	case store.PowerRunning:
+		switch st {
+		case nodev1.ExecState_EXEC_STATE_RUNNING:
+			pub.State, pub.HoldsExecution = ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE, true
+			return outcome{done: true}
+		case nodev1.ExecState_EXEC_STATE_FAILED, nodev1.ExecState_EXEC_STATE_STOPPED:
+			return fail(ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED, &fault.Error{
+				Kind: fault.KindUnavailable, Reason: reasonOr(fault.ReasonExecutionFailed), Retryable: true, Stage: "start",
+				Message: "the execution failed to start: " + rep.GetFailureMessage()})
+		}
+	case store.PowerStopped:
+		switch st {
+		case nodev1.ExecState_EXEC_STATE_STOPPED:
+			pub.State, pub.HoldsExecution = ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED, false
+			return outcome{done: true}
+		case nodev1.ExecState_EXEC_STATE_FAILED:
+			return fail(ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED, &fault.Error{
+				Kind: fault.KindFailedPrecondition, Reason: reasonOr(fault.ReasonGuestWritebackFailed), Stage: "stop",
+				Message: "the stop failed: " + rep.GetFailureMessage()})
+		}
+	case store.PowerDeleted:
+		switch st {
+		case nodev1.ExecState_EXEC_STATE_DELETED:
+			pub.State, pub.HoldsExecution = ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETED, false
+			return outcome{done: true}
+		case nodev1.ExecState_EXEC_STATE_FAILED:
+			return fail(ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED, &fault.Error{
+				Kind: fault.KindUnavailable, Reason: reasonOr(fault.ReasonExecutionFailed), Retryable: true, Stage: "delete",
+				Message: "the delete failed: " + rep.GetFailureMessage()})
+		}
+	}
+	pub.State = transitional(w)
+	return outcome{}
+}
+
+// transitional is the state of a Workspace whose command is in flight.
+func transitional(w *store.Workspace) ctrlv1.WorkspaceState {
+	switch w.Power {
+	case store.PowerStopped:
+		return ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPING
+	case store.PowerDeleted:
+		return ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETING
+	}
+	if w.Generation <= 1 {
+		return ctrlv1.WorkspaceState_WORKSPACE_STATE_CREATING
+	}
+	return ctrlv1.WorkspaceState_WORKSPACE_STATE_STARTING
+}
+
+// applyReport folds one report of nodeID into the store. It returns whether
+// a command completed.
+func (r *Reconciler) applyReport(ctx context.Context, nodeID string, rep *nodev1.ExecutionReport) (bool, error) {
+	completed := false
+	err := r.Store.InTx(ctx, func(tx store.Tx) error {
+		completed = false
+		w, err := tx.GetWorkspace(ctx, rep.GetWorkspaceId())
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if w.NodeID != nodeID || !w.DeletedAt.IsZero() {
+			return nil
+		}
+		pub, err := workspace.Decode(w)
+		if err != nil {
+			return err
+		}
+		now := r.now()
+		w.ObservedAt = now
+		if pub.GetWritableLayer() != nil {
+			pub.WritableLayer.Exists = rep.GetLayerExists()
+		}
+		observe(pub, rep, now)
+
+		switch {
+		case rep.GetGuestExited() && rep.GetGeneration() == w.Generation && w.Power == store.PowerRunning && w.CommandID == "":
+			// The guest powered itself off: a recorded guest-shutdown stop.
+			if err := guestShutdown(ctx, tx, w, pub, now); err != nil {
+				return err
+			}
+		case rep.GetGeneration() == w.Generation:
+			w.ObservedGeneration = rep.GetGeneration()
+			w.ObservedState = execState(rep.GetState())
+			out := derive(w, pub, rep)
+			if out.err != nil {
+				pub.Failure = apierr.Detail(out.err)
+			}
+			if pub.GetState() == ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETED {
+				w.DeletedAt = now
+				pub.DeletedAt = timestamppb.New(now)
+				if err := tx.SetReferences(ctx, w.ID, nil); err != nil {
+					return err
+				}
+			}
+			if out.done && w.CommandID != "" {
+				if err := complete(ctx, tx, w, pub, out.err, now); err != nil {
+					return err
+				}
+				completed = true
+			}
+		case pub.GetState() == ctrlv1.WorkspaceState_WORKSPACE_STATE_UNKNOWN:
+			pub.State = workspace.Underlying(w)
+		}
+		if err := workspace.Save(w, pub, now); err != nil {
+			return err
+		}
+		return tx.UpdateWorkspace(ctx, w)
+	})
+	return completed, err
+}
+
+func observe(pub *ctrlv1.Workspace, rep *nodev1.ExecutionReport, now time.Time) {
+	switch rep.GetState() {
+	case nodev1.ExecState_EXEC_STATE_STOPPED, nodev1.ExecState_EXEC_STATE_DELETED:
+		pub.GuestObservation = nil
+		return
+	}
+	if c := rep.GetGuestCondition(); c != 0 {
+		at := rep.GetObservedAt()
+		if at == nil {
+			at = timestamppb.New(now)
+		}
+		pub.GuestObservation = &ctrlv1.GuestObservation{Condition: ctrlv1.GuestCondition(c), ObservedAt: at, Message: rep.GetGuestMessage()}
+	}
+}
+
+func execState(s nodev1.ExecState) store.ExecState {
+	switch s {
+	case nodev1.ExecState_EXEC_STATE_STARTING:
+		return store.ExecStarting
+	case nodev1.ExecState_EXEC_STATE_RUNNING:
+		return store.ExecRunning
+	case nodev1.ExecState_EXEC_STATE_STOPPED:
+		return store.ExecStopped
+	case nodev1.ExecState_EXEC_STATE_FAILED:
+		return store.ExecFailed
+	case nodev1.ExecState_EXEC_STATE_DELETED:
+		return store.ExecDeleted
+	}
+	return store.ExecNone
+}
+
+// complete records the end of the Workspace's in-flight command: its error,
+// or for stop and delete the final response that replays return.
+func complete(ctx context.Context, tx store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, fe *fault.Error, now time.Time) error {
+	rec, err := tx.GetCommand(ctx, w.CommandID)
+	w.CommandID = ""
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil || rec.Status == store.CommandCompleted {
+		return err
+	}
+	rec.Status, rec.CompletedAt = store.CommandCompleted, now
+	if fe != nil {
+		rec.ErrorCode, rec.ErrorDetail, err = apierr.Encode(fe)
+		if err != nil {
+			return err
+		}
+	} else {
+		switch ctrlv1.WorkspaceCommandKind(rec.Kind) {
+		case ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_STOP, ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_DELETE:
+			// StopWorkspaceResponse and DeleteWorkspaceResponse share this shape.
+			final := proto.Clone(pub).(*ctrlv1.Workspace)
+			final.UpdatedAt = timestamppb.New(now)
+			rec.Result, err = proto.Marshal(&ctrlv1.StopWorkspaceResponse{Workspace: final, Command: workspace.CommandMessage(rec)})
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return tx.UpdateCommand(ctx, rec)
+}
+
+// guestShutdown records the stop of a Workspace whose guest powered itself
+// off, under a reserved command ID.
+func guestShutdown(ctx context.Context, tx store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, now time.Time) error {
+	id := fmt.Sprintf("guest-shutdown/%s/%d", w.ID, w.Generation)
+	err := tx.InsertCommand(ctx, &store.Command{
+		ID: id, Method: "ctrl/guest-shutdown", ObjectKind: workspace.ObjectKind, ObjectID: w.ID,
+		Kind:      int(ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_STOP),
+		Initiator: int(ctrlv1.CommandInitiator_COMMAND_INITIATOR_GUEST_SHUTDOWN),
+		Status:    store.CommandProcessing, CreatedAt: now,
+	})
+	if errors.Is(err, store.ErrDuplicate) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	w.Power, w.ForceStop, w.CommandID = store.PowerStopped, true, id
+	w.Generation++
+	pub.State = ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPING
+	pub.Expiration, _ = workspace.ExpirationAfterStop(pub.GetExpiration(), nil)
+	return nil
+}

@@ -1,0 +1,473 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/kibotos/kibotos/internal/store"
+)
+
+// stateDeleted is WORKSPACE_STATE_DELETED. Statements spell it (and the
+// other constants partial indexes test) as a literal: SQLite uses a partial
+// index only when the query's WHERE clause contains the index's terms.
+const stateDeleted = 8
+
+// workspaceColumns are the columns scanWorkspace reads, in order.
+const workspaceColumns = `w.id, w.created_at, w.updated_at, w.deleted_at, w.doc, w.state, w.guest_condition,
+	w.node_id, w.power, w.force_stop, w.generation, w.command_id,
+	w.observed_generation, w.observed_state, w.holds_execution, w.observed_at`
+
+// scanWorkspace scans workspaceColumns; Labels is left empty.
+func scanWorkspace(row interface{ Scan(...any) error }) (*store.Workspace, error) {
+	var (
+		w                                  store.Workspace
+		created, updated                   int64
+		deleted, observed                  sql.NullInt64
+		state, guest, power, observedState int64
+		forceStop, holds                   int64
+		gen, observedGen                   int64
+	)
+	if err := row.Scan(&w.ID, &created, &updated, &deleted, &w.Doc, &state, &guest,
+		&w.NodeID, &power, &forceStop, &gen, &w.CommandID,
+		&observedGen, &observedState, &holds, &observed); err != nil {
+		return nil, err
+	}
+	w.CreatedAt, w.UpdatedAt = fromMicros(created), fromMicros(updated)
+	if deleted.Valid {
+		w.DeletedAt = fromMicros(deleted.Int64)
+	}
+	if observed.Valid {
+		w.ObservedAt = fromMicros(observed.Int64)
+	}
+	w.Doc = emptyNil(w.Doc)
+	w.Labels = map[string]string{}
+	w.State, w.GuestCondition = int32(state), int32(guest)
+	w.Power, w.ForceStop = store.Power(power), forceStop != 0
+	w.Generation, w.ObservedGeneration = uint64(gen), uint64(observedGen)
+	w.ObservedState, w.HoldsExecution = store.ExecState(observedState), holds != 0
+	return &w, nil
+}
+
+// workspaceMutable lists the mutable columns of workspaces, in the order
+// workspaceArgs returns their values.
+var workspaceMutable = []string{"updated_at", "deleted_at", "doc", "state", "guest_condition",
+	"node_id", "power", "force_stop", "generation", "command_id",
+	"observed_generation", "observed_state", "holds_execution", "observed_at"}
+
+// workspaceArgs returns the values of workspaceMutable for w.
+func workspaceArgs(w *store.Workspace) ([]any, error) {
+	gen, err := u2i("generation", w.Generation)
+	if err != nil {
+		return nil, err
+	}
+	observedGen, err := u2i("observed generation", w.ObservedGeneration)
+	if err != nil {
+		return nil, err
+	}
+	return []any{micros(w.UpdatedAt), optMicros(w.DeletedAt), nonNil(w.Doc), int64(w.State), int64(w.GuestCondition),
+		w.NodeID, int64(w.Power), b2i(w.ForceStop), gen, w.CommandID,
+		observedGen, int64(w.ObservedState), b2i(w.HoldsExecution), optMicros(w.ObservedAt)}, nil
+}
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// GetWorkspace implements store.Tx.
+func (t *txn) GetWorkspace(ctx context.Context, id string) (*store.Workspace, error) {
+	c, err := t.stmtCtx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	w, err := scanWorkspace(t.q.QueryRowContext(c, `SELECT `+workspaceColumns+` FROM workspaces w WHERE w.id = ?`, id))
+	if err != nil {
+		return nil, t.fail(err)
+	}
+	err = t.query(ctx, `SELECT key, value FROM labels WHERE kind = ? AND object_id = ?`, []any{string(store.KindWorkspace), id},
+		func(rows *sql.Rows) error {
+			var k, v string
+			if err := rows.Scan(&k, &v); err != nil {
+				return err
+			}
+			w.Labels[k] = v
+			return nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// InsertWorkspace implements store.Tx.
+func (t *txn) InsertWorkspace(ctx context.Context, w *store.Workspace) error {
+	args, err := workspaceArgs(w)
+	if err != nil {
+		return err
+	}
+	n, err := t.execN(ctx, `INSERT INTO workspaces (id, created_at, `+strings.Join(workspaceMutable, ", ")+`)
+		VALUES (?, ?`+strings.Repeat(", ?", len(workspaceMutable))+`)
+		ON CONFLICT (id) DO NOTHING`,
+		append([]any{w.ID, micros(w.CreatedAt)}, args...)...)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: workspace %q", store.ErrDuplicate, w.ID)
+	}
+	return t.insertLabels(ctx, store.KindWorkspace, w.ID, micros(w.CreatedAt), w.Labels)
+}
+
+// updateWorkspaceSQL sets every mutable column.
+var updateWorkspaceSQL = func() string {
+	set := make([]string, len(workspaceMutable))
+	for i, c := range workspaceMutable {
+		set[i] = c + " = ?"
+	}
+	return `UPDATE workspaces SET ` + strings.Join(set, ", ") + ` WHERE id = ? RETURNING created_at`
+}()
+
+// UpdateWorkspace implements store.Tx. CreatedAt is not mutable and is kept
+// from the stored row. Only the labels that changed are written: the
+// reconciler updates Workspaces often, mostly without touching their labels.
+func (t *txn) UpdateWorkspace(ctx context.Context, w *store.Workspace) error {
+	args, err := workspaceArgs(w)
+	if err != nil {
+		return err
+	}
+	var created int64
+	if err := t.queryRow(ctx, updateWorkspaceSQL, append(args, w.ID), &created); err != nil {
+		return err
+	}
+	j, err := mapJSON(w.Labels)
+	if err != nil {
+		return err
+	}
+	kind := string(store.KindWorkspace)
+	// Drop the labels that are gone or whose value changed, then add those
+	// not stored as they are.
+	if _, err := t.exec(ctx, `DELETE FROM labels
+		WHERE kind = ? AND object_id = ?
+		AND NOT EXISTS (SELECT 1 FROM json_each(?) AS j WHERE j.key = labels.key AND j.value = labels.value)`,
+		kind, w.ID, j); err != nil {
+		return err
+	}
+	if len(w.Labels) == 0 {
+		return nil
+	}
+	_, err = t.exec(ctx, `INSERT INTO labels (kind, object_id, key, value, object_created_at)
+		SELECT ?1, ?2, j.key, j.value, ?3 FROM json_each(?4) AS j
+		WHERE NOT EXISTS (SELECT 1 FROM labels l WHERE l.kind = ?1 AND l.object_id = ?2 AND l.key = j.key)`,
+		kind, w.ID, created, j)
+	return err
+}
+
+// states returns the states of a filter sorted, without duplicates.
+func states(s []int32) []int32 {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return slices.Compact(s)
+}
+
+// workspaceListSQL returns the statement and arguments of one ListWorkspaces
+// page (q.Limit > 0).
+//
+//   - With a selector, the page is driven by the labels_selector index as in
+//     ListResources (range scan of the first entry from the cursor, primary
+//     key probes for the others), and the state and guest condition filters
+//     are checked on the rows it finds.
+//   - With one state, it is a range scan of workspaces_state from the cursor.
+//   - With several, it is the merge of one such range scan per state, each
+//     stopping after Limit rows: at most Limit rows per state are read,
+//     however many Workspaces are in those states.
+//   - Otherwise it is a range scan of workspaces_guest for a guest
+//     condition, else of workspaces_live (deleted Workspaces left out) or
+//     workspaces_list (included).
+//
+// SQLite picks these indexes from the shape of the statement, whatever the
+// parameter values, so they are parameters; TestWorkspaceQueryPlans pins
+// the plans.
+func workspaceListSQL(q store.WorkspaceQuery) (string, []any) {
+	var b strings.Builder
+	var args []any
+	st := states(q.States)
+	keys := make([]string, 0, len(q.Selector))
+	for k := range q.Selector {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	guest := func() {
+		if q.GuestCondition != 0 {
+			b.WriteString(` AND w.guest_condition = ?`)
+			args = append(args, int64(q.GuestCondition))
+		}
+	}
+	after := func(createdAt, id string) {
+		if q.After != nil {
+			b.WriteString(` AND (` + createdAt + `, ` + id + `) > (?, ?)`)
+			args = append(args, micros(q.After.CreatedAt), q.After.ID)
+		}
+	}
+
+	if len(keys) > 0 {
+		b.WriteString(`SELECT ` + workspaceColumns + ` FROM labels l0 CROSS JOIN workspaces w
+			WHERE l0.kind = ? AND l0.key = ? AND l0.value = ? AND w.id = l0.object_id`)
+		args = append(args, string(store.KindWorkspace), keys[0], q.Selector[keys[0]])
+		after("l0.object_created_at", "l0.object_id")
+		for _, k := range keys[1:] {
+			b.WriteString(` AND EXISTS (SELECT 1 FROM labels l
+				WHERE l.kind = l0.kind AND l.object_id = l0.object_id AND l.key = ? AND l.value = ?)`)
+			args = append(args, k, q.Selector[k])
+		}
+		switch {
+		case len(st) > 0:
+			b.WriteString(` AND w.state IN (?` + strings.Repeat(", ?", len(st)-1) + `)`)
+			for _, s := range st {
+				args = append(args, int64(s))
+			}
+		case !q.IncludeDeleted:
+			b.WriteString(` AND w.state != ` + strconv.Itoa(stateDeleted))
+		}
+		guest()
+		b.WriteString(` ORDER BY l0.object_created_at, l0.object_id LIMIT ?`)
+		args = append(args, q.Limit)
+		return b.String(), args
+	}
+
+	// one writes the scan of one state.
+	one := func(s int32) {
+		b.WriteString(`SELECT ` + workspaceColumns + ` FROM workspaces w WHERE w.state = ?`)
+		args = append(args, int64(s))
+		after("w.created_at", "w.id")
+		guest()
+		b.WriteString(` ORDER BY w.created_at, w.id LIMIT ?`)
+		args = append(args, q.Limit)
+	}
+	switch {
+	case len(st) == 1:
+		one(st[0])
+	case len(st) > 1:
+		b.WriteString(`SELECT * FROM (`)
+		for i, s := range st {
+			if i > 0 {
+				b.WriteString(` UNION ALL `)
+			}
+			b.WriteString(`SELECT * FROM (`)
+			one(s)
+			b.WriteString(`)`)
+		}
+		b.WriteString(`) ORDER BY created_at, id LIMIT ?`)
+		args = append(args, q.Limit)
+	default:
+		b.WriteString(`SELECT ` + workspaceColumns + ` FROM workspaces w WHERE true`)
+		if !q.IncludeDeleted {
+			b.WriteString(` AND w.state != ` + strconv.Itoa(stateDeleted))
+		}
+		after("w.created_at", "w.id")
+		guest()
+		b.WriteString(` ORDER BY w.created_at, w.id LIMIT ?`)
+		args = append(args, q.Limit)
+	}
+	return b.String(), args
+}
+
+// ListWorkspaces implements store.Tx. A Limit of 0 or less returns nothing.
+func (t *txn) ListWorkspaces(ctx context.Context, q store.WorkspaceQuery) ([]*store.Workspace, error) {
+	if q.Limit <= 0 {
+		return nil, nil
+	}
+	query, args := workspaceListSQL(q)
+	return t.workspaces(ctx, query, args...)
+}
+
+// workspacesOnNodeSQL is a range scan of the workspaces_node partial index.
+const workspacesOnNodeSQL = `SELECT ` + workspaceColumns + ` FROM workspaces w
+	WHERE w.node_id = ? AND w.deleted_at IS NULL
+	ORDER BY w.created_at, w.id`
+
+// WorkspacesOnNode implements store.Tx.
+func (t *txn) WorkspacesOnNode(ctx context.Context, nodeID string) ([]*store.Workspace, error) {
+	return t.workspaces(ctx, workspacesOnNodeSQL, nodeID)
+}
+
+// pendingWorkspacesSQL is a scan of the workspaces_pending partial index,
+// which holds only the Workspaces it returns; its WHERE clause repeats the
+// index's.
+const pendingWorkspacesSQL = `SELECT ` + workspaceColumns + ` FROM workspaces w
+	WHERE w.deleted_at IS NULL AND (w.generation > w.observed_generation OR w.node_id = '')
+	ORDER BY w.created_at, w.id LIMIT ?`
+
+// PendingWorkspaces implements store.Tx, oldest (by CreatedAt, then ID)
+// first. A limit of 0 or less returns nothing.
+func (t *txn) PendingWorkspaces(ctx context.Context, limit int) ([]*store.Workspace, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	return t.workspaces(ctx, pendingWorkspacesSQL, limit)
+}
+
+// workspaces runs a query of workspaceColumns and then reads the labels of
+// every Workspace it returned with one statement.
+func (t *txn) workspaces(ctx context.Context, query string, args ...any) ([]*store.Workspace, error) {
+	var page []*store.Workspace
+	byID := map[string]*store.Workspace{}
+	err := t.query(ctx, query, args, func(rows *sql.Rows) error {
+		w, err := scanWorkspace(rows)
+		if err != nil {
+			return err
+		}
+		page = append(page, w)
+		byID[w.ID] = w
+		return nil
+	})
+	if err != nil || len(page) == 0 {
+		return page, err
+	}
+	ids := make([]string, len(page))
+	for i, w := range page {
+		ids[i] = w.ID
+	}
+	idsJSON, err := json.Marshal(ids)
+	if err != nil {
+		return nil, err
+	}
+	err = t.query(ctx, labelsSQL, []any{string(store.KindWorkspace), string(idsJSON)}, func(rows *sql.Rows) error {
+		var id, k, v string
+		if err := rows.Scan(&id, &k, &v); err != nil {
+			return err
+		}
+		if w := byID[id]; w != nil {
+			w.Labels[k] = v
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return page, nil
+}
+
+// processingCommandsSQL is a range scan of the commands_processing partial
+// index.
+const processingCommandsSQL = `SELECT ` + commandColumns + ` FROM commands
+	WHERE object_kind = ? AND status = 1
+	ORDER BY created_at, command_id LIMIT ?`
+
+// ProcessingCommands implements store.Tx, oldest (by CreatedAt, then ID)
+// first. A limit of 0 or less returns nothing.
+func (t *txn) ProcessingCommands(ctx context.Context, objectKind string, limit int) ([]*store.Command, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	var out []*store.Command
+	err := t.query(ctx, processingCommandsSQL, []any{objectKind, limit}, func(rows *sql.Rows) error {
+		c, err := scanCommand(rows)
+		if err != nil {
+			return err
+		}
+		out = append(out, c)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// scanCommand scans commandColumns.
+func scanCommand(row interface{ Scan(...any) error }) (*store.Command, error) {
+	var (
+		c                   store.Command
+		created             int64
+		completed           sql.NullInt64
+		status, kind, initr int64
+	)
+	if err := row.Scan(&c.ID, &c.Method, &c.Fingerprint, &c.ObjectKind, &c.ObjectID, &kind, &initr,
+		&status, &c.Result, &c.ErrorCode, &c.ErrorDetail, &created, &completed); err != nil {
+		return nil, err
+	}
+	c.Kind, c.Initiator, c.Status = int(kind), int(initr), store.CommandStatus(status)
+	c.Fingerprint, c.Result, c.ErrorDetail = emptyNil(c.Fingerprint), emptyNil(c.Result), emptyNil(c.ErrorDetail)
+	c.CreatedAt = fromMicros(created)
+	if completed.Valid {
+		c.CompletedAt = fromMicros(completed.Int64)
+	}
+	return &c, nil
+}
+
+const nodeColumns = `id, created_at, last_seen, memory_mib, cpu_millis, storage_bytes, doc`
+
+// scanNode scans nodeColumns.
+func scanNode(row interface{ Scan(...any) error }) (*store.Node, error) {
+	var (
+		n                 store.Node
+		created, seen     int64
+		memory, cpu, stor int64
+	)
+	if err := row.Scan(&n.ID, &created, &seen, &memory, &cpu, &stor, &n.Doc); err != nil {
+		return nil, err
+	}
+	n.CreatedAt, n.LastSeen = fromMicros(created), fromMicros(seen)
+	n.MemoryMiB, n.CPUMillis, n.StorageBytes = uint64(memory), uint64(cpu), uint64(stor)
+	n.Doc = emptyNil(n.Doc)
+	return &n, nil
+}
+
+// UpsertNode implements store.Tx. Replacing a node keeps the CreatedAt it
+// was first stored with.
+func (t *txn) UpsertNode(ctx context.Context, n *store.Node) error {
+	memory, err := u2i("memory", n.MemoryMiB)
+	if err != nil {
+		return err
+	}
+	cpu, err := u2i("cpu", n.CPUMillis)
+	if err != nil {
+		return err
+	}
+	storage, err := u2i("storage", n.StorageBytes)
+	if err != nil {
+		return err
+	}
+	_, err = t.exec(ctx, `INSERT INTO nodes (`+nodeColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen, memory_mib = excluded.memory_mib,
+			cpu_millis = excluded.cpu_millis, storage_bytes = excluded.storage_bytes, doc = excluded.doc`,
+		n.ID, micros(n.CreatedAt), micros(n.LastSeen), memory, cpu, storage, nonNil(n.Doc))
+	return err
+}
+
+// GetNode implements store.Tx.
+func (t *txn) GetNode(ctx context.Context, id string) (*store.Node, error) {
+	c, err := t.stmtCtx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	n, err := scanNode(t.q.QueryRowContext(c, `SELECT `+nodeColumns+` FROM nodes WHERE id = ?`, id))
+	if err != nil {
+		return nil, t.fail(err)
+	}
+	return n, nil
+}
+
+// ListNodes implements store.Tx.
+func (t *txn) ListNodes(ctx context.Context) ([]*store.Node, error) {
+	var out []*store.Node
+	err := t.query(ctx, `SELECT `+nodeColumns+` FROM nodes ORDER BY id`, nil, func(rows *sql.Rows) error {
+		n, err := scanNode(rows)
+		if err != nil {
+			return err
+		}
+		out = append(out, n)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}

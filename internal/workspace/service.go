@@ -1,0 +1,631 @@
+package workspace
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"strconv"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
+	"github.com/kibotos/kibotos/internal/apierr"
+	"github.com/kibotos/kibotos/internal/catalog"
+	"github.com/kibotos/kibotos/internal/command"
+	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/labels"
+	"github.com/kibotos/kibotos/internal/paging"
+	"github.com/kibotos/kibotos/internal/store"
+)
+
+// ObjectKind names Workspaces in command records.
+const ObjectKind = "workspace"
+
+// Capacity is the largest a single node offers; zero when no node is known.
+type Capacity struct {
+	MemoryMiB    uint64
+	CPUMillis    uint64
+	StorageBytes uint64
+}
+
+// Service admits Workspace commands. Running them is the reconciler's job:
+// admission only records the desired state and the command.
+type Service struct {
+	Engine *command.Engine
+	Store  store.Store
+	Pages  *paging.Codec
+	Now    func() time.Time
+	// Templates resolves a template ID to its version; false when unknown.
+	Templates func(id string) (version string, ok bool)
+	// MaxCapacity is the capacity of the largest node.
+	MaxCapacity func() Capacity
+	// Kick wakes the reconciler after an admission.
+	Kick func()
+	// Completions wakes waiters when commands complete.
+	Completions *Notifier
+	// WaitBound bounds how long stop and delete wait (one minute by default).
+	WaitBound time.Duration
+}
+
+func (s *Service) now() time.Time {
+	if s.Now != nil {
+		return s.Now().UTC().Truncate(time.Microsecond)
+	}
+	return time.Now().UTC().Truncate(time.Microsecond)
+}
+
+func (s *Service) kick() {
+	if s.Kick != nil {
+		s.Kick()
+	}
+}
+
+// Decode returns the public Workspace of a row.
+func Decode(w *store.Workspace) (*ctrlv1.Workspace, error) {
+	pub := &ctrlv1.Workspace{}
+	if err := proto.Unmarshal(w.Doc, pub); err != nil {
+		return nil, fault.Internal("decode workspace: %v", err)
+	}
+	return pub, nil
+}
+
+// Save writes pub into the row's document and query columns.
+func Save(w *store.Workspace, pub *ctrlv1.Workspace, now time.Time) error {
+	pub.UpdatedAt = timestamppb.New(now)
+	w.UpdatedAt = now
+	w.State = int32(pub.GetState())
+	w.GuestCondition = int32(pub.GetGuestObservation().GetCondition())
+	w.HoldsExecution = pub.GetHoldsExecution()
+	w.Labels = pub.GetLabels()
+	if pub.GetDeletedAt() != nil {
+		w.DeletedAt = pub.GetDeletedAt().AsTime()
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(pub)
+	if err != nil {
+		return fault.Internal("encode workspace: %v", err)
+	}
+	w.Doc = b
+	return nil
+}
+
+func (s *Service) load(ctx context.Context, tx store.Tx, id string) (*store.Workspace, *ctrlv1.Workspace, error) {
+	w, err := tx.GetWorkspace(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil, fault.NotFound("workspace", id)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	pub, err := Decode(w)
+	return w, pub, err
+}
+
+func validateID(id string) error {
+	if id == "" {
+		return fault.Invalid("workspace_id", "workspace_id is required")
+	}
+	return nil
+}
+
+// CommandMessage builds the public form of a command record.
+func CommandMessage(rec *store.Command) *ctrlv1.WorkspaceCommand {
+	c := &ctrlv1.WorkspaceCommand{
+		CommandId: rec.ID, WorkspaceId: rec.ObjectID,
+		Kind:      ctrlv1.WorkspaceCommandKind(rec.Kind),
+		Initiator: ctrlv1.CommandInitiator(rec.Initiator),
+		Status:    ctrlv1.WorkspaceCommandStatus(rec.Status),
+		CreatedAt: timestamppb.New(rec.CreatedAt),
+	}
+	if !rec.CompletedAt.IsZero() {
+		c.CompletedAt = timestamppb.New(rec.CompletedAt)
+	}
+	if rec.ErrorCode != "" {
+		d := &ctrlv1.ErrorDetail{}
+		_ = proto.Unmarshal(rec.ErrorDetail, d)
+		c.Error = &ctrlv1.CommandError{Code: rec.ErrorCode, Detail: d}
+	}
+	return c
+}
+
+// Create admits a creation command.
+func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest) (*ctrlv1.CreateWorkspaceResponse, error) {
+	now := s.now()
+	res := req.GetResources()
+	switch {
+	case res == nil:
+		return nil, fault.Invalid("resources", "resources are required")
+	case res.GetMemoryMib() == 0:
+		return nil, fault.Invalid("resources.memory_mib", "memory_mib must be greater than zero")
+	case res.GetCpuMillis() == 0:
+		return nil, fault.Invalid("resources.cpu_millis", "cpu_millis must be greater than zero")
+	}
+	capacity := req.GetWritableLayerCapacityBytes()
+	if capacity == 0 {
+		capacity = DefaultCapacityBytes
+	}
+	if capacity%MiB != 0 {
+		return nil, fault.Invalid("writable_layer_capacity_bytes", "capacity %d is not a whole number of MiB", capacity)
+	}
+	if capacity < MinCapacityBytes {
+		return nil, fault.Invalid("writable_layer_capacity_bytes", "capacity must be at least %d MiB", MinCapacityBytes/MiB)
+	}
+	tmpl := req.GetTemplateId()
+	if tmpl == "" {
+		tmpl = DefaultTemplate
+	}
+	version, ok := s.Templates(tmpl)
+	if !ok {
+		return nil, fault.Invalid("template_id", "unknown template %q", tmpl)
+	}
+	if vb := req.GetVolumeBinding(); vb != nil && vb.GetMode() != ctrlv1.VolumeBindingMode_VOLUME_BINDING_MODE_UNSPECIFIED &&
+		vb.GetMode() != ctrlv1.VolumeBindingMode_VOLUME_BINDING_MODE_NONE {
+		return nil, &fault.Error{Kind: fault.KindUnimplemented, Reason: fault.ReasonCapabilityUnavailable, Field: "volume_binding",
+			Message: "volumes are not served by this deployment yet (capability volume.create)"}
+	}
+	if np := req.GetNetworkPolicy(); np != nil && (np.GetMode() == ctrlv1.NetworkMode_NETWORK_MODE_PUBLIC_INTERNET ||
+		len(np.GetAllow()) > 0 || len(np.GetDeny()) > 0 || len(np.GetEgresses()) > 0 || np.GetDns() != nil) {
+		return nil, &fault.Error{Kind: fault.KindUnimplemented, Reason: fault.ReasonCapabilityUnavailable, Field: "network_policy",
+			Message: "workspace networks beyond NONE are not served by this deployment yet (capability workspace.network_policy)"}
+	}
+	if err := CheckExpirationSpec("expiration", req.GetExpiration(), now); err != nil {
+		return nil, err
+	}
+	if err := labels.ValidateLabels("labels", req.GetLabels()); err != nil {
+		return nil, err
+	}
+	if err := labels.ValidateAnnotations("annotations", req.GetAnnotations()); err != nil {
+		return nil, err
+	}
+	normalize := func(r *ctrlv1.CreateWorkspaceRequest) {
+		if r.GetNetworkPolicy() != nil {
+			r.GetNetworkPolicy().Revision = 0
+		}
+	}
+	defer s.kick()
+	return command.Execute(ctx, s.Engine, command.Spec[*ctrlv1.CreateWorkspaceRequest, *ctrlv1.CreateWorkspaceResponse]{
+		Method: ctrlv1connect.WorkspaceServiceCreateWorkspaceProcedure, ObjectKind: ObjectKind,
+		Kind: int(ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_CREATE), Request: req, Normalize: normalize,
+		NewResponse: func() *ctrlv1.CreateWorkspaceResponse { return &ctrlv1.CreateWorkspaceResponse{} },
+		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (*ctrlv1.CreateWorkspaceResponse, error) {
+			if c := s.MaxCapacity(); c.MemoryMiB > 0 && (uint64(res.GetMemoryMib()) > c.MemoryMiB || uint64(res.GetCpuMillis()) > c.CPUMillis ||
+				(c.StorageBytes > 0 && capacity > c.StorageBytes)) {
+				return nil, &fault.Error{Kind: fault.KindResourceExhausted, Reason: fault.ReasonCapacityExhausted, Field: "resources",
+					Message: "the request exceeds the capacity of every node (" + strconv.FormatUint(c.MemoryMiB, 10) + " MiB, " + strconv.FormatUint(c.CPUMillis, 10) + " millicores at most)"}
+			}
+			id := catalog.NewID("ws-")
+			exp := &ctrlv1.Expiration{Revision: 1}
+			if e := req.GetExpiration(); e != nil && e.GetPolicy() != ctrlv1.ExpirationPolicy_EXPIRATION_POLICY_UNSPECIFIED {
+				exp.Policy, exp.Deadline = e.GetPolicy(), e.GetDeadline()
+			}
+			pub := &ctrlv1.Workspace{
+				WorkspaceId: id, State: ctrlv1.WorkspaceState_WORKSPACE_STATE_CREATING,
+				Template:            &ctrlv1.TemplateRef{TemplateId: tmpl, Version: version},
+				Resources:           &ctrlv1.Resources{MemoryMib: res.GetMemoryMib(), CpuMillis: res.GetCpuMillis()},
+				ResourcesRevision:   1,
+				WritableLayer:       &ctrlv1.WritableLayer{CapacityBytes: capacity},
+				VolumeBinding:       &ctrlv1.VolumeBinding{Mode: ctrlv1.VolumeBindingMode_VOLUME_BINDING_MODE_NONE},
+				BindingRevision:     1,
+				NetworkPolicy:       &ctrlv1.NetworkPolicy{Revision: 1, Mode: ctrlv1.NetworkMode_NETWORK_MODE_NONE},
+				NetworkPolicyStatus: &ctrlv1.NetworkPolicyStatus{State: ctrlv1.NetworkPolicyState_NETWORK_POLICY_STATE_PENDING},
+				Expiration:          exp,
+				DataPlaneGeneration: 1,
+				Labels:              nonNil(req.GetLabels()), LabelsRevision: 1,
+				Annotations: nonNil(req.GetAnnotations()), AnnotationsRevision: 1,
+				CreatedAt: timestamppb.New(now),
+			}
+			w := &store.Workspace{ID: id, CreatedAt: now, Power: store.PowerRunning, Generation: 1, CommandID: rec.ID}
+			if err := Save(w, pub, now); err != nil {
+				return nil, err
+			}
+			if err := tx.InsertWorkspace(ctx, w); err != nil {
+				return nil, err
+			}
+			rec.ObjectID, rec.Status = id, store.CommandProcessing
+			return &ctrlv1.CreateWorkspaceResponse{Workspace: pub, Command: acceptance(rec)}, nil
+		},
+	})
+}
+
+func acceptance(rec *store.Command) *ctrlv1.WorkspaceCommand {
+	c := *rec
+	c.Status, c.CompletedAt = store.CommandProcessing, time.Time{}
+	return CommandMessage(&c)
+}
+
+func nonNil(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return maps.Clone(m)
+}
+
+// Get reads a Workspace, deleted ones included.
+func (s *Service) Get(ctx context.Context, id string) (*ctrlv1.Workspace, error) {
+	if err := validateID(id); err != nil {
+		return nil, err
+	}
+	var pub *ctrlv1.Workspace
+	err := s.Store.View(ctx, func(tx store.Tx) error {
+		var err error
+		_, pub, err = s.load(ctx, tx, id)
+		return err
+	})
+	return pub, err
+}
+
+// List returns a page of Workspaces.
+func (s *Service) List(ctx context.Context, req *ctrlv1.ListWorkspacesRequest) (*ctrlv1.ListWorkspacesResponse, error) {
+	n, err := paging.PageSize("page_size", req.GetPageSize())
+	if err != nil {
+		return nil, err
+	}
+	states := make([]int32, 0, len(req.GetStates()))
+	for i, st := range req.GetStates() {
+		if st == ctrlv1.WorkspaceState_WORKSPACE_STATE_UNSPECIFIED {
+			return nil, fault.Invalid("states", "states[%d] is unspecified", i)
+		}
+		if _, ok := ctrlv1.WorkspaceState_name[int32(st)]; !ok {
+			return nil, fault.Invalid("states", "states[%d] = %d is not a known state", i, st)
+		}
+		if slices.Contains(states, int32(st)) {
+			return nil, fault.Invalid("states", "states[%d] = %s is repeated", i, st)
+		}
+		states = append(states, int32(st))
+	}
+	if len(states) > 0 && req.GetIncludeDeleted() {
+		return nil, fault.Invalid("include_deleted", "include_deleted and states are mutually exclusive")
+	}
+	gc := req.GetGuestCondition()
+	if _, ok := ctrlv1.GuestCondition_name[int32(gc)]; !ok {
+		return nil, fault.Invalid("guest_condition", "guest_condition %d is not a known condition", gc)
+	}
+	if err := labels.ValidateSelector("label_selector", req.GetLabelSelector()); err != nil {
+		return nil, err
+	}
+	sorted := slices.Clone(states)
+	slices.Sort(sorted)
+	var stateBytes []byte
+	for _, st := range sorted {
+		stateBytes = strconv.AppendInt(stateBytes, int64(st), 10)
+		stateBytes = append(stateBytes, ',')
+	}
+	filter := paging.Filter(labels.Canonical(req.GetLabelSelector()), stateBytes,
+		[]byte(strconv.FormatBool(req.GetIncludeDeleted())), []byte(strconv.Itoa(int(gc))))
+	cur, ok, err := s.Pages.Decode(ObjectKind, filter, req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	q := store.WorkspaceQuery{States: states, IncludeDeleted: req.GetIncludeDeleted(), GuestCondition: int32(gc),
+		Selector: req.GetLabelSelector(), Limit: n + 1}
+	if ok {
+		q.After = &store.Cursor{CreatedAt: cur.CreatedAt, ID: cur.ID}
+	}
+	var rows []*store.Workspace
+	if err := s.Store.View(ctx, func(tx store.Tx) error {
+		var err error
+		rows, err = tx.ListWorkspaces(ctx, q)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	out := &ctrlv1.ListWorkspacesResponse{}
+	if len(rows) > n {
+		rows = rows[:n]
+		last := rows[n-1]
+		out.NextPageToken = s.Pages.Encode(ObjectKind, filter, paging.Cursor{CreatedAt: last.CreatedAt, ID: last.ID})
+	}
+	for _, w := range rows {
+		pub, err := Decode(w)
+		if err != nil {
+			return nil, err
+		}
+		out.Workspaces = append(out.Workspaces, pub)
+	}
+	return out, nil
+}
+
+// GetCommand reads a Workspace command by ID, caller's or ctrl's.
+func (s *Service) GetCommand(ctx context.Context, id string) (*ctrlv1.WorkspaceCommand, error) {
+	if id == "" {
+		return nil, fault.Invalid("command_id", "command_id is required")
+	}
+	var rec *store.Command
+	err := s.Store.View(ctx, func(tx store.Tx) error {
+		var err error
+		rec, err = tx.GetCommand(ctx, id)
+		return err
+	})
+	if errors.Is(err, store.ErrNotFound) || (err == nil && (rec.ObjectKind != ObjectKind || rec.Kind == 0)) {
+		return nil, fault.NotFound("workspace command", id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return CommandMessage(rec), nil
+}
+
+// transition is the common shape of start, stop and delete.
+type transition struct {
+	method   string
+	kind     ctrlv1.WorkspaceCommandKind
+	id       string
+	expected uint64
+	apply    func(tx store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, now time.Time) error
+}
+
+func run[Req command.Input, Resp proto.Message](ctx context.Context, s *Service, req Req, t transition,
+	respond func(*ctrlv1.Workspace, *ctrlv1.WorkspaceCommand) Resp, empty func() Resp) (Resp, error) {
+	var zero Resp
+	if err := validateID(t.id); err != nil {
+		return zero, err
+	}
+	defer s.kick()
+	return command.Execute(ctx, s.Engine, command.Spec[Req, Resp]{
+		Method: t.method, ObjectKind: ObjectKind, ObjectID: t.id, Kind: int(t.kind), Request: req, NewResponse: empty,
+		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (Resp, error) {
+			w, pub, err := s.load(ctx, tx, t.id)
+			if err != nil {
+				return zero, err
+			}
+			if err := CheckExpirationRevision(t.expected, pub.GetExpiration()); err != nil {
+				return zero, err
+			}
+			now := s.now()
+			if err := t.apply(tx, w, pub, now); err != nil {
+				return zero, err
+			}
+			// A command still waiting for the node is superseded.
+			if w.CommandID != "" && w.CommandID != rec.ID {
+				if err := Supersede(ctx, tx, w.CommandID, rec.ID, now); err != nil {
+					return zero, err
+				}
+			}
+			w.Generation++
+			w.CommandID = rec.ID
+			pub.Failure = nil
+			if err := Save(w, pub, now); err != nil {
+				return zero, err
+			}
+			if err := tx.UpdateWorkspace(ctx, w); err != nil {
+				return zero, err
+			}
+			rec.Status = store.CommandProcessing
+			return respond(pub, acceptance(rec)), nil
+		},
+	})
+}
+
+// Supersede completes a command that a newer one replaced.
+func Supersede(ctx context.Context, tx store.Tx, id, by string, now time.Time) error {
+	old, err := tx.GetCommand(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil || old.Status == store.CommandCompleted {
+		return err
+	}
+	fe := fault.Precondition(fault.ReasonConflict, "superseded by command %q", by)
+	fe.Stage = "superseded"
+	old.ErrorCode, old.ErrorDetail, err = apierr.Encode(fe)
+	if err != nil {
+		return err
+	}
+	old.Status, old.CompletedAt = store.CommandCompleted, now
+	return tx.UpdateCommand(ctx, old)
+}
+
+func status(w *store.Workspace, pub *ctrlv1.Workspace) Status {
+	st := pub.GetState()
+	if st == ctrlv1.WorkspaceState_WORKSPACE_STATE_UNKNOWN {
+		st = Underlying(w)
+	}
+	return Status{State: st, HoldsExecution: pub.GetHoldsExecution(),
+		DeletionBegan: w.Power == store.PowerDeleted, ForcePending: w.ForceStop && w.Power == store.PowerStopped && w.CommandID != ""}
+}
+
+// Start admits a start command.
+func (s *Service) Start(ctx context.Context, req *ctrlv1.StartWorkspaceRequest) (*ctrlv1.StartWorkspaceResponse, error) {
+	return run(ctx, s, req, transition{
+		method: ctrlv1connect.WorkspaceServiceStartWorkspaceProcedure, kind: ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_START,
+		id: req.GetWorkspaceId(), expected: req.GetExpectedExpirationRevision(),
+		apply: func(_ store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, _ time.Time) error {
+			if err := Admit(OpStart, status(w, pub)); err != nil {
+				return err
+			}
+			w.Power, w.ForceStop = store.PowerRunning, false
+			pub.State = ctrlv1.WorkspaceState_WORKSPACE_STATE_STARTING
+			return nil
+		},
+	}, func(pub *ctrlv1.Workspace, c *ctrlv1.WorkspaceCommand) *ctrlv1.StartWorkspaceResponse {
+		return &ctrlv1.StartWorkspaceResponse{Workspace: pub, Command: c}
+	}, func() *ctrlv1.StartWorkspaceResponse { return &ctrlv1.StartWorkspaceResponse{} })
+}
+
+// Stop admits a stop command and waits for it.
+func (s *Service) Stop(ctx context.Context, req *ctrlv1.StopWorkspaceRequest) (*ctrlv1.StopWorkspaceResponse, error) {
+	force := req.GetMode() == ctrlv1.StopMode_STOP_MODE_FORCE
+	if _, ok := ctrlv1.StopMode_name[int32(req.GetMode())]; !ok {
+		return nil, fault.Invalid("mode", "unknown stop mode %d", req.GetMode())
+	}
+	if req.GetExpiration() != nil {
+		if err := CheckExpirationSpec("expiration", req.GetExpiration(), s.now()); err != nil {
+			return nil, err
+		}
+	}
+	_, err := run(ctx, s, req, transition{
+		method: ctrlv1connect.WorkspaceServiceStopWorkspaceProcedure, kind: ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_STOP,
+		id: req.GetWorkspaceId(), expected: req.GetExpectedExpirationRevision(),
+		apply: func(_ store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, _ time.Time) error {
+			op := OpStop
+			if force {
+				op = OpForceStop
+			}
+			if err := Admit(op, status(w, pub)); err != nil {
+				return err
+			}
+			w.Power, w.ForceStop = store.PowerStopped, force
+			pub.State = ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPING
+			pub.Expiration, _ = ExpirationAfterStop(pub.GetExpiration(), req.GetExpiration())
+			return nil
+		},
+	}, func(pub *ctrlv1.Workspace, c *ctrlv1.WorkspaceCommand) *ctrlv1.StopWorkspaceResponse {
+		return &ctrlv1.StopWorkspaceResponse{Workspace: pub, Command: c}
+	}, func() *ctrlv1.StopWorkspaceResponse { return &ctrlv1.StopWorkspaceResponse{} })
+	if err != nil {
+		return nil, err
+	}
+	rec, err := s.wait(ctx, req.GetMetadata().GetCommandId())
+	if err != nil {
+		return nil, err
+	}
+	out := &ctrlv1.StopWorkspaceResponse{}
+	return out, proto.Unmarshal(rec.Result, out)
+}
+
+// Delete admits a delete command and waits for it.
+func (s *Service) Delete(ctx context.Context, req *ctrlv1.DeleteWorkspaceRequest) (*ctrlv1.DeleteWorkspaceResponse, error) {
+	_, err := run(ctx, s, req, transition{
+		method: ctrlv1connect.WorkspaceServiceDeleteWorkspaceProcedure, kind: ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_DELETE,
+		id: req.GetWorkspaceId(), expected: req.GetExpectedExpirationRevision(),
+		apply: func(_ store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, _ time.Time) error {
+			if err := Admit(OpDelete, status(w, pub)); err != nil {
+				return err
+			}
+			w.Power, w.ForceStop = store.PowerDeleted, true
+			pub.State = ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETING
+			return nil
+		},
+	}, func(pub *ctrlv1.Workspace, c *ctrlv1.WorkspaceCommand) *ctrlv1.DeleteWorkspaceResponse {
+		return &ctrlv1.DeleteWorkspaceResponse{Workspace: pub, Command: c}
+	}, func() *ctrlv1.DeleteWorkspaceResponse { return &ctrlv1.DeleteWorkspaceResponse{} })
+	if err != nil {
+		return nil, err
+	}
+	rec, err := s.wait(ctx, req.GetMetadata().GetCommandId())
+	if err != nil {
+		return nil, err
+	}
+	out := &ctrlv1.DeleteWorkspaceResponse{}
+	return out, proto.Unmarshal(rec.Result, out)
+}
+
+// wait blocks until the command completes or the bound passes. A completed
+// failure is returned as its recorded error; past the bound the answer is a
+// retryable unavailable (TIMED_OUT) while the command goes on.
+func (s *Service) wait(ctx context.Context, id string) (*store.Command, error) {
+	bound := s.WaitBound
+	if bound <= 0 {
+		bound = time.Minute
+	}
+	deadline := time.NewTimer(bound)
+	defer deadline.Stop()
+	for {
+		changed := s.Completions.Wait()
+		var rec *store.Command
+		err := s.Store.View(ctx, func(tx store.Tx) error {
+			var err error
+			rec, err = tx.GetCommand(ctx, id)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		if rec.Status == store.CommandCompleted {
+			if rec.ErrorCode != "" {
+				return nil, apierr.Decode(rec.ErrorCode, rec.ErrorDetail)
+			}
+			return rec, nil
+		}
+		select {
+		case <-changed:
+		case <-time.After(500 * time.Millisecond): // replicas without notifications
+		case <-deadline.C:
+			fe := fault.Unavailable(fault.ReasonTimedOut, "command %q has not completed within %s; it goes on: resend the same command ID or read GetWorkspaceCommand", id, bound)
+			fe.Stage = "wait"
+			return nil, fe
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// UpdateMap replaces labels or annotations under CAS on their own revision.
+func (s *Service) UpdateMap(ctx context.Context, method string, req command.Input, id string, annotations bool, expected uint64, m map[string]string) (*ctrlv1.Workspace, error) {
+	if err := validateID(id); err != nil {
+		return nil, err
+	}
+	field, validate, kind := "labels", labels.ValidateLabels, ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_UPDATE_LABELS
+	if annotations {
+		field, validate, kind = "annotations", labels.ValidateAnnotations, ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_UPDATE_ANNOTATIONS
+	}
+	if err := validate(field, m); err != nil {
+		return nil, err
+	}
+	out, err := command.Execute(ctx, s.Engine, command.Spec[command.Input, *ctrlv1.GetWorkspaceResponse]{
+		Method: method, ObjectKind: ObjectKind, ObjectID: id, Kind: int(kind), Request: req,
+		NewResponse: func() *ctrlv1.GetWorkspaceResponse { return &ctrlv1.GetWorkspaceResponse{} },
+		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (*ctrlv1.GetWorkspaceResponse, error) {
+			w, pub, err := s.load(ctx, tx, id)
+			if err != nil {
+				return nil, err
+			}
+			if err := Admit(OpUpdateMaps, status(w, pub)); err != nil {
+				return nil, err
+			}
+			cur, rev := &pub.Labels, &pub.LabelsRevision
+			if annotations {
+				cur, rev = &pub.Annotations, &pub.AnnotationsRevision
+			}
+			if *rev != expected {
+				return nil, fault.RevisionMismatch("expected_revision", expected, *rev)
+			}
+			if !maps.Equal(*cur, m) {
+				*cur = nonNil(m)
+				*rev++
+				if err := Save(w, pub, s.now()); err != nil {
+					return nil, err
+				}
+				if err := tx.UpdateWorkspace(ctx, w); err != nil {
+					return nil, err
+				}
+			}
+			return &ctrlv1.GetWorkspaceResponse{Workspace: pub}, nil
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out.GetWorkspace(), nil
+}
+
+// Underlying is the state a Workspace whose node fell silent had, from its
+// desired and last observed state: admission judges commands on it, so a
+// stop of a running Workspace is accepted while its node is away and
+// completes when the node reports again.
+func Underlying(w *store.Workspace) ctrlv1.WorkspaceState {
+	settled := w.ObservedGeneration == w.Generation
+	switch {
+	case w.Power == store.PowerRunning && settled && w.ObservedState == store.ExecRunning:
+		return ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE
+	case w.Power == store.PowerRunning && settled && w.ObservedState == store.ExecFailed:
+		return ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED
+	case w.Power == store.PowerRunning && w.Generation <= 1:
+		return ctrlv1.WorkspaceState_WORKSPACE_STATE_CREATING
+	case w.Power == store.PowerRunning:
+		return ctrlv1.WorkspaceState_WORKSPACE_STATE_STARTING
+	case w.Power == store.PowerStopped && settled && w.ObservedState == store.ExecStopped:
+		return ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED
+	case w.Power == store.PowerStopped && settled:
+		return ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED
+	case w.Power == store.PowerStopped:
+		return ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPING
+	case settled && w.ObservedState == store.ExecFailed:
+		return ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED
+	default:
+		return ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETING
+	}
+}
