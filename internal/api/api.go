@@ -27,6 +27,8 @@ func ts(t time.Time) *timestamppb.Timestamp {
 type ServerInfo struct {
 	// SourceRevision is the VCS revision the binary was built from.
 	SourceRevision string
+	// HasNodes reports whether a node has registered.
+	HasNodes func() bool
 }
 
 var _ ctrlv1connect.ServerInfoServiceHandler = (*ServerInfo)(nil)
@@ -35,7 +37,7 @@ var _ ctrlv1connect.ServerInfoServiceHandler = (*ServerInfo)(nil)
 func (s *ServerInfo) GetServerInfo(context.Context, *connect.Request[ctrlv1.GetServerInfoRequest]) (*connect.Response[ctrlv1.GetServerInfoResponse], error) {
 	return connect.NewResponse(&ctrlv1.GetServerInfoResponse{
 		SourceRevision: s.SourceRevision,
-		Capabilities:   capability.Served(),
+		Capabilities:   capability.Served(s.HasNodes != nil && s.HasNodes()),
 	}), nil
 }
 

@@ -29,14 +29,25 @@ func TestServerInfo(t *testing.T) {
 	if res.Msg.GetSourceRevision() != "test-revision" {
 		t.Errorf("source_revision = %q", res.Msg.GetSourceRevision())
 	}
-	if !slices.Equal(res.Msg.GetCapabilities(), capability.Served()) {
-		t.Errorf("capabilities = %v, want %v", res.Msg.GetCapabilities(), capability.Served())
+	if !slices.Equal(res.Msg.GetCapabilities(), capability.Served(false)) {
+		t.Errorf("capabilities = %v, want %v", res.Msg.GetCapabilities(), capability.Served(false))
 	}
-	// Nothing of the Workspace API is advertised before it works.
+	// Nothing of the Workspace API is advertised while no node can run a
+	// workspace.
 	for _, name := range res.Msg.GetCapabilities() {
 		if strings.HasPrefix(name, "workspace.") || strings.HasPrefix(name, "volume.") {
 			t.Errorf("capability %q is advertised but not served", name)
 		}
+	}
+	// Once a node registered, the lifecycle is advertised, and only it.
+	_, wc, _ := wsEnv(t, ctrltest.Options{})
+	waitNode(t, wc)
+	res, err = wc.ServerInfo.GetServerInfo(t.Context(), connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.Msg.GetCapabilities(), capability.Served(true)) || !slices.Contains(res.Msg.GetCapabilities(), "workspace.create") {
+		t.Errorf("capabilities with a node = %v, want %v", res.Msg.GetCapabilities(), capability.Served(true))
 	}
 }
 

@@ -39,22 +39,32 @@ const (
 	VolumeCreate               = "volume.create"
 )
 
-// Served lists the capabilities this build serves end to end, sorted.
-// Add a name here only together with the end-to-end test that proves it.
+// served lists the capabilities this build serves end to end. Add a name
+// here only together with the end-to-end test that proves it.
 var served = []string{
 	EgressManage,
 	ResolverManage,
 }
 
-// Served returns the served capabilities, sorted.
-func Served() []string {
+// withNodes are served once at least one node has registered: without a
+// node no workspace can run, so they would not work end to end.
+var withNodes = []string{
+	WorkspaceCreate,
+	WorkspaceStart,
+	WorkspaceStop,
+	WorkspaceDelete,
+}
+
+// Served returns the capabilities served, sorted; nodes reports whether a
+// node has registered with this deployment.
+func Served(nodes bool) []string {
 	out := slices.Clone(served)
+	if nodes {
+		out = append(out, withNodes...)
+	}
 	slices.Sort(out)
 	return out
 }
-
-// IsServed reports whether name is served.
-func IsServed(name string) bool { return slices.Contains(served, name) }
 
 // Procedures maps each ctrl procedure to the capability it needs. kibo and
 // the SDK check it before calling; the server refuses procedures whose

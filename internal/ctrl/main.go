@@ -18,9 +18,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/net/http2"
 
 	"github.com/kibotos/kibotos/internal/buildinfo"
 	"github.com/kibotos/kibotos/internal/netguard"
+	"github.com/kibotos/kibotos/internal/node/daemon"
 	"github.com/kibotos/kibotos/internal/pki"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/store/postgres"
@@ -40,6 +42,8 @@ type Options struct {
 	AllowRanges   string
 	LogLevel      string
 	Hosts         string
+	GuestBinary   string
+	NoNode        bool
 }
 
 // Main runs kibotos-ctrl with args (without the program name) and returns
@@ -59,6 +63,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.AllowRanges, "allow-endpoint-ranges", "", "comma-separated address ranges that Egress and Resolver endpoints may use although they are special-purpose (e.g. 127.0.0.0/8,::1); default none")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.Hosts, "dev-hosts", "", "with --dev: extra comma-separated names and addresses for the server certificate")
+	fs.StringVar(&o.GuestBinary, "guest-binary", "", "with --dev: the static kibotos-guest for the embedded node (default: kibotos-guest next to this binary)")
+	fs.BoolVar(&o.NoNode, "dev-no-node", false, "with --dev: do not run the embedded node agent")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -156,9 +162,55 @@ func run(ctx context.Context, o Options, log *slog.Logger, stdout io.Writer) err
 		fmt.Fprintf(stdout, "To call it (kibo, buf curl, curl):\n  export KIBO_ENDPOINT=https://%s KIBO_CA=%s KIBO_CERT=%s KIBO_KEY=%s\n",
 			ln.Addr(), p.CA, p.Operator, p.OperatorKey)
 	}
+	nodeDone := make(chan struct{})
+	if o.Dev && !o.NoNode {
+		go func() {
+			defer close(nodeDone)
+			if err := runEmbeddedNode(ctx, o, ln.Addr().String(), log); err != nil {
+				log.Error("embedded node agent stopped; workspaces cannot run on this machine", "error", err.Error())
+			}
+		}()
+	} else {
+		close(nodeDone)
+	}
 	err = srv.Serve(ctx, ln, tlsc)
+	<-nodeDone
 	log.Info("kibotos-ctrl stopped")
 	return err
+}
+
+// runEmbeddedNode runs the node agent of --dev in this process: a node
+// certificate from the development CA (DIR/pki/node.pem), state under
+// DIR/node, talking to this ctrl over loopback mTLS.
+func runEmbeddedNode(ctx context.Context, o Options, addr string, log *slog.Logger) error {
+	p := pki.DevPathsIn(o.DataDir)
+	cert, key := filepath.Join(p.Dir, "node.pem"), filepath.Join(p.Dir, "node-key.pem")
+	if _, err := os.Stat(cert); err != nil {
+		if err := pki.IssueClient(p.CA, p.CAKey, "local", pki.RoleNode, pki.DevLeafValidity, cert, key); err != nil {
+			return err
+		}
+	}
+	tlsc, err := pki.ClientConfig(p.CA, cert, key)
+	if err != nil {
+		return err
+	}
+	guest := o.GuestBinary
+	if guest == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		guest = filepath.Join(filepath.Dir(exe), "kibotos-guest")
+	}
+	host, port, _ := net.SplitHostPort(addr)
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return daemon.Run(ctx, daemon.Config{
+		NodeID: "local", Endpoint: "https://" + net.JoinHostPort(host, port),
+		HTTP:     &http.Client{Transport: &http2.Transport{TLSClientConfig: tlsc}},
+		StateDir: filepath.Join(o.DataDir, "node"), GuestBinary: guest, Log: log.With("component", "node"),
+	})
 }
 
 // OpenStore opens a PostgreSQL store for a postgres:// or postgresql:// URL

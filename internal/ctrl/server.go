@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -100,15 +101,16 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	)...)
 
 	mux := http.NewServeMux()
-	mux.Handle(ctrlv1connect.NewServerInfoServiceHandler(&api.ServerInfo{SourceRevision: cfg.SourceRevision}, opts))
+	completions := &workspace.Notifier{}
+	s.recon = &reconciler.Reconciler{Store: cfg.Store, Log: log, Completions: completions, Now: cfg.Now, NodeGrace: cfg.NodeGrace}
+	mux.Handle(ctrlv1connect.NewServerInfoServiceHandler(&api.ServerInfo{SourceRevision: cfg.SourceRevision,
+		HasNodes: func() bool { return s.recon.MaxCapacity().MemoryMiB > 0 }}, opts))
 	mux.Handle(ctrlv1connect.NewEgressServiceHandler(api.NewEgresses(&catalog.Service[*ctrlv1.EgressSpec]{
 		Kind: api.EgressKind(cfg.Checker), Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 	}), opts))
 	mux.Handle(ctrlv1connect.NewResolverServiceHandler(api.NewResolvers(&catalog.Service[*ctrlv1.ResolverSpec]{
 		Kind: api.ResolverKind(cfg.Checker), Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 	}), opts))
-	completions := &workspace.Notifier{}
-	s.recon = &reconciler.Reconciler{Store: cfg.Store, Log: log, Completions: completions, Now: cfg.Now, NodeGrace: cfg.NodeGrace}
 	mux.Handle(ctrlv1connect.NewWorkspaceServiceHandler(api.NewWorkspaces(&workspace.Service{
 		Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 		Templates:   func(id string) (string, bool) { return "builtin", id == workspace.DefaultTemplate },
@@ -205,15 +207,34 @@ func (s *Server) verifyPeer(r *http.Request, role string) (string, error) {
 	if isNode != (role == pki.RoleNode) {
 		return "", errors.New("certificate role does not match the API")
 	}
-	inter := x509.NewCertPool()
-	for _, c := range r.TLS.PeerCertificates[1:] {
-		inter.AddCert(c)
+	if time.Now().After(leaf.NotAfter) {
+		return "", errors.New("client certificate expired")
 	}
-	_, err := leaf.Verify(x509.VerifyOptions{
-		Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	// The chain is verified once per connection: its certificates cannot
+	// change while it lasts.
+	ca, _ := r.Context().Value(connAuthKey{}).(*connAuth)
+	if ca == nil {
+		ca = &connAuth{}
+	}
+	ca.once.Do(func() {
+		inter := x509.NewCertPool()
+		for _, c := range r.TLS.PeerCertificates[1:] {
+			inter.AddCert(c)
+		}
+		_, ca.err = leaf.Verify(x509.VerifyOptions{
+			Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		})
 	})
-	return leaf.Subject.CommonName, err
+	return leaf.Subject.CommonName, ca.err
 }
+
+// connAuth caches the verification of a connection's client chain.
+type connAuth struct {
+	once sync.Once
+	err  error
+}
+
+type connAuthKey struct{}
 
 type clientCAsKey struct{}
 

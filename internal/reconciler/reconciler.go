@@ -154,12 +154,15 @@ func (r *Reconciler) pass(ctx context.Context) error {
 			continue // a failed placement waits for a new command
 		}
 		if w.NodeID == "" {
-			done, err := r.place(ctx, w.ID)
+			placed, done, err := r.place(ctx, w.ID)
 			if err != nil {
 				return err
 			}
 			completed = completed || done
-			continue
+			if placed == nil {
+				continue
+			}
+			w = placed
 		}
 		r.push(w)
 	}
@@ -221,11 +224,13 @@ func desired(w *store.Workspace) (*nodev1.DesiredWorkspace, error) {
 }
 
 // place chooses a node for an unplaced Workspace, or fails its command when
-// none can hold it. It reports whether a command completed.
-func (r *Reconciler) place(ctx context.Context, id string) (bool, error) {
+// none can hold it. It returns the placed row (nil when not placed) and
+// whether a command completed.
+func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bool, error) {
 	completed := false
+	var placed *store.Workspace
 	err := r.Store.InTx(ctx, func(tx store.Tx) error {
-		completed = false
+		completed, placed = false, nil
 		w, err := tx.GetWorkspace(ctx, id)
 		if err != nil {
 			return err
@@ -259,6 +264,7 @@ func (r *Reconciler) place(ctx context.Context, id string) (bool, error) {
 		if node != "" {
 			w.NodeID = node
 			pub.Placement = &ctrlv1.Placement{NodeId: node, StoragePool: r.poolOf(node)}
+			placed = w
 			return saveRow(ctx, tx, w, pub, now)
 		}
 		if now.Sub(w.UpdatedAt) < r.PlacementTimeout {
@@ -278,7 +284,7 @@ func (r *Reconciler) place(ctx context.Context, id string) (bool, error) {
 		completed = true
 		return saveRow(ctx, tx, w, pub, now)
 	})
-	return completed, err
+	return placed, completed, err
 }
 
 func saveRow(ctx context.Context, tx store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, now time.Time) error {

@@ -31,7 +31,8 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	binDir = dir
-	cmd := exec.Command("go", "build", "-buildvcs=true", "-o", dir+"/", "../../cmd/kibotos-ctrl")
+	cmd := exec.Command("go", "build", "-buildvcs=true", "-o", dir+"/", "../../cmd/kibotos-ctrl", "../../cmd/kibotos-guest")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
 		panic("build: " + err.Error())
@@ -122,7 +123,7 @@ func operatorClient(t *testing.T, dataDir string) *http.Client {
 func TestDevModeRestart(t *testing.T) {
 	dataDir := t.TempDir()
 	metrics := freePort(t)
-	p := startCtrl(t, dataDir, "--metrics-listen", metrics, "--allow-endpoint-ranges", "127.0.0.0/8")
+	p := startCtrl(t, dataDir, "--metrics-listen", metrics, "--allow-endpoint-ranges", "127.0.0.0/8", "--dev-no-node")
 	paths := pki.DevPathsIn(dataDir)
 	for _, f := range []string{paths.CA, paths.Operator, paths.OperatorKey, paths.Server, paths.ServerKey} {
 		if _, err := os.Stat(f); err != nil {
@@ -166,7 +167,7 @@ func TestDevModeRestart(t *testing.T) {
 		t.Fatalf("no clean-stop log line:\n%s", p.stderr)
 	}
 
-	p = startCtrl(t, dataDir)
+	p = startCtrl(t, dataDir, "--dev-no-node")
 	if after := readAll(t, paths); !bytes.Equal(before, after) {
 		t.Fatal("the second start changed the development PKI")
 	}

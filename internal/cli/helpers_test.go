@@ -1,0 +1,259 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/pem"
+	"errors"
+	"flag"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
+	"github.com/kibotos/kibotos/internal/ctrltest"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata")
+
+// result is what one kibo run produced.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// testEnv is a hermetic environment: no KIBO_* variables, an empty home
+// directory, no terminal, unless the test sets them.
+func testEnv(t *testing.T) env {
+	home := t.TempDir()
+	return env{
+		lookupEnv:  func(string) (string, bool) { return "", false },
+		homeDir:    func() (string, error) { return home, nil },
+		isTerminal: func(io.Writer) bool { return false },
+		now:        time.Now,
+	}
+}
+
+// kibo runs kibo in-process in a hermetic environment.
+func kibo(t *testing.T, args ...string) result {
+	t.Helper()
+	return kiboWith(t, testEnv(t), "", args...)
+}
+
+func kiboWith(t *testing.T, e env, stdin string, args ...string) result {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), e, args, strings.NewReader(stdin), &stdout, &stderr)
+	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
+
+// want fails the test when r did not exit with code.
+func (r result) want(t *testing.T, code int) result {
+	t.Helper()
+	if r.code != code {
+		t.Fatalf("exit code %d, want %d\nstdout:\n%s\nstderr:\n%s", r.code, code, r.stdout, r.stderr)
+	}
+	return r
+}
+
+// conn returns the connection flags of a ctrltest server.
+func conn(e *ctrltest.Env) []string {
+	return []string{"--endpoint", e.URL, "--ca", e.PKI.CA, "--cert", e.PKI.Operator, "--key", e.PKI.OperatorKey}
+}
+
+func args(prefix []string, rest ...string) []string {
+	return append(append([]string(nil), prefix...), rest...)
+}
+
+var normalizers = []struct {
+	re   *regexp.Regexp
+	repl string
+}{
+	{regexp.MustCompile(`eg-[a-z0-9]{20}`), "eg-XXXXXXXXXXXXXXXXXXXX"},
+	{regexp.MustCompile(`rs-[a-z0-9]{20}`), "rs-XXXXXXXXXXXXXXXXXXXX"},
+	{regexp.MustCompile(`ws-[a-z0-9]{20}`), "ws-XXXXXXXXXXXXXXXXXXXX"},
+	{regexp.MustCompile(`cmd-[a-z0-9]{26}`), "cmd-XXXX"},
+	{regexp.MustCompile(`\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})`), "TIME"},
+}
+
+// normalize replaces IDs (keeping their length, so tables stay aligned) and
+// times, which change from run to run.
+func normalize(s string) string {
+	for _, n := range normalizers {
+		s = n.re.ReplaceAllString(s, n.repl)
+	}
+	return s
+}
+
+// golden compares got with testdata/name, or rewrites it with -update.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if diff := cmp.Diff(string(want), got); diff != "" {
+		t.Errorf("%s mismatch (-want +got; go test -update rewrites it):\n%s", path, diff)
+	}
+}
+
+// fake is a small ctrl server for what ctrltest cannot provoke: a server
+// without a capability, scripted failures. It records every request.
+type fake struct {
+	ctrlv1connect.UnimplementedEgressServiceHandler
+	ctrlv1connect.UnimplementedServerInfoServiceHandler
+
+	URL  string
+	CA   string
+	caps []string
+
+	ws *fakeWorkspaces
+
+	mu       sync.Mutex
+	paths    []string
+	ids      []string // command IDs of CreateEgress, in order
+	failures []error  // answers of CreateEgress, then success
+}
+
+func newFake(t *testing.T, caps ...string) *fake {
+	t.Helper()
+	f := &fake{caps: caps, ws: &fakeWorkspaces{}}
+	mux := http.NewServeMux()
+	mux.Handle(ctrlv1connect.NewServerInfoServiceHandler(f))
+	mux.Handle(ctrlv1connect.NewEgressServiceHandler(f))
+	mux.Handle(ctrlv1connect.NewWorkspaceServiceHandler(f.ws))
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		f.paths = append(f.paths, r.URL.Path)
+		f.mu.Unlock()
+		mux.ServeHTTP(w, r)
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	f.URL = srv.URL
+	f.CA = filepath.Join(t.TempDir(), "ca.pem")
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	if err := os.WriteFile(f.CA, ca, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *fake) conn() []string { return []string{"--endpoint", f.URL, "--ca", f.CA} }
+
+// requests returns the paths of every request received.
+func (f *fake) requests() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.paths...)
+}
+
+func (f *fake) commandIDs() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.ids...)
+}
+
+func (f *fake) GetServerInfo(context.Context, *connect.Request[ctrlv1.GetServerInfoRequest]) (*connect.Response[ctrlv1.GetServerInfoResponse], error) {
+	return connect.NewResponse(&ctrlv1.GetServerInfoResponse{SourceRevision: "fake", Capabilities: f.caps}), nil
+}
+
+func (f *fake) CreateEgress(_ context.Context, req *connect.Request[ctrlv1.CreateEgressRequest]) (*connect.Response[ctrlv1.CreateEgressResponse], error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ids = append(f.ids, req.Msg.GetMetadata().GetCommandId())
+	if n := len(f.ids); n <= len(f.failures) {
+		return nil, f.failures[n-1]
+	}
+	return connect.NewResponse(&ctrlv1.CreateEgressResponse{Egress: &ctrlv1.Egress{
+		EgressId: "eg-abcdefghijklmnopqrst", Spec: req.Msg.GetSpec(), Revision: 1, LabelsRevision: 1, AnnotationsRevision: 1,
+		CreatedAt: timestamppb.Now(), UpdatedAt: timestamppb.Now(),
+	}}), nil
+}
+
+// detailed is an error as ctrl returns it.
+func detailed(code connect.Code, d *ctrlv1.ErrorDetail) *connect.Error {
+	ce := connect.NewError(code, errors.New(d.GetMessage()))
+	ed, err := connect.NewErrorDetail(d)
+	if err != nil {
+		panic(err)
+	}
+	ce.AddDetail(ed)
+	return ce
+}
+
+// fakeWorkspaces accepts CreateWorkspace and answers GetWorkspaceCommand
+// from a script of statuses, the last one repeated.
+type fakeWorkspaces struct {
+	ctrlv1connect.UnimplementedWorkspaceServiceHandler
+
+	mu    sync.Mutex
+	polls int
+	// script is the status of each poll; its last entry repeats.
+	script []ctrlv1.WorkspaceCommandStatus
+	// failure is the error of the command once COMPLETED.
+	failure *ctrlv1.CommandError
+}
+
+const fakeWorkspaceID = "ws-abcdefghijklmnopqrst"
+
+func (f *fakeWorkspaces) CreateWorkspace(_ context.Context, req *connect.Request[ctrlv1.CreateWorkspaceRequest]) (*connect.Response[ctrlv1.CreateWorkspaceResponse], error) {
+	return connect.NewResponse(&ctrlv1.CreateWorkspaceResponse{
+		Workspace: &ctrlv1.Workspace{WorkspaceId: fakeWorkspaceID, State: ctrlv1.WorkspaceState_WORKSPACE_STATE_CREATING, Resources: req.Msg.GetResources()},
+		Command:   f.command(req.Msg.GetMetadata().GetCommandId(), ctrlv1.WorkspaceCommandStatus_WORKSPACE_COMMAND_STATUS_PROCESSING),
+	}), nil
+}
+
+func (f *fakeWorkspaces) GetWorkspace(context.Context, *connect.Request[ctrlv1.GetWorkspaceRequest]) (*connect.Response[ctrlv1.GetWorkspaceResponse], error) {
+	return connect.NewResponse(&ctrlv1.GetWorkspaceResponse{
+		Workspace: &ctrlv1.Workspace{WorkspaceId: fakeWorkspaceID, State: ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE},
+	}), nil
+}
+
+func (f *fakeWorkspaces) GetWorkspaceCommand(_ context.Context, req *connect.Request[ctrlv1.GetWorkspaceCommandRequest]) (*connect.Response[ctrlv1.GetWorkspaceCommandResponse], error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.polls++
+	st := f.script[min(f.polls, len(f.script))-1]
+	return connect.NewResponse(&ctrlv1.GetWorkspaceCommandResponse{Command: f.command(req.Msg.GetCommandId(), st)}), nil
+}
+
+func (f *fakeWorkspaces) pollCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.polls
+}
+
+func (f *fakeWorkspaces) command(id string, st ctrlv1.WorkspaceCommandStatus) *ctrlv1.WorkspaceCommand {
+	c := &ctrlv1.WorkspaceCommand{
+		CommandId: id, WorkspaceId: fakeWorkspaceID, Status: st,
+		Kind: ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_CREATE, Initiator: ctrlv1.CommandInitiator_COMMAND_INITIATOR_CALLER,
+	}
+	if st == ctrlv1.WorkspaceCommandStatus_WORKSPACE_COMMAND_STATUS_COMPLETED {
+		c.Error = f.failure
+	}
+	return c
+}

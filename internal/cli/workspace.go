@@ -1,0 +1,684 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/kibotos/kibotos"
+	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
+)
+
+func (a *app) workspaceCommand() *cobra.Command {
+	cmd := group("workspace", "Manage Workspaces",
+		`Manage Workspaces. Each command needs the capability of its procedure
+(workspace.create for create, get, list, command, labels and annotations;
+workspace.start, workspace.stop and workspace.delete for the others); a server
+that does not list it makes the command exit 14 without sending anything.`)
+	cmd.AddCommand(
+		a.workspaceCreate(), a.workspaceGet(), a.workspaceList(),
+		a.workspaceStart(), a.workspaceStop(), a.workspaceDelete(),
+		a.workspaceMap("labels"), a.workspaceMap("annotations"),
+		a.workspaceCommandGet(),
+	)
+	return cmd
+}
+
+// waitProcedures are the procedures --wait calls after the write.
+var waitProcedures = []string{
+	ctrlv1connect.WorkspaceServiceGetWorkspaceCommandProcedure,
+	ctrlv1connect.WorkspaceServiceGetWorkspaceProcedure,
+}
+
+const waitUsage = "poll GetWorkspaceCommand until the command is COMPLETED (elapsed time on stderr when it is a terminal); the output then shows the completed command and the Workspace as read afterwards, and a failed command sets the exit code"
+
+func (a *app) workspaceCreate() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "create --memory-mib N --cpu-millis N [flags]",
+		Short: "Create a Workspace",
+		Long: `Create a Workspace (CreateWorkspace). The call returns on acceptance: the
+Workspace is CREATING and the creation command runs on without kibo. Follow it
+with --wait, or later with "kibo workspace command COMMAND_ID". Resending the
+same command ID with the same flags returns the acceptance again.`,
+		Example: `  kibo workspace create --memory-mib 2048 --cpu-millis 2000 --network-mode public-internet --label team=ml --wait`,
+		Args:    cobra.NoArgs,
+	}
+	f := cmd.Flags()
+	var (
+		template, volume, mountPath, mode, policyFile, expPolicy, expireAt string
+		memory, cpu                                                        uint32
+		layerMiB, newVolumeMiB                                             uint64
+		deleteVolume, wait                                                 bool
+		expireIn                                                           time.Duration
+		labels, annotations                                                kvFlag
+	)
+	f.StringVar(&template, "template", "", "Template ID (default: the deployment's default Template)")
+	f.Uint32Var(&memory, "memory-mib", 0, "memory in MiB, greater than zero (required)")
+	f.Uint32Var(&cpu, "cpu-millis", 0, "CPU in millicores, greater than zero, rounded up to whole vCPUs (required)")
+	f.Uint64Var(&layerMiB, "writable-layer-mib", 0, "writable layer capacity in MiB (0: the server default)")
+	f.StringVar(&volume, "volume", "", "bind this AVAILABLE, unbound Volume")
+	f.Uint64Var(&newVolumeMiB, "new-volume-mib", 0, "create a new Volume of this many MiB with the Workspace")
+	f.StringVar(&mountPath, "mount-path", "", "with --volume or --new-volume-mib: absolute mount path in the guest")
+	f.BoolVar(&deleteVolume, "delete-volume-with-workspace", false, "with --volume or --new-volume-mib: delete the Volume with the Workspace instead of releasing it")
+	f.StringVar(&mode, "network-mode", "", "network mode: none or public-internet (default none)")
+	f.StringVar(&policyFile, "network-policy-file", "", "file holding the complete NetworkPolicy as the API's JSON (its revision is ignored)")
+	f.StringVar(&expPolicy, "expiration", "", "what happens at the expiration deadline: stop or delete (needs --expire-at or --expire-in)")
+	f.StringVar(&expireAt, "expire-at", "", "expiration deadline, RFC 3339")
+	f.DurationVar(&expireIn, "expire-in", 0, "expiration deadline, from now")
+	f.Var(&labels, "label", "a label of the new Workspace (repeatable)")
+	f.Var(&annotations, "annotation", "an annotation of the new Workspace (repeatable)")
+	f.BoolVar(&wait, "wait", false, waitUsage)
+	_ = cmd.MarkFlagRequired("memory-mib")
+	_ = cmd.MarkFlagRequired("cpu-millis")
+	cmd.MarkFlagsMutuallyExclusive("volume", "new-volume-mib")
+	cmd.MarkFlagsMutuallyExclusive("network-mode", "network-policy-file")
+	cmd.MarkFlagsMutuallyExclusive("expire-at", "expire-in")
+	_ = cmd.MarkFlagFilename("network-policy-file", "json")
+	_ = cmd.RegisterFlagCompletionFunc("network-mode", enumCompletion(ctrlv1.NetworkMode_value, "NETWORK_MODE_"))
+	_ = cmd.RegisterFlagCompletionFunc("expiration", enumCompletion(ctrlv1.ExpirationPolicy_value, "EXPIRATION_POLICY_"))
+	w := addWriteFlags(cmd)
+	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, _ []string) error {
+		id, err := w.id(cmd)
+		if err != nil {
+			return err
+		}
+		req := &ctrlv1.CreateWorkspaceRequest{
+			Metadata:                   meta(id),
+			TemplateId:                 template,
+			Resources:                  &ctrlv1.Resources{MemoryMib: memory, CpuMillis: cpu},
+			WritableLayerCapacityBytes: layerMiB << 20,
+			Labels:                     labels.m,
+			Annotations:                annotations.m,
+		}
+		switch {
+		case volume != "":
+			req.VolumeBinding = &ctrlv1.VolumeBinding{Mode: ctrlv1.VolumeBindingMode_VOLUME_BINDING_MODE_BOUND, VolumeId: volume, MountPath: mountPath, DeleteWithWorkspace: deleteVolume}
+		case newVolumeMiB > 0:
+			req.VolumeBinding = &ctrlv1.VolumeBinding{Mode: ctrlv1.VolumeBindingMode_VOLUME_BINDING_MODE_NEW, NewVolumeCapacityBytes: newVolumeMiB << 20, MountPath: mountPath, DeleteWithWorkspace: deleteVolume}
+		case mountPath != "" || deleteVolume:
+			return usagef("--mount-path and --delete-volume-with-workspace need --volume or --new-volume-mib")
+		}
+		switch {
+		case mode != "":
+			m, err := parseEnum(ctrlv1.NetworkMode_value, "NETWORK_MODE_", mode, "--network-mode")
+			if err != nil {
+				return err
+			}
+			req.NetworkPolicy = &ctrlv1.NetworkPolicy{Mode: ctrlv1.NetworkMode(m)}
+		case policyFile != "":
+			data, err := readFile("network-policy-file", policyFile)
+			if err != nil {
+				return err
+			}
+			np := &ctrlv1.NetworkPolicy{}
+			if err := protojson.Unmarshal(data, np); err != nil {
+				return usagef("--network-policy-file %s: %v", policyFile, err)
+			}
+			req.NetworkPolicy = np
+		}
+		exp, err := expiration(a, expPolicy, expireAt, expireIn)
+		if err != nil {
+			return err
+		}
+		req.Expiration = exp
+		var extra []string
+		if wait {
+			extra = waitProcedures
+		}
+		var res *ctrlv1.CreateWorkspaceResponse
+		var s *session
+		err = a.write(ctx, cmd, w, id, func(ctx context.Context, sess *session) error {
+			s = sess
+			r, err := sess.client.Workspaces.CreateWorkspace(ctx, connect.NewRequest(req))
+			if err == nil {
+				res = r.Msg
+			}
+			return err
+		}, extra...)
+		if err != nil {
+			return err
+		}
+		var werr error
+		if wait {
+			res.Workspace, res.Command, werr = a.waitFor(ctx, s, id, res.GetWorkspace(), res.GetCommand())
+		}
+		if err := a.print(res, func(w io.Writer) { workspaceDetail(w, res.GetWorkspace()); commandLine(w, res.GetCommand()) }); err != nil {
+			return err
+		}
+		return werr
+	})
+	return procedure(cmd, ctrlv1connect.WorkspaceServiceCreateWorkspaceProcedure)
+}
+
+// expiration builds the ExpirationSpec of --expiration, --expire-at and
+// --expire-in.
+func expiration(a *app, policy, at string, in time.Duration) (*ctrlv1.ExpirationSpec, error) {
+	if policy == "" {
+		if at != "" || in != 0 {
+			return nil, usagef("--expire-at and --expire-in need --expiration stop|delete")
+		}
+		return nil, nil
+	}
+	p, err := parseEnum(ctrlv1.ExpirationPolicy_value, "EXPIRATION_POLICY_", policy, "--expiration")
+	if err != nil {
+		return nil, err
+	}
+	var deadline time.Time
+	switch {
+	case at != "":
+		deadline, err = time.Parse(time.RFC3339, at)
+		if err != nil {
+			return nil, usagef("--expire-at %q: want an RFC 3339 time such as 2030-01-02T15:04:05Z", at)
+		}
+	case in > 0:
+		deadline = a.env.now().Add(in)
+	default:
+		return nil, usagef("--expiration needs --expire-at or a positive --expire-in")
+	}
+	return &ctrlv1.ExpirationSpec{Policy: ctrlv1.ExpirationPolicy(p), Deadline: timestamppb.New(deadline)}, nil
+}
+
+// parseEnum parses a lower-case enum name without its prefix ("available",
+// "public-internet").
+func parseEnum(values map[string]int32, prefix, s, flag string) (int32, error) {
+	v, ok := values[prefix+strings.ToUpper(strings.ReplaceAll(s, "-", "_"))]
+	if !ok || v == 0 {
+		var names []string
+		for name, n := range values {
+			if n != 0 {
+				names = append(names, enumFlagName(name, prefix))
+			}
+		}
+		slices.Sort(names)
+		return 0, usagef("%s %q: want one of %s", flag, s, strings.Join(names, ", "))
+	}
+	return v, nil
+}
+
+// enumCompletion completes the flag names of an enum's specified values.
+func enumCompletion(values map[string]int32, prefix string) cobra.CompletionFunc {
+	var names []string
+	for name, n := range values {
+		if n != 0 {
+			names = append(names, enumFlagName(name, prefix))
+		}
+	}
+	slices.Sort(names)
+	return cobra.FixedCompletions(names, cobra.ShellCompDirectiveNoFileComp)
+}
+
+func enumFlagName(name, prefix string) string {
+	return strings.ReplaceAll(enumName(name, prefix), "_", "-")
+}
+
+func (a *app) workspaceGet() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:               "get WORKSPACE_ID",
+		Short:             "Show a Workspace",
+		Long:              "Show a Workspace (GetWorkspace).",
+		Example:           "  kibo workspace get ws-0123456789abcdefghij -o yaml",
+		Args:              exactArgs("WORKSPACE_ID"),
+		ValidArgsFunction: a.completeIDs(ctrlv1connect.WorkspaceServiceListWorkspacesProcedure, workspaceIDs),
+	}
+	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, args []string) error {
+		s, err := a.connect(ctx, cmd, nil)
+		if err != nil {
+			return err
+		}
+		res, err := s.client.Workspaces.GetWorkspace(ctx, connect.NewRequest(&ctrlv1.GetWorkspaceRequest{WorkspaceId: args[0]}))
+		if err != nil {
+			return err
+		}
+		return a.print(res.Msg, func(w io.Writer) { workspaceDetail(w, res.Msg.GetWorkspace()) })
+	})
+	return procedure(cmd, ctrlv1connect.WorkspaceServiceGetWorkspaceProcedure)
+}
+
+func (a *app) workspaceList() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "list [flags]",
+		Short: "List Workspaces",
+		Long: `List Workspaces in creation order (ListWorkspaces), one page at a time; --all
+follows the pages and prints them as one. Deleted Workspaces are left out unless
+--include-deleted or --state deleted.`,
+		Example: "  kibo workspace list --state available --state stopped --label-selector team=ml",
+		Args:    cobra.NoArgs,
+	}
+	p := addPageFlags(cmd)
+	var (
+		sel       kvFlag
+		states    []string
+		deleted   bool
+		condition string
+	)
+	f := cmd.Flags()
+	f.Var(&sel, "label-selector", "only Workspaces carrying this label with exactly this value (repeatable; all must match)")
+	f.StringArrayVar(&states, "state", nil, "only Workspaces in this state (repeatable): creating, starting, available, stopping, stopped, failed, deleting, deleted, unknown")
+	f.BoolVar(&deleted, "include-deleted", false, "include Workspaces whose deletion completed (not with --state)")
+	f.StringVar(&condition, "guest-condition", "", "only Workspaces whose guest reports this condition: ready, booting, unresponsive, disk-pressure, memory-pressure")
+	cmd.MarkFlagsMutuallyExclusive("state", "include-deleted")
+	_ = cmd.RegisterFlagCompletionFunc("state", enumCompletion(ctrlv1.WorkspaceState_value, "WORKSPACE_STATE_"))
+	_ = cmd.RegisterFlagCompletionFunc("guest-condition", enumCompletion(ctrlv1.GuestCondition_value, "GUEST_CONDITION_"))
+	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, _ []string) error {
+		req := &ctrlv1.ListWorkspacesRequest{PageSize: p.size, PageToken: p.token, LabelSelector: sel.m, IncludeDeleted: deleted}
+		for _, st := range states {
+			v, err := parseEnum(ctrlv1.WorkspaceState_value, "WORKSPACE_STATE_", st, "--state")
+			if err != nil {
+				return err
+			}
+			req.States = append(req.States, ctrlv1.WorkspaceState(v))
+		}
+		if condition != "" {
+			v, err := parseEnum(ctrlv1.GuestCondition_value, "GUEST_CONDITION_", condition, "--guest-condition")
+			if err != nil {
+				return err
+			}
+			req.GuestCondition = ctrlv1.GuestCondition(v)
+		}
+		s, err := a.connect(ctx, cmd, nil)
+		if err != nil {
+			return err
+		}
+		out := &ctrlv1.ListWorkspacesResponse{}
+		for {
+			res, err := s.client.Workspaces.ListWorkspaces(ctx, connect.NewRequest(req))
+			if err != nil {
+				return err
+			}
+			out.Workspaces = append(out.Workspaces, res.Msg.GetWorkspaces()...)
+			out.NextPageToken = res.Msg.GetNextPageToken()
+			if !p.all || out.NextPageToken == "" {
+				break
+			}
+			req.PageToken = out.NextPageToken
+		}
+		if err := a.print(out, func(w io.Writer) { workspaceTable(w, out.GetWorkspaces()) }); err != nil {
+			return err
+		}
+		a.morePages(cmd, out.GetNextPageToken())
+		return nil
+	})
+	return procedure(cmd, ctrlv1connect.WorkspaceServiceListWorkspacesProcedure)
+}
+
+func (a *app) workspaceStart() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "start WORKSPACE_ID --expected-expiration-revision N [flags]",
+		Short: "Start a stopped Workspace",
+		Long: `Start a STOPPED Workspace, or a FAILED one that holds no execution
+(StartWorkspace). The call returns on acceptance: the Workspace is STARTING and
+the command runs on without kibo; follow it with --wait. A mismatch of
+--expected-expiration-revision is failed_precondition (exit 9).`,
+		Example:           "  kibo workspace start ws-0123456789abcdefghij --expected-expiration-revision 1 --wait",
+		Args:              exactArgs("WORKSPACE_ID"),
+		ValidArgsFunction: a.completeIDs(ctrlv1connect.WorkspaceServiceListWorkspacesProcedure, workspaceIDs),
+	}
+	var expected uint64
+	var wait bool
+	cmd.Flags().Uint64Var(&expected, "expected-expiration-revision", 0, "the expiration.revision you read (required, also when no expiration is armed)")
+	cmd.Flags().BoolVar(&wait, "wait", false, waitUsage)
+	_ = cmd.MarkFlagRequired("expected-expiration-revision")
+	w := addWriteFlags(cmd)
+	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, args []string) error {
+		id, err := w.id(cmd)
+		if err != nil {
+			return err
+		}
+		req := &ctrlv1.StartWorkspaceRequest{Metadata: meta(id), WorkspaceId: args[0], ExpectedExpirationRevision: expected}
+		var extra []string
+		if wait {
+			extra = waitProcedures
+		}
+		var res *ctrlv1.StartWorkspaceResponse
+		var s *session
+		err = a.write(ctx, cmd, w, id, func(ctx context.Context, sess *session) error {
+			s = sess
+			r, err := sess.client.Workspaces.StartWorkspace(ctx, connect.NewRequest(req))
+			if err == nil {
+				res = r.Msg
+			}
+			return err
+		}, extra...)
+		if err != nil {
+			return err
+		}
+		var werr error
+		if wait {
+			res.Workspace, res.Command, werr = a.waitFor(ctx, s, id, res.GetWorkspace(), res.GetCommand())
+		}
+		if err := a.print(res, func(w io.Writer) { workspaceDetail(w, res.GetWorkspace()); commandLine(w, res.GetCommand()) }); err != nil {
+			return err
+		}
+		return werr
+	})
+	return procedure(cmd, ctrlv1connect.WorkspaceServiceStartWorkspaceProcedure)
+}
+
+func (a *app) workspaceStop() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "stop WORKSPACE_ID --expected-expiration-revision N [flags]",
+		Short: "Stop a Workspace",
+		Long: `Stop a Workspace (StopWorkspace); the writable layer and the Volume are kept.
+The call waits for the stop to complete, at most one minute; past that it fails
+with a retryable unavailable (TIMED_OUT, exit 4) while the stop goes on: resend
+the same command ID (--retry does) or follow it with "kibo workspace command".
+--force does not wait for guest writers; the most recent writes may be lost.`,
+		Example:           "  kibo workspace stop ws-0123456789abcdefghij --expected-expiration-revision 1 --retry",
+		Args:              exactArgs("WORKSPACE_ID"),
+		ValidArgsFunction: a.completeIDs(ctrlv1connect.WorkspaceServiceListWorkspacesProcedure, workspaceIDs),
+	}
+	var expected uint64
+	var force bool
+	cmd.Flags().Uint64Var(&expected, "expected-expiration-revision", 0, "the expiration.revision you read (required, also when no expiration is armed)")
+	cmd.Flags().BoolVar(&force, "force", false, "forced stop: no writeback confirmation from the guest")
+	_ = cmd.MarkFlagRequired("expected-expiration-revision")
+	w := addWriteFlags(cmd)
+	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, args []string) error {
+		id, err := w.id(cmd)
+		if err != nil {
+			return err
+		}
+		req := &ctrlv1.StopWorkspaceRequest{Metadata: meta(id), WorkspaceId: args[0], ExpectedExpirationRevision: expected}
+		if force {
+			req.Mode = ctrlv1.StopMode_STOP_MODE_FORCE
+		}
+		var res *ctrlv1.StopWorkspaceResponse
+		err = a.write(ctx, cmd, w, id, func(ctx context.Context, s *session) error {
+			r, err := s.client.Workspaces.StopWorkspace(ctx, connect.NewRequest(req))
+			if err == nil {
+				res = r.Msg
+			}
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		return a.print(res, func(w io.Writer) { workspaceDetail(w, res.GetWorkspace()); commandLine(w, res.GetCommand()) })
+	})
+	return procedure(cmd, ctrlv1connect.WorkspaceServiceStopWorkspaceProcedure)
+}
+
+func (a *app) workspaceDelete() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "delete WORKSPACE_ID --expected-expiration-revision N [flags]",
+		Short: "Delete a Workspace",
+		Long: `Delete a Workspace (DeleteWorkspace): its execution ends, its writable layer is
+deleted and its Volume released (or deleted with it). The call waits at most one
+minute; past that it fails with a retryable unavailable (TIMED_OUT, exit 4) while
+the deletion goes on: resend the same command ID.`,
+		Example:           "  kibo workspace delete ws-0123456789abcdefghij --expected-expiration-revision 1",
+		Args:              exactArgs("WORKSPACE_ID"),
+		ValidArgsFunction: a.completeIDs(ctrlv1connect.WorkspaceServiceListWorkspacesProcedure, workspaceIDs),
+	}
+	var expected uint64
+	cmd.Flags().Uint64Var(&expected, "expected-expiration-revision", 0, "the expiration.revision you read (required, also when no expiration is armed)")
+	_ = cmd.MarkFlagRequired("expected-expiration-revision")
+	w := addWriteFlags(cmd)
+	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, args []string) error {
+		id, err := w.id(cmd)
+		if err != nil {
+			return err
+		}
+		req := &ctrlv1.DeleteWorkspaceRequest{Metadata: meta(id), WorkspaceId: args[0], ExpectedExpirationRevision: expected}
+		var res *ctrlv1.DeleteWorkspaceResponse
+		err = a.write(ctx, cmd, w, id, func(ctx context.Context, s *session) error {
+			r, err := s.client.Workspaces.DeleteWorkspace(ctx, connect.NewRequest(req))
+			if err == nil {
+				res = r.Msg
+			}
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		return a.print(res, func(w io.Writer) { workspaceDetail(w, res.GetWorkspace()); commandLine(w, res.GetCommand()) })
+	})
+	return procedure(cmd, ctrlv1connect.WorkspaceServiceDeleteWorkspaceProcedure)
+}
+
+// workspaceMap is "workspace labels" or "workspace annotations".
+func (a *app) workspaceMap(what string) *cobra.Command {
+	rpc, proc, revField := "UpdateWorkspaceLabels", ctrlv1connect.WorkspaceServiceUpdateWorkspaceLabelsProcedure, "labels_revision"
+	if what == "annotations" {
+		rpc, proc, revField = "UpdateWorkspaceAnnotations", ctrlv1connect.WorkspaceServiceUpdateWorkspaceAnnotationsProcedure, "annotations_revision"
+	}
+	cmd := &cobra.Command{
+		Use:   what + " WORKSPACE_ID --expected-revision N (--set KEY=VALUE ... | --clear)",
+		Short: "Replace a Workspace's " + what,
+		Long: fmt.Sprintf(`Replace the whole %[1]s map of a Workspace (%[2]s). It never merges: the
+entries given with --set become the complete map, and %[1]s you do not repeat
+are removed; --clear removes them all. --expected-revision must equal the
+Workspace's %[3]s or the call is aborted (exit 10). Equal content keeps the
+revision. Accepted in every state but DELETED.`, what, rpc, revField),
+		Example:           fmt.Sprintf("  kibo workspace %s ws-0123456789abcdefghij --expected-revision 1 --set team=ml", what),
+		Args:              exactArgs("WORKSPACE_ID"),
+		ValidArgsFunction: a.completeIDs(ctrlv1connect.WorkspaceServiceListWorkspacesProcedure, workspaceIDs),
+	}
+	m := addMapFlags(cmd, what)
+	var expected uint64
+	cmd.Flags().Uint64Var(&expected, "expected-revision", 0, "the "+revField+" you read; a mismatch is aborted (required)")
+	_ = cmd.MarkFlagRequired("expected-revision")
+	w := addWriteFlags(cmd)
+	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, args []string) error {
+		id, err := w.id(cmd)
+		if err != nil {
+			return err
+		}
+		var ws *ctrlv1.Workspace
+		var res proto.Message
+		err = a.write(ctx, cmd, w, id, func(ctx context.Context, s *session) error {
+			if what == "labels" {
+				r, err := s.client.Workspaces.UpdateWorkspaceLabels(ctx, connect.NewRequest(&ctrlv1.UpdateWorkspaceLabelsRequest{
+					Metadata: meta(id), WorkspaceId: args[0], ExpectedRevision: expected, Labels: m.value(),
+				}))
+				if err == nil {
+					ws, res = r.Msg.GetWorkspace(), r.Msg
+				}
+				return err
+			}
+			r, err := s.client.Workspaces.UpdateWorkspaceAnnotations(ctx, connect.NewRequest(&ctrlv1.UpdateWorkspaceAnnotationsRequest{
+				Metadata: meta(id), WorkspaceId: args[0], ExpectedRevision: expected, Annotations: m.value(),
+			}))
+			if err == nil {
+				ws, res = r.Msg.GetWorkspace(), r.Msg
+			}
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		return a.print(res, func(w io.Writer) { workspaceDetail(w, ws) })
+	})
+	return procedure(cmd, proc)
+}
+
+func (a *app) workspaceCommandGet() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "command COMMAND_ID [--wait]",
+		Short: "Show a Workspace command",
+		Long: `Show a Workspace command by its ID (GetWorkspaceCommand): yours, or one ctrl
+started itself (expiration/..., host-memory/..., guest-shutdown/...). The ID is
+not checked against the command ID rules. With --wait, poll until the command is
+COMPLETED; a command that completed with a failure sets the exit code.`,
+		Example: "  kibo workspace command cmd-2f7kq3w5x6y7z8a9b0c1d2e3f4 --wait",
+		Args:    exactArgs("COMMAND_ID"),
+	}
+	var wait bool
+	cmd.Flags().BoolVar(&wait, "wait", false, "poll until the command is COMPLETED (elapsed time on stderr when it is a terminal)")
+	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, args []string) error {
+		s, err := a.connect(ctx, cmd, nil)
+		if err != nil {
+			return err
+		}
+		var c *ctrlv1.WorkspaceCommand
+		var cerr error
+		if wait {
+			c, cerr = a.waitCommand(ctx, s, args[0])
+			if c == nil {
+				return cerr
+			}
+		} else {
+			res, err := s.client.Workspaces.GetWorkspaceCommand(ctx, connect.NewRequest(&ctrlv1.GetWorkspaceCommandRequest{CommandId: args[0]}))
+			if err != nil {
+				return err
+			}
+			c = res.Msg.GetCommand()
+		}
+		res := &ctrlv1.GetWorkspaceCommandResponse{Command: c}
+		if err := a.print(res, func(w io.Writer) { commandDetail(w, c) }); err != nil {
+			return err
+		}
+		return cerr
+	})
+	return procedure(cmd, ctrlv1connect.WorkspaceServiceGetWorkspaceCommandProcedure)
+}
+
+// waitFor waits for the command id and reads the Workspace again; it keeps
+// what it had when a read fails. The error is the command's failure, or the
+// failure of the wait.
+func (a *app) waitFor(ctx context.Context, s *session, id string, ws *ctrlv1.Workspace, c *ctrlv1.WorkspaceCommand) (*ctrlv1.Workspace, *ctrlv1.WorkspaceCommand, error) {
+	done, err := a.waitCommand(ctx, s, id)
+	if done != nil {
+		c = done
+	}
+	wsID := ws.GetWorkspaceId()
+	if wsID == "" {
+		wsID = c.GetWorkspaceId()
+	}
+	if wsID != "" && ctx.Err() == nil {
+		if res, gerr := s.client.Workspaces.GetWorkspace(ctx, connect.NewRequest(&ctrlv1.GetWorkspaceRequest{WorkspaceId: wsID})); gerr == nil {
+			ws = res.Msg.GetWorkspace()
+		}
+	}
+	return ws, c, err
+}
+
+// waitCommand polls the command until it completes, showing the elapsed time
+// on stderr when stderr is a terminal.
+func (a *app) waitCommand(ctx context.Context, s *session, id string) (*ctrlv1.WorkspaceCommand, error) {
+	if !a.env.isTerminal(a.stderr) {
+		return s.client.WaitWorkspaceCommand(ctx, id)
+	}
+	start := a.env.now()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			fmt.Fprintf(a.stderr, "\rwaiting for command %s: %s elapsed ", id, a.env.now().Sub(start).Round(time.Second))
+			select {
+			case <-stop:
+				fmt.Fprint(a.stderr, "\r\033[K")
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	c, err := s.client.WaitWorkspaceCommand(ctx, id)
+	close(stop)
+	wg.Wait()
+	return c, err
+}
+
+// workspaceDetail renders one Workspace for people.
+func workspaceDetail(w io.Writer, ws *ctrlv1.Workspace) {
+	if ws == nil {
+		return
+	}
+	row(w, "Workspace ID:", ws.GetWorkspaceId())
+	state := enumName(ws.GetState().String(), "WORKSPACE_STATE_")
+	if ws.GetState() == ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED {
+		state += fmt.Sprintf(" (holds execution: %s)", yesNo(ws.GetHoldsExecution()))
+	}
+	row(w, "State:", state)
+	if f := ws.GetFailure(); f != nil {
+		row(w, "Failure:", fmt.Sprintf("%s: %s", reasonName(f.GetReason()), oneLine(f.GetMessage())))
+	}
+	tmpl := orDash(ws.GetTemplate().GetTemplateId())
+	if v := ws.GetTemplate().GetVersion(); v != "" {
+		tmpl += " " + v
+	}
+	row(w, "Template:", tmpl)
+	row(w, "Node:", orDash(ws.GetPlacement().GetNodeId()))
+	row(w, "Storage pool:", orDash(ws.GetPlacement().GetStoragePool()))
+	row(w, "Resources:", fmt.Sprintf("%d MiB, %d millicores (revision %d)", ws.GetResources().GetMemoryMib(), ws.GetResources().GetCpuMillis(), ws.GetResourcesRevision()))
+	row(w, "Writable layer:", fmt.Sprintf("%d MiB (exists: %s)", ws.GetWritableLayer().GetCapacityBytes()>>20, yesNo(ws.GetWritableLayer().GetExists())))
+	vb := ws.GetVolumeBinding()
+	binding := enumName(vb.GetMode().String(), "VOLUME_BINDING_MODE_")
+	if vb.GetVolumeId() != "" {
+		binding += " " + vb.GetVolumeId() + " at " + orDash(vb.GetMountPath())
+	}
+	row(w, "Volume binding:", fmt.Sprintf("%s (revision %d)", binding, ws.GetBindingRevision()))
+	np := ws.GetNetworkPolicy()
+	row(w, "Network policy:", fmt.Sprintf("%s (revision %d)", enumName(np.GetMode().String(), "NETWORK_MODE_"), np.GetRevision()))
+	st := ws.GetNetworkPolicyStatus()
+	row(w, "Policy status:", fmt.Sprintf("%s (applied revision %d)", enumName(st.GetState().String(), "NETWORK_POLICY_STATE_"), st.GetAppliedRevision()))
+	exp := ws.GetExpiration()
+	expiry := "none"
+	if exp.GetPolicy() != ctrlv1.ExpirationPolicy_EXPIRATION_POLICY_UNSPECIFIED {
+		expiry = enumName(exp.GetPolicy().String(), "EXPIRATION_POLICY_") + " at " + ts(exp.GetDeadline())
+	}
+	row(w, "Expiration:", fmt.Sprintf("%s (revision %d)", expiry, exp.GetRevision()))
+	if g := ws.GetGuestObservation(); g != nil {
+		row(w, "Guest:", fmt.Sprintf("%s at %s", enumName(g.GetCondition().String(), "GUEST_CONDITION_"), ts(g.GetObservedAt())))
+	}
+	row(w, "Labels:", kv(ws.GetLabels()))
+	row(w, "Labels revision:", ws.GetLabelsRevision())
+	row(w, "Annotations:", kv(ws.GetAnnotations()))
+	row(w, "Annotations revision:", ws.GetAnnotationsRevision())
+	row(w, "Created:", ts(ws.GetCreatedAt()))
+	row(w, "Updated:", ts(ws.GetUpdatedAt()))
+	if ws.GetDeletedAt() != nil {
+		row(w, "Deleted:", ts(ws.GetDeletedAt()))
+	}
+}
+
+// commandLine adds the command of a response to a Workspace's details.
+func commandLine(w io.Writer, c *ctrlv1.WorkspaceCommand) {
+	if c == nil {
+		return
+	}
+	status := enumName(c.GetStatus().String(), "WORKSPACE_COMMAND_STATUS_")
+	if e := c.GetError(); e != nil {
+		status += ", failed: " + describe(kibotos.CommandError(e))
+	}
+	row(w, "Command:", fmt.Sprintf("%s (%s)", c.GetCommandId(), status))
+}
+
+// commandDetail renders one WorkspaceCommand for people.
+func commandDetail(w io.Writer, c *ctrlv1.WorkspaceCommand) {
+	row(w, "Command ID:", c.GetCommandId())
+	row(w, "Workspace ID:", c.GetWorkspaceId())
+	row(w, "Kind:", enumName(c.GetKind().String(), "WORKSPACE_COMMAND_KIND_"))
+	row(w, "Initiator:", enumName(c.GetInitiator().String(), "COMMAND_INITIATOR_"))
+	row(w, "Status:", enumName(c.GetStatus().String(), "WORKSPACE_COMMAND_STATUS_"))
+	if e := c.GetError(); e != nil {
+		row(w, "Error:", describe(kibotos.CommandError(e)))
+	}
+	row(w, "Created:", ts(c.GetCreatedAt()))
+	row(w, "Completed:", ts(c.GetCompletedAt()))
+}
+
+// workspaceTable renders Workspaces as a table for people.
+func workspaceTable(w io.Writer, wss []*ctrlv1.Workspace) {
+	row(w, "WORKSPACE ID", "STATE", "TEMPLATE", "MEMORY MIB", "CPU MILLIS", "NODE", "LABELS", "CREATED")
+	for _, ws := range wss {
+		row(w, ws.GetWorkspaceId(), enumName(ws.GetState().String(), "WORKSPACE_STATE_"), orDash(ws.GetTemplate().GetTemplateId()),
+			ws.GetResources().GetMemoryMib(), ws.GetResources().GetCpuMillis(), orDash(ws.GetPlacement().GetNodeId()),
+			kv(ws.GetLabels()), ts(ws.GetCreatedAt()))
+	}
+}

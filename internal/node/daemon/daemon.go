@@ -1,0 +1,205 @@
+// Package daemon wires a node: the sandbox runtime (re-adopting what a
+// previous agent left running), the templates, and the agent that talks to
+// ctrl. kibotos-node runs it as its own process; kibotos-ctrl --dev runs the
+// same code in-process, talking to itself over loopback mTLS.
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+
+	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
+	"github.com/kibotos/kibotos/internal/guest/protocol"
+	"github.com/kibotos/kibotos/internal/node/agent"
+	"github.com/kibotos/kibotos/internal/node/sandbox"
+	"github.com/kibotos/kibotos/internal/node/template"
+)
+
+// Config configures a node.
+type Config struct {
+	NodeID   string
+	Endpoint string       // ctrl's URL
+	HTTP     *http.Client // presents the node certificate; no overall timeout
+	// StateDir holds layers, execution state and templates.
+	StateDir string
+	// GuestBinary is the static kibotos-guest.
+	GuestBinary string
+	// Capacity offered to workspaces; zero values are measured: 80% of
+	// MemTotal, every CPU, the free space of StateDir.
+	MemoryMiB, CPUMillis, StorageBytes uint64
+	Log                                *slog.Logger
+}
+
+// Run runs the node until ctx is done. Executions keep running when it
+// returns; the next Run re-adopts them.
+func Run(ctx context.Context, cfg Config) error {
+	if os.Geteuid() != 0 {
+		return errors.New("the sandbox runtime needs root (namespaces, cgroups, loop devices)")
+	}
+	if cfg.GuestBinary == "" {
+		return errors.New("no guest binary (kibotos-guest) configured")
+	}
+	if _, err := os.Stat(cfg.GuestBinary); err != nil {
+		return fmt.Errorf("guest binary: %w", err)
+	}
+	tmpl, err := template.EnsureDefault(filepath.Join(cfg.StateDir, "templates"), cfg.GuestBinary)
+	if err != nil {
+		return err
+	}
+	rt, err := sandbox.New(sandbox.Config{Root: cfg.StateDir, GuestBinary: cfg.GuestBinary, Log: cfg.Log, InitBinary: "/proc/self/exe"})
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	if err := rt.Adopt(ctx); err != nil {
+		return fmt.Errorf("re-adopt executions: %w", err)
+	}
+	capacity, err := measure(cfg)
+	if err != nil {
+		return err
+	}
+	cfg.Log.Info("node ready", "node_id", cfg.NodeID, "memory_mib", capacity.GetMemoryMib(), "cpu_millis", capacity.GetCpuMillis(),
+		"executions", len(rt.Executions()), "cgroup_version", rt.CgroupVersion())
+	a := agent.New(agent.Config{
+		NodeID: cfg.NodeID, Endpoint: cfg.Endpoint, HTTP: cfg.HTTP, Log: cfg.Log, Capacity: capacity,
+		Runtime: NewRuntime(rt, map[string]string{template.DefaultName: tmpl}),
+	})
+	return a.Run(ctx)
+}
+
+func measure(cfg Config) (*nodev1.Capacity, error) {
+	c := &nodev1.Capacity{MemoryMib: cfg.MemoryMiB, CpuMillis: cfg.CPUMillis, StorageBytes: cfg.StorageBytes, StoragePool: "default"}
+	if c.MemoryMib == 0 {
+		total, err := memTotalMiB()
+		if err != nil {
+			return nil, err
+		}
+		c.MemoryMib = total * 8 / 10
+	}
+	if c.CpuMillis == 0 {
+		c.CpuMillis = uint64(runtime.NumCPU()) * 1000
+	}
+	if c.StorageBytes == 0 {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(cfg.StateDir, &st); err != nil {
+			return nil, err
+		}
+		c.StorageBytes = st.Bavail * uint64(st.Bsize)
+	}
+	return c, nil
+}
+
+func memTotalMiB() (uint64, error) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb / 1024, err
+		}
+	}
+	return 0, errors.New("MemTotal missing from /proc/meminfo")
+}
+
+// Runtime adapts the sandbox runtime to the agent.
+type Runtime struct {
+	rt        *sandbox.Runtime
+	templates map[string]string
+	events    chan agent.Event
+}
+
+// NewRuntime returns the adapter; templates maps template IDs to rootfs
+// directories.
+func NewRuntime(rt *sandbox.Runtime, templates map[string]string) *Runtime {
+	r := &Runtime{rt: rt, templates: templates, events: make(chan agent.Event, 256)}
+	go r.forward()
+	return r
+}
+
+func (r *Runtime) forward() {
+	defer close(r.events)
+	for ev := range r.rt.Events() {
+		out := agent.Event{WorkspaceID: ev.WorkspaceID}
+		switch ev.Kind {
+		case sandbox.EventExited, sandbox.EventGuestExited:
+			out.Exited = true
+		case sandbox.EventCondition:
+			out.Guest, out.GuestMessage = condition(ev.Condition), ev.Message
+		}
+		r.events <- out
+	}
+}
+
+func condition(c protocol.Condition) ctrlv1.GuestCondition {
+	if c == protocol.ConditionUnspecified {
+		return ctrlv1.GuestCondition_GUEST_CONDITION_UNSPECIFIED
+	}
+	return ctrlv1.GuestCondition(ctrlv1.GuestCondition_value["GUEST_CONDITION_"+string(c)])
+}
+
+// Start starts an execution from the template.
+func (r *Runtime) Start(ctx context.Context, s agent.Spec) error {
+	dir, ok := r.templates[s.TemplateID]
+	if !ok {
+		return fmt.Errorf("template %q is not on this node", s.TemplateID)
+	}
+	return r.rt.Start(ctx, sandbox.Spec{WorkspaceID: s.WorkspaceID, Generation: s.Generation, TemplateDir: dir,
+		CapacityBytes: s.CapacityBytes, MemoryMiB: s.MemoryMiB, CPUMillis: s.CPUMillis})
+}
+
+// Stop stops an execution; ErrWritebackFailed maps to the agent's.
+func (r *Runtime) Stop(ctx context.Context, id string, force bool) error {
+	err := r.rt.Stop(ctx, id, force)
+	switch {
+	case errors.Is(err, sandbox.ErrNotRunning):
+		return nil
+	case errors.Is(err, sandbox.ErrWritebackFailed):
+		return fmt.Errorf("%w: %v", agent.ErrWritebackFailed, err)
+	}
+	return err
+}
+
+// Delete releases everything of a workspace.
+func (r *Runtime) Delete(ctx context.Context, id string) error { return r.rt.Delete(ctx, id) }
+
+// Status reports a workspace.
+func (r *Runtime) Status(id string) agent.Status {
+	st, ok := r.rt.Status(id)
+	if !ok {
+		_, err := os.Stat(r.rt.LayerPath(id))
+		return agent.Status{WorkspaceID: id, LayerExists: err == nil}
+	}
+	return convert(st)
+}
+
+func convert(st sandbox.Status) agent.Status {
+	return agent.Status{WorkspaceID: st.WorkspaceID, Generation: st.Generation, Running: st.Running,
+		LayerExists: st.LayerExists, Guest: condition(st.Guest), GuestMessage: st.GuestMessage}
+}
+
+// Executions lists the executions.
+func (r *Runtime) Executions() []agent.Status {
+	var out []agent.Status
+	for _, st := range r.rt.Executions() {
+		out = append(out, convert(st))
+	}
+	return out
+}
+
+// Events forwards the runtime's events.
+func (r *Runtime) Events() <-chan agent.Event { return r.events }

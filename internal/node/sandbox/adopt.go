@@ -1,0 +1,159 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/internal/guest/protocol"
+)
+
+// Adopt takes over what an earlier Runtime on the same Root left: every
+// recorded execution whose PID 1 still runs (same pid, same start time, same
+// boot) is re-adopted untouched, whatever its guest answers. Executions that
+// ended while no runtime watched are released and reported (EventExited or
+// EventGuestExited); half-started ones (the agent died during Start) and
+// resources without a record (cgroups, loop devices of this Root's layers,
+// run directories) are released. A state file that cannot be read is
+// reported as an error and its execution left alone.
+func (r *Runtime) Adopt(ctx context.Context) error {
+	if r.closed() {
+		return ErrClosed
+	}
+	var errs []error
+	ents, err := os.ReadDir(filepath.Join(r.root, "exec"))
+	if err != nil {
+		return err
+	}
+	for _, ent := range ents {
+		name := ent.Name()
+		ws, ok := strings.CutSuffix(name, ".json")
+		if !ok || strings.HasPrefix(name, ".") || !workspaceIDRe.MatchString(ws) {
+			continue
+		}
+		if err := r.adoptOne(ctx, ws); err != nil {
+			errs = append(errs, err)
+		}
+	}
+
+	// Resources no record accounts for.
+	orphans := map[string]bool{}
+	if names, err := r.cg.children(r.cgBase); err == nil {
+		for _, n := range names {
+			orphans[n] = true
+		}
+	}
+	if loops, err := attachedLoops(filepath.Join(r.root, "layers"), true); err == nil {
+		for _, l := range loops {
+			if ws, ok := strings.CutSuffix(filepath.Base(l.Backing), ".img"); ok {
+				orphans[ws] = true
+			}
+		}
+	}
+	if runs, err := os.ReadDir(filepath.Join(r.root, "run")); err == nil {
+		for _, d := range runs {
+			orphans[d.Name()] = true
+		}
+	}
+	for ws := range orphans {
+		if !workspaceIDRe.MatchString(ws) {
+			continue
+		}
+		if err := r.releaseOrphan(ctx, ws); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (r *Runtime) adoptOne(ctx context.Context, ws string) error {
+	unlock, err := r.lockWS(ctx, ws)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if r.get(ws) != nil {
+		return nil
+	}
+	st, err := r.readState(ws)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	if e := r.adoptLocked(st); e != nil {
+		return nil
+	}
+	wasRunning := st.Phase == phaseRunning
+	kind, msg := EventExited, "the execution exited while the node agent was away"
+	if b, err := os.ReadFile(filepath.Join(r.runDir(ws), "sock", protocol.PoweroffMarker)); err == nil {
+		kind, msg = EventGuestExited, "the guest powered off: "+strings.TrimSpace(string(b))
+	}
+	rerr := r.releaseLeftovers(ws)
+	if wasRunning {
+		r.log.Info("recorded execution has ended", "workspace_id", ws, "kind", kind)
+		r.emit(Event{Kind: kind, WorkspaceID: ws, Generation: st.Generation, Message: msg, Err: rerr})
+	} else {
+		r.log.Info("released a half-started execution", "workspace_id", ws, "err", rerr)
+	}
+	return rerr
+}
+
+// adoptLocked re-adopts a recorded execution whose PID 1 still runs. It
+// returns nil when there is nothing to adopt.
+func (r *Runtime) adoptLocked(st *execState) *execution {
+	if st.Phase != phaseRunning || st.BootID != bootID || r.closed() {
+		return nil
+	}
+	fd, err := openProcess(st.PID, st.PIDStart)
+	if err != nil || fd < 0 {
+		return nil
+	}
+	e := &execution{ws: st.WorkspaceID, st: *st, pidf: os.NewFile(uintptr(fd), "pidfd"), done: make(chan struct{}), cond: GuestBooting}
+	r.mu.Lock()
+	r.execs[e.ws] = e
+	r.mu.Unlock()
+	go r.watch(e)
+	pctx, cancel := context.WithTimeout(r.ctx, r.cfg.HealthTimeout)
+	resp, err := protocol.Do(pctx, r.sockPath(e.ws), protocol.Request{Op: protocol.OpPing})
+	cancel()
+	if err == nil {
+		e.mu.Lock()
+		e.cond, e.msg = resp.Condition, resp.Message
+		e.mu.Unlock()
+	}
+	r.startHealth(e)
+	r.log.Info("execution re-adopted", "workspace_id", e.ws, "generation", st.Generation, "pid", st.PID, "guest", e.cond)
+	return e
+}
+
+// releaseOrphan releases the resources of ws when no execution of it is
+// held or recorded.
+func (r *Runtime) releaseOrphan(ctx context.Context, ws string) error {
+	unlock, err := r.lockWS(ctx, ws)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if r.get(ws) != nil {
+		return nil
+	}
+	if _, err := os.Stat(r.statePath(ws)); err == nil {
+		return nil
+	}
+	r.log.Info("releasing unrecorded resources", "workspace_id", ws)
+	return r.releaseLeftovers(ws)
+}
+
+// signalRecorded kills a recorded process if it is still the recorded one.
+func signalRecorded(st *execState, sig unix.Signal) {
+	if fd, _ := openProcess(st.PID, st.PIDStart); fd >= 0 {
+		_ = unix.PidfdSendSignal(fd, sig, nil, 0)
+		unix.Close(fd)
+	}
+}

@@ -1,0 +1,184 @@
+package sandbox
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestVCPUs(t *testing.T) {
+	for _, c := range []struct{ millis, want uint32 }{{1, 1}, {999, 1}, {1000, 1}, {1001, 2}, {1500, 2}, {2000, 2}, {2001, 3}} {
+		if got := VCPUs(c.millis); got != c.want {
+			t.Errorf("VCPUs(%d) = %d, want %d", c.millis, got, c.want)
+		}
+	}
+}
+
+// TestCgroupV2Limits checks what the v2 implementation writes, on a fake
+// hierarchy (this host may be v1).
+func TestCgroupV2Limits(t *testing.T) {
+	root := t.TempDir()
+	rel := "kibotos/tag/ws-1"
+	files := map[string]string{
+		"cgroup.subtree_control":                  "",
+		"kibotos/cgroup.subtree_control":          "",
+		"kibotos/tag/cgroup.subtree_control":      "",
+		"kibotos/tag/ws-1/cgroup.subtree_control": "",
+		"kibotos/tag/ws-1/memory.max":             "max\n",
+		"kibotos/tag/ws-1/memory.swap.max":        "max\n",
+		"kibotos/tag/ws-1/cpu.max":                "max 100000\n",
+		"kibotos/tag/ws-1/pids.max":               "max\n",
+	}
+	for p, c := range files {
+		if err := os.MkdirAll(filepath.Join(root, filepath.Dir(p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, p), []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := &cgroupV2{root: root}
+	if err := c.create(rel, limits{MemoryBytes: 128 << 20, VCPUs: 2, PidsMax: 512}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"memory.max":      "134217728",
+		"memory.swap.max": "0",
+		"cpu.max":         "200000 100000",
+		"pids.max":        "512",
+	}
+	for f, w := range want {
+		b, _ := os.ReadFile(filepath.Join(root, rel, f))
+		if got := strings.TrimSpace(string(b)); !strings.HasPrefix(got, w) {
+			t.Errorf("%s = %q, want %q", f, got, w)
+		}
+	}
+	// Stats parse what the kernel reports.
+	for f, v := range map[string]string{
+		"memory.max":     "134217728\n",
+		"memory.current": "1048576\n",
+		"memory.peak":    "2097152\n",
+		"memory.events":  "low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\n",
+		"cpu.max":        "200000 100000\n",
+		"pids.max":       "max\n",
+		"pids.current":   "3\n",
+	} {
+		if err := os.WriteFile(filepath.Join(root, rel, f), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := c.stats(rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Version != 2 || s.MemoryLimitBytes != 128<<20 || s.MemoryUsageBytes != 1<<20 || s.MemoryPeakBytes != 2<<20 ||
+		s.OOMKills != 2 || s.CPUQuotaMicros != 200000 || s.CPUPeriodMicros != 100000 || s.PidsMax != -1 || s.PidsCurrent != 3 {
+		t.Errorf("stats: %+v", s)
+	}
+}
+
+// TestCgroupV2Processes moves, lists and kills a real process with the v2
+// implementation on the host's unified hierarchy (the hybrid
+// /sys/fs/cgroup/unified when the host is v1), which has cgroup.kill even
+// without controllers.
+func TestCgroupV2Processes(t *testing.T) {
+	requireSandbox(t)
+	root := ""
+	mounts, err := readMountInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range mounts {
+		if m.fsType == "cgroup2" && m.root == "/" {
+			root = m.mountPoint
+			break
+		}
+	}
+	if root == "" {
+		t.Skip("no cgroup2 hierarchy mounted")
+	}
+	c := &cgroupV2{root: root}
+	rel := "kibotos-test-v2/ws-v2"
+	if err := os.MkdirAll(filepath.Join(root, rel), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = c.remove(rel)
+		_ = c.remove("kibotos-test-v2")
+	}()
+	cmd := exec.Command("sleep", "100")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	if err := c.addProc(rel, cmd.Process.Pid); err != nil {
+		cmd.Process.Kill()
+		t.Fatal(err)
+	}
+	pids, err := c.procs(rel)
+	if err != nil || len(pids) != 1 || pids[0] != cmd.Process.Pid {
+		t.Errorf("procs = %v, %v", pids, err)
+	}
+	if names, _ := c.children("kibotos-test-v2"); len(names) != 1 || names[0] != "ws-v2" {
+		t.Errorf("children = %v", names)
+	}
+	if err := c.kill(rel); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("cgroup.kill did not kill")
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		if err := c.remove(rel); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if c.exists(rel) {
+		t.Error("cgroup still exists")
+	}
+}
+
+func TestMountInfoParsing(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "mountinfo")
+	content := "36 35 98:0 /mnt1 /mnt/with\\040space rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n" +
+		"40 30 0:35 / /sys/fs/cgroup/memory rw,relatime shared:17 - cgroup cgroup rw,memory\n" +
+		"41 30 0:36 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n"
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := readMountInfoFile(p)
+	if err != nil || len(m) != 3 {
+		t.Fatalf("%v %v", m, err)
+	}
+	if m[0].mountPoint != "/mnt/with space" || m[0].root != "/mnt1" || m[0].fsType != "ext3" || m[0].source != "/dev/root" {
+		t.Errorf("entry 0: %+v", m[0])
+	}
+	if m[2].superOpts != "rw,cpu,cpuacct" || m[2].mountPoint != "/sys/fs/cgroup/cpu,cpuacct" {
+		t.Errorf("entry 2: %+v", m[2])
+	}
+}
+
+func TestProcStartTime(t *testing.T) {
+	st, err := procStartTime(os.Getpid())
+	if err != nil || st == 0 {
+		t.Fatalf("%d %v", st, err)
+	}
+	fd, err := openProcess(os.Getpid(), st)
+	if err != nil || fd < 0 {
+		t.Fatalf("openProcess self: %d %v", fd, err)
+	}
+	if fd2, _ := openProcess(os.Getpid(), st+1); fd2 >= 0 {
+		t.Error("openProcess accepted a wrong start time")
+	}
+}

@@ -1,0 +1,171 @@
+package sandbox
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Phases of a recorded execution.
+const (
+	// phaseStarting: resources are being set up; an Adopt after a crash in
+	// this phase releases everything (the start never completed).
+	phaseStarting = "starting"
+	// phaseRunning: the guest answered; Adopt re-adopts it while its PID 1
+	// (pid + start time) lives.
+	phaseRunning = "running"
+)
+
+// execState is Root/exec/<ws>.json, written atomically at every change.
+type execState struct {
+	WorkspaceID string `json:"workspace_id"`
+	Generation  uint64 `json:"generation"`
+	Phase       string `json:"phase"`
+	// PID is PID 1 of the execution as seen from the host; PIDStart is its
+	// start time (clock ticks after boot, /proc/<pid>/stat field 22), which
+	// tells it from a later process that reuses the pid.
+	PID      int    `json:"pid,omitempty"`
+	PIDStart uint64 `json:"pid_start,omitempty"`
+	// Loop is the loop device of the writable layer ("/dev/loop3").
+	Loop string `json:"loop,omitempty"`
+	// Cgroup is the cgroup path relative to each hierarchy's root.
+	Cgroup string `json:"cgroup"`
+	// Layer is the writable layer image.
+	Layer         string    `json:"layer"`
+	TemplateDir   string    `json:"template_dir"`
+	CapacityBytes uint64    `json:"capacity_bytes"`
+	MemoryMiB     uint32    `json:"memory_mib"`
+	CPUMillis     uint32    `json:"cpu_millis"`
+	PidsMax       int       `json:"pids_max"`
+	StartedAt     time.Time `json:"started_at"`
+	// BootID is the kernel boot the execution ran in: after a reboot every
+	// recorded execution is gone, whatever its pid says.
+	BootID string `json:"boot_id"`
+}
+
+func (r *Runtime) statePath(ws string) string { return filepath.Join(r.root, "exec", ws+".json") }
+
+func (r *Runtime) writeState(st *execState) error {
+	return writeFileAtomic(r.statePath(st.WorkspaceID), st)
+}
+
+func (r *Runtime) readState(ws string) (*execState, error) {
+	b, err := os.ReadFile(r.statePath(ws))
+	if err != nil {
+		return nil, err
+	}
+	var st execState
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("sandbox: state of %s: %w", ws, err)
+	}
+	if st.WorkspaceID != ws {
+		return nil, fmt.Errorf("sandbox: state file %s names %q", r.statePath(ws), st.WorkspaceID)
+	}
+	return &st, nil
+}
+
+func (r *Runtime) removeState(ws string) error {
+	err := os.Remove(r.statePath(ws))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return syncDir(filepath.Dir(r.statePath(ws)))
+}
+
+// writeFileAtomic writes JSON to a temporary file, fsyncs it, renames it
+// over path and fsyncs the directory.
+func writeFileAtomic(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	name := tmp.Name()
+	defer os.Remove(name)
+	if _, err := tmp.Write(append(b, '\n')); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(name, path); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// procStartTime returns field 22 (starttime) of /proc/<pid>/stat.
+func procStartTime(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("sandbox: malformed /proc/%d/stat", pid)
+	}
+	f := strings.Fields(s[i+1:])
+	// f[0] is field 3 (state); starttime is field 22.
+	if len(f) < 20 {
+		return 0, fmt.Errorf("sandbox: short /proc/%d/stat", pid)
+	}
+	if f[0] == "Z" || f[0] == "X" {
+		return 0, fmt.Errorf("sandbox: process %d has exited", pid)
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// openProcess opens a pidfd for pid and checks that it is still the process
+// that started at start. It returns -1 when the process is gone.
+func openProcess(pid int, start uint64) (int, error) {
+	if pid <= 0 {
+		return -1, nil
+	}
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return -1, nil
+		}
+		return -1, err
+	}
+	got, err := procStartTime(pid)
+	if err != nil || got != start {
+		unix.Close(fd)
+		return -1, nil
+	}
+	return fd, nil
+}
+
+var bootID = func() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}()

@@ -1,0 +1,9 @@
+package template
+
+import (
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+func syncfs(f *os.File) error { return unix.Syncfs(int(f.Fd())) }

@@ -1,0 +1,255 @@
+// Package template prepares the root filesystems (templates) that the
+// sandbox runtime uses as the read-only lower layer of every workspace.
+//
+// Layout: a template version is a directory dir/<name>/<version>/rootfs. The
+// runtime never writes into it (overlayfs keeps every change in the
+// workspace's writable layer), so one rootfs serves every workspace of that
+// version. Versions are immutable: a changed template is a new version.
+//
+// The default template ("default") is built on the node, without internet,
+// from Debian's busybox-static: /bin/busybox plus a symlink for each of its
+// applets, a minimal /etc (passwd, group, shadow, hostname, hosts, profile,
+// os-release), the usual mount points, and a copy of kibotos-guest at
+// /usr/sbin/kibotos-guest (so commands inside can run `kibotos-guest
+// poweroff`; PID 1 itself is the node's guest binary, mounted by the
+// runtime). Its version is a hash of the layout, busybox and the guest, so
+// EnsureDefault is cheap when nothing changed and builds a new version when
+// either binary did.
+//
+// Adding another template: put a complete root filesystem at
+// dir/<name>/<version>/rootfs, either a directory tree (for example
+// `debootstrap --variant=minbase bookworm DIR/debian/12.0/rootfs`) or a
+// tarball extracted there as root so that owners, modes and device nodes
+// survive (`mkdir -p DIR/debian/12.0/rootfs && tar -C DIR/debian/12.0/rootfs
+// --numeric-owner -xpf rootfs.tar`). Build it next to its final place and
+// rename it in, so that a half-extracted tree is never used. The rootfs
+// needs no init system and no kibotos-guest: the runtime supplies PID 1,
+// /proc, /sys, /dev, /tmp and /run. Path gives the directory of a version.
+package template
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"debug/elf"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// DefaultName is the name of the default template.
+const DefaultName = "default"
+
+// layoutVersion changes whenever EnsureDefault lays the rootfs out
+// differently, so that a new layout gets a new version.
+const layoutVersion = "1"
+
+// busyboxCandidates are where Debian's busybox-static installs busybox.
+var busyboxCandidates = []string{"/bin/busybox", "/usr/bin/busybox"}
+
+// ErrBusyboxMissing reports that no static busybox is installed.
+var ErrBusyboxMissing = errors.New("template: a static /bin/busybox is required to build the default template: apt-get install busybox-static")
+
+// Path returns the rootfs directory of a template version.
+func Path(dir, name, version string) string {
+	return filepath.Join(dir, name, version, "rootfs")
+}
+
+// EnsureDefault returns the rootfs of the default template in dir, building
+// it first when this version does not exist yet. guestBinary, when not empty,
+// is copied to /usr/sbin/kibotos-guest. Concurrent callers are safe: each
+// builds aside and the first rename wins.
+func EnsureDefault(dir, guestBinary string) (string, error) {
+	busybox, err := findBusybox()
+	if err != nil {
+		return "", err
+	}
+	version, err := defaultVersion(busybox, guestBinary)
+	if err != nil {
+		return "", err
+	}
+	final := filepath.Join(dir, DefaultName, version)
+	rootfs := filepath.Join(final, "rootfs")
+	if fi, err := os.Stat(rootfs); err == nil && fi.IsDir() {
+		return rootfs, nil
+	}
+	parent := filepath.Join(dir, DefaultName)
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return "", err
+	}
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	build := filepath.Join(parent, ".build-"+hex.EncodeToString(rnd[:]))
+	defer os.RemoveAll(build)
+	if err := buildDefault(filepath.Join(build, "rootfs"), busybox, guestBinary, version); err != nil {
+		return "", fmt.Errorf("template: build default %s: %w", version, err)
+	}
+	if err := os.Rename(build, final); err != nil {
+		if fi, err2 := os.Stat(rootfs); err2 == nil && fi.IsDir() {
+			return rootfs, nil // another caller won
+		}
+		return "", fmt.Errorf("template: %w", err)
+	}
+	return rootfs, nil
+}
+
+func findBusybox() (string, error) {
+	for _, p := range busyboxCandidates {
+		f, err := elf.Open(p)
+		if err != nil {
+			continue
+		}
+		static := true
+		for _, prog := range f.Progs {
+			if prog.Type == elf.PT_INTERP {
+				static = false
+			}
+		}
+		f.Close()
+		if static {
+			return p, nil
+		}
+	}
+	return "", ErrBusyboxMissing
+}
+
+func defaultVersion(busybox, guest string) (string, error) {
+	h := sha256.New()
+	fmt.Fprintf(h, "kibotos default template layout %s\n", layoutVersion)
+	for _, p := range []string{busybox, guest} {
+		if p == "" {
+			fmt.Fprintf(h, "none\n")
+			continue
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return "", fmt.Errorf("template: %w", err)
+		}
+		n, err := io.Copy(h, f)
+		f.Close()
+		if err != nil {
+			return "", fmt.Errorf("template: read %s: %w", p, err)
+		}
+		fmt.Fprintf(h, "\n%d\n", n)
+	}
+	return "v" + layoutVersion + "-" + hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+func buildDefault(rootfs, busybox, guest, version string) error {
+	dirs := []struct {
+		path string
+		mode os.FileMode
+	}{
+		{"bin", 0o755}, {"sbin", 0o755}, {"usr/bin", 0o755}, {"usr/sbin", 0o755},
+		{"usr/local/bin", 0o755}, {"usr/local/sbin", 0o755}, {"etc", 0o755},
+		{"proc", 0o555}, {"sys", 0o555}, {"dev", 0o755}, {"run", 0o755},
+		{"tmp", os.ModeSticky | 0o777}, {"var/tmp", os.ModeSticky | 0o777}, {"var/log", 0o755}, {"root", 0o700},
+		{"home", 0o755}, {"mnt", 0o755}, {"lib", 0o755},
+	}
+	for _, d := range dirs {
+		p := filepath.Join(rootfs, d.path)
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return err
+		}
+		if err := os.Chmod(p, d.mode); err != nil {
+			return err
+		}
+	}
+	if err := copyFile(busybox, filepath.Join(rootfs, "bin/busybox"), 0o755); err != nil {
+		return err
+	}
+	out, err := exec.Command(busybox, "--list-full").Output()
+	if err != nil {
+		return fmt.Errorf("busybox --list-full: %w", err)
+	}
+	for _, applet := range strings.Fields(string(out)) {
+		applet = strings.TrimPrefix(filepath.Clean("/"+applet), "/")
+		if applet == "bin/busybox" || applet == "" {
+			continue
+		}
+		p := filepath.Join(rootfs, applet)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.Symlink("/bin/busybox", p); err != nil && !errors.Is(err, os.ErrExist) {
+			return err
+		}
+	}
+	if guest != "" {
+		if err := copyFile(guest, filepath.Join(rootfs, "usr/sbin/kibotos-guest"), 0o755); err != nil {
+			return err
+		}
+	}
+	files := []struct {
+		path, content string
+		mode          os.FileMode
+	}{
+		{"etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n", 0o644},
+		{"etc/group", "root:x:0:\ntty:x:5:\nusers:x:100:\nnogroup:x:65534:\n", 0o644},
+		{"etc/shadow", "root:*:19000:0:99999:7:::\nnobody:*:19000:0:99999:7:::\n", 0o640},
+		{"etc/hostname", "workspace\n", 0o644},
+		{"etc/hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n", 0o644},
+		{"etc/profile", "export PATH=" + "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" + "\nexport HOME=${HOME:-/root}\nPS1='\\u@\\h:\\w\\$ '\n", 0o644},
+		{"etc/os-release", "NAME=\"Kibotos default\"\nID=kibotos-default\nVERSION_ID=\"" + version + "\"\nPRETTY_NAME=\"Kibotos default template (busybox) " + version + "\"\n", 0o644},
+		{"etc/kibotos-template", "name=" + DefaultName + "\nversion=" + version + "\n", 0o644},
+	}
+	for _, f := range files {
+		if err := os.WriteFile(filepath.Join(rootfs, f.path), []byte(f.content), f.mode); err != nil {
+			return err
+		}
+		if err := os.Chmod(filepath.Join(rootfs, f.path), f.mode); err != nil {
+			return err
+		}
+	}
+	return syncTree(rootfs)
+}
+
+func copyFile(src, dst string, mode os.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	return os.Chmod(dst, mode)
+}
+
+// syncTree flushes the new tree's filesystem before it is renamed in, so a
+// crash never leaves a published version with empty files.
+func syncTree(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return syncfs(f)
+}
+
+// Version reads the version recorded in a rootfs built by EnsureDefault.
+func Version(rootfs string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(rootfs, "etc/kibotos-template"))
+	if err != nil {
+		return "", err
+	}
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if v, ok := bytes.CutPrefix(line, []byte("version=")); ok {
+			return string(v), nil
+		}
+	}
+	return "", fmt.Errorf("template: no version in %s", rootfs)
+}
