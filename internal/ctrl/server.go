@@ -113,7 +113,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}), opts))
 	mux.Handle(ctrlv1connect.NewWorkspaceServiceHandler(api.NewWorkspaces(&workspace.Service{
 		Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
-		Templates:   func(id string) (string, bool) { return "builtin", id == workspace.DefaultTemplate },
+		Templates:   s.recon.Template,
 		MaxCapacity: s.recon.MaxCapacity, Kick: s.recon.Kick, Completions: completions, WaitBound: cfg.WaitBound,
 	}), opts))
 	mux.Handle(nodev1connect.NewNodeServiceHandler(s.recon, connect.WithInterceptors(apierr.NewInterceptor(log))))

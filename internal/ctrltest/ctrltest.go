@@ -163,6 +163,9 @@ func (e *Env) StartNode(t testing.TB, id string, o Options) (stop func()) {
 		NodeID: id, Endpoint: e.URL, HTTP: hc, Runtime: o.Runtime,
 		Capacity: &nodev1.Capacity{MemoryMib: mem, CpuMillis: cpu, StorageBytes: 100 << 30, StoragePool: "default"},
 		Log:      slog.New(slog.NewJSONHandler(e.Log, nil)), Heartbeat: 200 * time.Millisecond,
+		Templates: func() []*nodev1.TemplateInfo {
+			return []*nodev1.TemplateInfo{{TemplateId: "default", Version: "test-1"}}
+		},
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -12,10 +12,12 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
@@ -40,9 +42,10 @@ type Reconciler struct {
 
 	kick chan struct{}
 
-	mu    sync.Mutex
-	nodes map[string]*nodeConn
-	caps  map[string]workspace.Capacity
+	mu        sync.Mutex
+	nodes     map[string]*nodeConn
+	caps      map[string]workspace.Capacity
+	templates map[string]map[string]string // node → template → version
 }
 
 type nodeConn struct {
@@ -69,6 +72,7 @@ func (r *Reconciler) init() {
 		r.kick = make(chan struct{}, 1)
 		r.nodes = map[string]*nodeConn{}
 		r.caps = map[string]workspace.Capacity{}
+		r.templates = map[string]map[string]string{}
 	}
 	if r.NodeGrace == 0 {
 		r.NodeGrace = 15 * time.Second
@@ -132,6 +136,10 @@ func (r *Reconciler) loadNodes(ctx context.Context) error {
 		defer r.mu.Unlock()
 		for _, n := range nodes {
 			r.caps[n.ID] = workspace.Capacity{MemoryMiB: n.MemoryMiB, CPUMillis: n.CPUMillis, StorageBytes: n.StorageBytes}
+			hello := &nodev1.Hello{}
+			if err := proto.Unmarshal(n.Doc, hello); err == nil {
+				r.templates[n.ID] = templateMap(hello.GetTemplates())
+			}
 		}
 		return nil
 	})
@@ -264,6 +272,11 @@ func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bo
 		if node != "" {
 			w.NodeID = node
 			pub.Placement = &ctrlv1.Placement{NodeId: node, StoragePool: r.poolOf(node)}
+			r.mu.Lock()
+			if v := r.templates[node][pub.GetTemplate().GetTemplateId()]; v != "" && pub.GetTemplate() != nil {
+				pub.Template.Version = v
+			}
+			r.mu.Unlock()
 			placed = w
 			return saveRow(ctx, tx, w, pub, now)
 		}
@@ -307,12 +320,19 @@ func (r *Reconciler) choose(ctx context.Context, tx store.Tx, pub *ctrlv1.Worksp
 		cap workspace.Capacity
 	}
 	var cands []cand
+	tmpl := pub.GetTemplate().GetTemplateId()
 	for id := range r.nodes {
-		cands = append(cands, cand{id, r.caps[id]})
+		if _, ok := r.templates[id][tmpl]; ok {
+			cands = append(cands, cand{id, r.caps[id]})
+		}
 	}
+	connected := len(r.nodes)
 	r.mu.Unlock()
-	if len(cands) == 0 {
+	if connected == 0 {
 		return "", "", nil
+	}
+	if len(cands) == 0 {
+		return "", "no connected node holds template " + strconv.Quote(tmpl), nil
 	}
 	mem := uint64(pub.GetResources().GetMemoryMib())
 	best, bestFree := "", uint64(0)
@@ -427,6 +447,9 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 			return err
 		}
 		n.LastSeen, n.MemoryMiB, n.CPUMillis, n.StorageBytes = now, c.GetMemoryMib(), c.GetCpuMillis(), c.GetStorageBytes()
+		if n.Doc, err = proto.Marshal(&nodev1.Hello{NodeId: id, Capacity: c, Templates: hello.GetTemplates()}); err != nil {
+			return err
+		}
 		return tx.UpsertNode(ctx, n)
 	}); err != nil {
 		return err
@@ -438,6 +461,7 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 	}
 	r.nodes[id] = nc
 	r.caps[id] = workspace.Capacity{MemoryMiB: c.GetMemoryMib(), CPUMillis: c.GetCpuMillis(), StorageBytes: c.GetStorageBytes()}
+	r.templates[id] = templateMap(hello.GetTemplates())
 	r.mu.Unlock()
 	r.Log.Info("node connected", "node_id", id, "executions", len(hello.GetExecutions()))
 	defer func() {
@@ -551,4 +575,27 @@ func (r *Reconciler) fullState(ctx context.Context, nc *nodeConn) (*nodev1.Conne
 		nc.sent[w.ID] = w.Generation
 	}
 	return &nodev1.ConnectResponse{Desired: out}, nil
+}
+
+// Template resolves a template ID to the version a node holds ("" when only
+// the built-in default is known and no node reported it yet). ok is false
+// for a template no node has reported.
+func (r *Reconciler) Template(id string) (version string, ok bool) {
+	r.init()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range r.templates {
+		if v, found := m[id]; found {
+			return v, true
+		}
+	}
+	return "", id == workspace.DefaultTemplate
+}
+
+func templateMap(list []*nodev1.TemplateInfo) map[string]string {
+	m := make(map[string]string, len(list))
+	for _, t := range list {
+		m[t.GetTemplateId()] = t.GetVersion()
+	}
+	return m
 }

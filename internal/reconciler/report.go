@@ -44,6 +44,12 @@ func derive(w *store.Workspace, pub *ctrlv1.Workspace, rep *nodev1.ExecutionRepo
 		switch st {
 		case nodev1.ExecState_EXEC_STATE_RUNNING:
 			pub.State, pub.HoldsExecution = ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE, true
+			// The only policy served so far is NONE (loopback only), which
+			// every execution has from its start.
+			if pub.GetNetworkPolicy().GetMode() != ctrlv1.NetworkMode_NETWORK_MODE_PUBLIC_INTERNET {
+				pub.NetworkPolicyStatus = &ctrlv1.NetworkPolicyStatus{AppliedRevision: pub.GetNetworkPolicy().GetRevision(),
+					State: ctrlv1.NetworkPolicyState_NETWORK_POLICY_STATE_APPLIED}
+			}
 			return outcome{done: true}
 		case nodev1.ExecState_EXEC_STATE_FAILED, nodev1.ExecState_EXEC_STATE_STOPPED:
 			return fail(ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED, &fault.Error{

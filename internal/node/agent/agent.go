@@ -74,7 +74,9 @@ type Config struct {
 	HTTP     *http.Client // presents the node certificate
 	Runtime  Runtime
 	Capacity *nodev1.Capacity
-	Log      *slog.Logger
+	// Templates lists the templates the node holds, read at every (re)connect.
+	Templates func() []*nodev1.TemplateInfo
+	Log       *slog.Logger
 	// Heartbeat is the interval of heartbeats; zero is 5 seconds.
 	Heartbeat time.Duration
 }
@@ -143,6 +145,9 @@ func (a *Agent) session(ctx context.Context) error {
 	defer cancel()
 	stream := a.client.Connect(ctx)
 	hello := &nodev1.Hello{NodeId: a.cfg.NodeID, Capacity: a.cfg.Capacity}
+	if a.cfg.Templates != nil {
+		hello.Templates = a.cfg.Templates()
+	}
 	for _, st := range a.cfg.Runtime.Executions() {
 		hello.Executions = append(hello.Executions, a.statusReport(st, st.Generation))
 	}

@@ -53,8 +53,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if _, err := os.Stat(cfg.GuestBinary); err != nil {
 		return fmt.Errorf("guest binary: %w", err)
 	}
-	tmpl, err := template.EnsureDefault(filepath.Join(cfg.StateDir, "templates"), cfg.GuestBinary)
-	if err != nil {
+	tmplDir := filepath.Join(cfg.StateDir, "templates")
+	if _, err := template.EnsureDefault(tmplDir, cfg.GuestBinary); err != nil {
 		return err
 	}
 	rt, err := sandbox.New(sandbox.Config{Root: cfg.StateDir, GuestBinary: cfg.GuestBinary, Log: cfg.Log, InitBinary: "/proc/self/exe"})
@@ -73,7 +73,18 @@ func Run(ctx context.Context, cfg Config) error {
 		"executions", len(rt.Executions()), "cgroup_version", rt.CgroupVersion())
 	a := agent.New(agent.Config{
 		NodeID: cfg.NodeID, Endpoint: cfg.Endpoint, HTTP: cfg.HTTP, Log: cfg.Log, Capacity: capacity,
-		Runtime: NewRuntime(rt, map[string]string{template.DefaultName: tmpl}),
+		Runtime: NewRuntime(rt, tmplDir),
+		Templates: func() []*nodev1.TemplateInfo {
+			list, err := template.List(tmplDir)
+			if err != nil {
+				cfg.Log.Warn("list templates", "error", err.Error())
+			}
+			out := make([]*nodev1.TemplateInfo, 0, len(list))
+			for _, t := range list {
+				out = append(out, &nodev1.TemplateInfo{TemplateId: t.Name, Version: t.Version})
+			}
+			return out
+		},
 	})
 	return a.Run(ctx)
 }
@@ -119,13 +130,14 @@ func memTotalMiB() (uint64, error) {
 // Runtime adapts the sandbox runtime to the agent.
 type Runtime struct {
 	rt        *sandbox.Runtime
-	templates map[string]string
+	templates string
 	events    chan agent.Event
 }
 
-// NewRuntime returns the adapter; templates maps template IDs to rootfs
-// directories.
-func NewRuntime(rt *sandbox.Runtime, templates map[string]string) *Runtime {
+// NewRuntime returns the adapter; templates is the directory of templates
+// (see internal/node/template), read at every start so that a template
+// installed while the node runs is usable at once.
+func NewRuntime(rt *sandbox.Runtime, templates string) *Runtime {
 	r := &Runtime{rt: rt, templates: templates, events: make(chan agent.Event, 256)}
 	go r.forward()
 	return r
@@ -154,8 +166,17 @@ func condition(c protocol.Condition) ctrlv1.GuestCondition {
 
 // Start starts an execution from the template.
 func (r *Runtime) Start(ctx context.Context, s agent.Spec) error {
-	dir, ok := r.templates[s.TemplateID]
-	if !ok {
+	list, err := template.List(r.templates)
+	if err != nil {
+		return err
+	}
+	dir := ""
+	for _, t := range list {
+		if t.Name == s.TemplateID {
+			dir = t.Rootfs
+		}
+	}
+	if dir == "" {
 		return fmt.Errorf("template %q is not on this node", s.TemplateID)
 	}
 	return r.rt.Start(ctx, sandbox.Spec{WorkspaceID: s.WorkspaceID, Generation: s.Generation, TemplateDir: dir,

@@ -433,7 +433,7 @@ func (r *Runtime) Start(ctx context.Context, s Spec) error {
 		if e.alive() {
 			return nil
 		}
-		if err := r.releaseLocked(e); err != nil {
+		if err := r.killAndRelease(e); err != nil {
 			return err
 		}
 	} else if st, err := r.readState(ws); err == nil {

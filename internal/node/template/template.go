@@ -253,3 +253,57 @@ func Version(rootfs string) (string, error) {
 	}
 	return "", fmt.Errorf("template: no version in %s", rootfs)
 }
+
+// Info is one template a node can start workspaces from.
+type Info struct {
+	Name    string
+	Version string
+	Rootfs  string
+}
+
+// List returns the templates under dir: for each name, the version whose
+// rootfs was installed last (by the version directory's modification time;
+// ties go to the greater version string). Build directories (".build-*")
+// and versions without a rootfs are ignored.
+func List(dir string) ([]Info, error) {
+	names, err := os.ReadDir(dir)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var out []Info
+	for _, n := range names {
+		if !n.IsDir() || strings.HasPrefix(n.Name(), ".") {
+			continue
+		}
+		versions, err := os.ReadDir(filepath.Join(dir, n.Name()))
+		if err != nil {
+			return nil, err
+		}
+		var best Info
+		var bestTime int64
+		for _, v := range versions {
+			if !v.IsDir() || strings.HasPrefix(v.Name(), ".") {
+				continue
+			}
+			rootfs := Path(dir, n.Name(), v.Name())
+			if fi, err := os.Stat(rootfs); err != nil || !fi.IsDir() {
+				continue
+			}
+			fi, err := v.Info()
+			if err != nil {
+				continue
+			}
+			t := fi.ModTime().UnixNano()
+			if best.Name == "" || t > bestTime || (t == bestTime && v.Name() > best.Version) {
+				best, bestTime = Info{Name: n.Name(), Version: v.Name(), Rootfs: rootfs}, t
+			}
+		}
+		if best.Name != "" {
+			out = append(out, best)
+		}
+	}
+	return out, nil
+}

@@ -257,7 +257,9 @@ type Hello struct {
 	// capacity is what the node offers.
 	Capacity *Capacity `protobuf:"bytes,2,opt,name=capacity,proto3" json:"capacity,omitempty"`
 	// executions are what the node holds right now.
-	Executions    []*ExecutionReport `protobuf:"bytes,3,rep,name=executions,proto3" json:"executions,omitempty"`
+	Executions []*ExecutionReport `protobuf:"bytes,3,rep,name=executions,proto3" json:"executions,omitempty"`
+	// templates are the templates the node can start workspaces from.
+	Templates     []*TemplateInfo `protobuf:"bytes,4,rep,name=templates,proto3" json:"templates,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -313,6 +315,68 @@ func (x *Hello) GetExecutions() []*ExecutionReport {
 	return nil
 }
 
+func (x *Hello) GetTemplates() []*TemplateInfo {
+	if x != nil {
+		return x.Templates
+	}
+	return nil
+}
+
+// TemplateInfo is a template a node holds.
+type TemplateInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// template_id names the template ("default", ...).
+	TemplateId string `protobuf:"bytes,1,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
+	// version is the version the node starts new executions from.
+	Version       string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TemplateInfo) Reset() {
+	*x = TemplateInfo{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TemplateInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TemplateInfo) ProtoMessage() {}
+
+func (x *TemplateInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TemplateInfo.ProtoReflect.Descriptor instead.
+func (*TemplateInfo) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *TemplateInfo) GetTemplateId() string {
+	if x != nil {
+		return x.TemplateId
+	}
+	return ""
+}
+
+func (x *TemplateInfo) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
 // Capacity is what a node can hold.
 type Capacity struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -330,7 +394,7 @@ type Capacity struct {
 
 func (x *Capacity) Reset() {
 	*x = Capacity{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[2]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -342,7 +406,7 @@ func (x *Capacity) String() string {
 func (*Capacity) ProtoMessage() {}
 
 func (x *Capacity) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[2]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -355,7 +419,7 @@ func (x *Capacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capacity.ProtoReflect.Descriptor instead.
 func (*Capacity) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{2}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Capacity) GetMemoryMib() uint64 {
@@ -397,7 +461,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[3]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -409,7 +473,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[3]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -422,7 +486,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{3}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Heartbeat) GetSentAt() *timestamppb.Timestamp {
@@ -464,7 +528,7 @@ type ExecutionReport struct {
 
 func (x *ExecutionReport) Reset() {
 	*x = ExecutionReport{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[4]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -476,7 +540,7 @@ func (x *ExecutionReport) String() string {
 func (*ExecutionReport) ProtoMessage() {}
 
 func (x *ExecutionReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[4]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -489,7 +553,7 @@ func (x *ExecutionReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecutionReport.ProtoReflect.Descriptor instead.
 func (*ExecutionReport) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{4}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ExecutionReport) GetWorkspaceId() string {
@@ -581,7 +645,7 @@ type ConnectResponse struct {
 
 func (x *ConnectResponse) Reset() {
 	*x = ConnectResponse{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[5]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -593,7 +657,7 @@ func (x *ConnectResponse) String() string {
 func (*ConnectResponse) ProtoMessage() {}
 
 func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[5]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -606,7 +670,7 @@ func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
 func (*ConnectResponse) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{5}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ConnectResponse) GetDesired() *DesiredState {
@@ -630,7 +694,7 @@ type DesiredState struct {
 
 func (x *DesiredState) Reset() {
 	*x = DesiredState{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[6]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -642,7 +706,7 @@ func (x *DesiredState) String() string {
 func (*DesiredState) ProtoMessage() {}
 
 func (x *DesiredState) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[6]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -655,7 +719,7 @@ func (x *DesiredState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredState.ProtoReflect.Descriptor instead.
 func (*DesiredState) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{6}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DesiredState) GetFull() bool {
@@ -697,7 +761,7 @@ type DesiredWorkspace struct {
 
 func (x *DesiredWorkspace) Reset() {
 	*x = DesiredWorkspace{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[7]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -709,7 +773,7 @@ func (x *DesiredWorkspace) String() string {
 func (*DesiredWorkspace) ProtoMessage() {}
 
 func (x *DesiredWorkspace) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[7]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -722,7 +786,7 @@ func (x *DesiredWorkspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredWorkspace.ProtoReflect.Descriptor instead.
 func (*DesiredWorkspace) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{7}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DesiredWorkspace) GetWorkspaceId() string {
@@ -790,13 +854,18 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\x05hello\x18\x01 \x01(\v2\x16.kibotos.node.v1.HelloH\x00R\x05hello\x12:\n" +
 	"\x06report\x18\x02 \x01(\v2 .kibotos.node.v1.ExecutionReportH\x00R\x06report\x12:\n" +
 	"\theartbeat\x18\x03 \x01(\v2\x1a.kibotos.node.v1.HeartbeatH\x00R\theartbeatB\x06\n" +
-	"\x04body\"\x99\x01\n" +
+	"\x04body\"\xd6\x01\n" +
 	"\x05Hello\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x125\n" +
 	"\bcapacity\x18\x02 \x01(\v2\x19.kibotos.node.v1.CapacityR\bcapacity\x12@\n" +
 	"\n" +
 	"executions\x18\x03 \x03(\v2 .kibotos.node.v1.ExecutionReportR\n" +
-	"executions\"\x90\x01\n" +
+	"executions\x12;\n" +
+	"\ttemplates\x18\x04 \x03(\v2\x1d.kibotos.node.v1.TemplateInfoR\ttemplates\"I\n" +
+	"\fTemplateInfo\x12\x1f\n" +
+	"\vtemplate_id\x18\x01 \x01(\tR\n" +
+	"templateId\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\"\x90\x01\n" +
 	"\bCapacity\x12\x1d\n" +
 	"\n" +
 	"memory_mib\x18\x01 \x01(\x04R\tmemoryMib\x12\x1d\n" +
@@ -871,39 +940,41 @@ func file_kibotos_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_kibotos_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_kibotos_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_kibotos_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_kibotos_node_v1_node_proto_goTypes = []any{
 	(ExecState)(0),                // 0: kibotos.node.v1.ExecState
 	(Power)(0),                    // 1: kibotos.node.v1.Power
 	(*ConnectRequest)(nil),        // 2: kibotos.node.v1.ConnectRequest
 	(*Hello)(nil),                 // 3: kibotos.node.v1.Hello
-	(*Capacity)(nil),              // 4: kibotos.node.v1.Capacity
-	(*Heartbeat)(nil),             // 5: kibotos.node.v1.Heartbeat
-	(*ExecutionReport)(nil),       // 6: kibotos.node.v1.ExecutionReport
-	(*ConnectResponse)(nil),       // 7: kibotos.node.v1.ConnectResponse
-	(*DesiredState)(nil),          // 8: kibotos.node.v1.DesiredState
-	(*DesiredWorkspace)(nil),      // 9: kibotos.node.v1.DesiredWorkspace
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(*TemplateInfo)(nil),          // 4: kibotos.node.v1.TemplateInfo
+	(*Capacity)(nil),              // 5: kibotos.node.v1.Capacity
+	(*Heartbeat)(nil),             // 6: kibotos.node.v1.Heartbeat
+	(*ExecutionReport)(nil),       // 7: kibotos.node.v1.ExecutionReport
+	(*ConnectResponse)(nil),       // 8: kibotos.node.v1.ConnectResponse
+	(*DesiredState)(nil),          // 9: kibotos.node.v1.DesiredState
+	(*DesiredWorkspace)(nil),      // 10: kibotos.node.v1.DesiredWorkspace
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
 }
 var file_kibotos_node_v1_node_proto_depIdxs = []int32{
 	3,  // 0: kibotos.node.v1.ConnectRequest.hello:type_name -> kibotos.node.v1.Hello
-	6,  // 1: kibotos.node.v1.ConnectRequest.report:type_name -> kibotos.node.v1.ExecutionReport
-	5,  // 2: kibotos.node.v1.ConnectRequest.heartbeat:type_name -> kibotos.node.v1.Heartbeat
-	4,  // 3: kibotos.node.v1.Hello.capacity:type_name -> kibotos.node.v1.Capacity
-	6,  // 4: kibotos.node.v1.Hello.executions:type_name -> kibotos.node.v1.ExecutionReport
-	10, // 5: kibotos.node.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	0,  // 6: kibotos.node.v1.ExecutionReport.state:type_name -> kibotos.node.v1.ExecState
-	10, // 7: kibotos.node.v1.ExecutionReport.observed_at:type_name -> google.protobuf.Timestamp
-	8,  // 8: kibotos.node.v1.ConnectResponse.desired:type_name -> kibotos.node.v1.DesiredState
-	9,  // 9: kibotos.node.v1.DesiredState.workspaces:type_name -> kibotos.node.v1.DesiredWorkspace
-	1,  // 10: kibotos.node.v1.DesiredWorkspace.power:type_name -> kibotos.node.v1.Power
-	2,  // 11: kibotos.node.v1.NodeService.Connect:input_type -> kibotos.node.v1.ConnectRequest
-	7,  // 12: kibotos.node.v1.NodeService.Connect:output_type -> kibotos.node.v1.ConnectResponse
-	12, // [12:13] is the sub-list for method output_type
-	11, // [11:12] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	7,  // 1: kibotos.node.v1.ConnectRequest.report:type_name -> kibotos.node.v1.ExecutionReport
+	6,  // 2: kibotos.node.v1.ConnectRequest.heartbeat:type_name -> kibotos.node.v1.Heartbeat
+	5,  // 3: kibotos.node.v1.Hello.capacity:type_name -> kibotos.node.v1.Capacity
+	7,  // 4: kibotos.node.v1.Hello.executions:type_name -> kibotos.node.v1.ExecutionReport
+	4,  // 5: kibotos.node.v1.Hello.templates:type_name -> kibotos.node.v1.TemplateInfo
+	11, // 6: kibotos.node.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	0,  // 7: kibotos.node.v1.ExecutionReport.state:type_name -> kibotos.node.v1.ExecState
+	11, // 8: kibotos.node.v1.ExecutionReport.observed_at:type_name -> google.protobuf.Timestamp
+	9,  // 9: kibotos.node.v1.ConnectResponse.desired:type_name -> kibotos.node.v1.DesiredState
+	10, // 10: kibotos.node.v1.DesiredState.workspaces:type_name -> kibotos.node.v1.DesiredWorkspace
+	1,  // 11: kibotos.node.v1.DesiredWorkspace.power:type_name -> kibotos.node.v1.Power
+	2,  // 12: kibotos.node.v1.NodeService.Connect:input_type -> kibotos.node.v1.ConnectRequest
+	8,  // 13: kibotos.node.v1.NodeService.Connect:output_type -> kibotos.node.v1.ConnectResponse
+	13, // [13:14] is the sub-list for method output_type
+	12, // [12:13] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_kibotos_node_v1_node_proto_init() }
@@ -922,7 +993,7 @@ func file_kibotos_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kibotos_node_v1_node_proto_rawDesc), len(file_kibotos_node_v1_node_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
