@@ -3,8 +3,10 @@ package pki
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"os"
 )
 
 // Roles carried in the first organizational unit of client certificates.
@@ -175,5 +177,23 @@ func RequireRole(role string) func(tls.ConnectionState) error {
 			return fmt.Errorf("pki: certificate %q (serial %s) has role %q, want %q", id.CommonName, id.Serial, id.Role, role)
 		}
 		return nil
+	}
+}
+
+// LoadLeaf reads the first certificate of a PEM file.
+func LoadLeaf(certFile string) (*x509.Certificate, error) {
+	data, err := os.ReadFile(certFile)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		var b *pem.Block
+		b, data = pem.Decode(data)
+		if b == nil {
+			return nil, fmt.Errorf("pki: %s holds no certificate", certFile)
+		}
+		if b.Type == "CERTIFICATE" {
+			return x509.ParseCertificate(b.Bytes)
+		}
 	}
 }

@@ -1,0 +1,85 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"golang.org/x/net/http2"
+
+	"github.com/kibotos/kibotos/internal/pki"
+)
+
+// Main runs kibotos-node with args (without the program name) and returns
+// the exit code.
+func Main(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kibotos-node", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		cfg                 Config
+		ca, cert, key, lvl string
+	)
+	fs.StringVar(&cfg.Endpoint, "ctrl", "", "ctrl's URL, e.g. https://ctrl.example:7443 (required)")
+	fs.StringVar(&ca, "ca", "", "CA that signed ctrl's server certificate (PEM)")
+	fs.StringVar(&cert, "cert", "", "this node's certificate (PEM, OU \"node\", issued by ctrl's CA)")
+	fs.StringVar(&key, "key", "", "this node's private key (PEM)")
+	fs.StringVar(&cfg.NodeID, "node-id", "", "the node's ID; must equal the certificate's common name (default: the common name)")
+	fs.StringVar(&cfg.StateDir, "state-dir", "/var/lib/kibotos/node", "directory for writable layers, execution state and templates")
+	fs.StringVar(&cfg.GuestBinary, "guest-binary", "", "the static kibotos-guest (default: kibotos-guest next to this binary)")
+	fs.Uint64Var(&cfg.MemoryMiB, "memory-mib", 0, "memory offered to workspaces (default: 80% of MemTotal)")
+	fs.Uint64Var(&cfg.CPUMillis, "cpu-millis", 0, "CPU offered to workspaces (default: every CPU)")
+	fs.StringVar(&lvl, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(lvl)); err != nil {
+		fmt.Fprintf(stderr, "kibotos-node: --log-level: %v\n", err)
+		return 2
+	}
+	cfg.Log = slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if cfg.Endpoint == "" || ca == "" || cert == "" || key == "" {
+		fmt.Fprintln(stderr, "kibotos-node: --ctrl, --ca, --cert and --key are required")
+		return 2
+	}
+	tlsc, err := pki.ClientConfig(ca, cert, key)
+	if err != nil {
+		cfg.Log.Error("load certificates", "error", err.Error())
+		return 1
+	}
+	if cfg.NodeID == "" {
+		leaf, err := pki.LoadLeaf(cert)
+		if err != nil {
+			cfg.Log.Error("read certificate", "error", err.Error())
+			return 1
+		}
+		cfg.NodeID = leaf.Subject.CommonName
+	}
+	if cfg.GuestBinary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			cfg.Log.Error("find kibotos-guest", "error", err.Error())
+			return 1
+		}
+		cfg.GuestBinary = filepath.Join(filepath.Dir(exe), "kibotos-guest")
+	}
+	cfg.HTTP = &http.Client{Transport: &http2.Transport{TLSClientConfig: tlsc}}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := Run(ctx, cfg); err != nil {
+		cfg.Log.Error("kibotos-node failed", "error", err.Error())
+		return 1
+	}
+	return 0
+}
