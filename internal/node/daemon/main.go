@@ -24,7 +24,7 @@ func Main(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kibotos-node", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		cfg                 Config
+		cfg                Config
 		ca, cert, key, lvl string
 	)
 	fs.StringVar(&cfg.Endpoint, "ctrl", "", "ctrl's URL, e.g. https://ctrl.example:7443 (required)")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -565,6 +566,59 @@ func benchmarkList(b *testing.B, n int) {
 	s := openTest(b)
 	ctx := context.Background()
 	deep := seedList(b, s, n)
+	// The cursors of every page of app-3, to read them in random order.
+	sel1 := map[string]string{"app": "app-3"}
+	cursors := []*store.Cursor{nil}
+	var ids []string
+	if err := s.View(ctx, func(tx store.Tx) error {
+		for {
+			page, err := tx.ListResources(ctx, store.ListQuery{Kind: store.KindEgress, Selector: sel1, After: cursors[len(cursors)-1], Limit: 100})
+			if err != nil {
+				return err
+			}
+			for _, r := range page {
+				ids = append(ids, r.ID)
+			}
+			if len(page) < 100 {
+				return nil
+			}
+			last := page[len(page)-1]
+			cursors = append(cursors, &store.Cursor{CreatedAt: last.CreatedAt, ID: last.ID})
+		}
+	}); err != nil {
+		b.Fatal(err)
+	}
+	if len(ids) != n/10 {
+		b.Fatalf("%d resources with app-3, want %d", len(ids), n/10)
+	}
+	cursors = cursors[:len(ids)/100] // only full pages
+	rng := rand.New(rand.NewPCG(1, 2))
+	b.Run("get/random", func(b *testing.B) {
+		for b.Loop() {
+			id := ids[rng.IntN(len(ids))]
+			if err := s.View(ctx, func(tx store.Tx) error {
+				_, err := tx.GetResource(ctx, store.KindEgress, id)
+				return err
+			}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("sel1/random", func(b *testing.B) {
+		for b.Loop() {
+			q := store.ListQuery{Kind: store.KindEgress, Selector: sel1, After: cursors[rng.IntN(len(cursors))], Limit: 100}
+			var page []*store.Resource
+			if err := s.View(ctx, func(tx store.Tx) (err error) {
+				page, err = tx.ListResources(ctx, q)
+				return err
+			}); err != nil {
+				b.Fatal(err)
+			}
+			if len(page) != 100 {
+				b.Fatalf("page of %d", len(page))
+			}
+		}
+	})
 	for _, bc := range []struct {
 		name string
 		q    store.ListQuery
