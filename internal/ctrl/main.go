@@ -44,6 +44,8 @@ type Options struct {
 	Hosts         string
 	GuestBinary   string
 	NoNode        bool
+	CommandWait   time.Duration
+	NodeGrace     time.Duration
 }
 
 // Main runs kibotos-ctrl with args (without the program name) and returns
@@ -65,6 +67,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.Hosts, "dev-hosts", "", "with --dev: extra comma-separated names and addresses for the server certificate")
 	fs.StringVar(&o.GuestBinary, "guest-binary", "", "with --dev: the static kibotos-guest for the embedded node (default: kibotos-guest next to this binary)")
 	fs.BoolVar(&o.NoNode, "dev-no-node", false, "with --dev: do not run the embedded node agent")
+	fs.DurationVar(&o.CommandWait, "command-wait", time.Minute, "how long StopWorkspace and DeleteWorkspace wait for completion before answering a retryable unavailable (TIMED_OUT)")
+	fs.DurationVar(&o.NodeGrace, "node-grace", 15*time.Second, "how long a node may stay silent before its workspaces turn UNKNOWN")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -135,7 +139,7 @@ func run(ctx context.Context, o Options, log *slog.Logger, stdout io.Writer) err
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := New(ctx, Config{
 		Store: st, Checker: &netguard.Checker{Allow: allow}, Logger: log,
-		SourceRevision: buildinfo.Revision(), Registry: reg,
+		SourceRevision: buildinfo.Revision(), Registry: reg, WaitBound: o.CommandWait, NodeGrace: o.NodeGrace,
 	})
 	if err != nil {
 		return err
