@@ -5,15 +5,11 @@ import (
 	"fmt"
 	"time"
 
-	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
 	"github.com/kibotos/kibotos"
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 )
-
-// meta is the CommandMetadata of a write.
-func meta(id string) *ctrlv1.CommandMetadata { return &ctrlv1.CommandMetadata{CommandId: id} }
 
 // exactArgs accepts exactly the named positional arguments.
 func exactArgs(names ...string) cobra.PositionalArgs {
@@ -46,6 +42,46 @@ func (a *app) write(ctx context.Context, cmd *cobra.Command, w *writeOpts, id st
 		return call(ctx)
 	}
 	return kibotos.Retry(ctx, *pol, call)
+}
+
+// writing is one run of a write command.
+type writing struct {
+	a    *app
+	cmd  *cobra.Command
+	opts *writeOpts
+	id   string // the command ID
+}
+
+// meta is the CommandMetadata of the write.
+func (wr *writing) meta() *ctrlv1.CommandMetadata { return &ctrlv1.CommandMetadata{CommandId: wr.id} }
+
+// writeCommand makes cmd a write of the procedure proc: it adds the write
+// flags, and each run first picks the command ID (see writeOpts.id), then
+// calls run.
+func (a *app) writeCommand(cmd *cobra.Command, proc string, run func(ctx context.Context, wr *writing, args []string) error) *cobra.Command {
+	w := addWriteFlags(cmd)
+	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, args []string) error {
+		id, err := w.id(cmd)
+		if err != nil {
+			return err
+		}
+		return run(ctx, &writing{a: a, cmd: cmd, opts: w, id: id}, args)
+	})
+	return procedure(cmd, proc)
+}
+
+// send sends req with call, through the service client picks, as the write
+// wr (see write) and returns the response message and the session it used.
+func send[C, Req, Res any](ctx context.Context, wr *writing, client func(*session) C, call unary[C, Req, Res], req *Req, extra ...string) (*Res, *session, error) {
+	var res *Res
+	var sess *session
+	err := wr.a.write(ctx, wr.cmd, wr.opts, wr.id, func(ctx context.Context, s *session) error {
+		sess = s
+		var err error
+		res, err = invoke(ctx, client(s), call, req)
+		return err
+	}, extra...)
+	return res, sess, err
 }
 
 // pageFlags page a list.
@@ -95,41 +131,4 @@ func (a *app) completeIDs(listProc string, list func(context.Context, *session) 
 		}
 		return ids, cobra.ShellCompDirectiveNoFileComp
 	}
-}
-
-// egressIDs, resolverIDs and workspaceIDs list the first page of IDs.
-func egressIDs(ctx context.Context, s *session) ([]string, error) {
-	res, err := s.client.Egresses.ListEgresses(ctx, connect.NewRequest(&ctrlv1.ListEgressesRequest{}))
-	if err != nil {
-		return nil, err
-	}
-	var ids []string
-	for _, e := range res.Msg.GetEgresses() {
-		ids = append(ids, e.GetEgressId())
-	}
-	return ids, nil
-}
-
-func resolverIDs(ctx context.Context, s *session) ([]string, error) {
-	res, err := s.client.Resolvers.ListResolvers(ctx, connect.NewRequest(&ctrlv1.ListResolversRequest{}))
-	if err != nil {
-		return nil, err
-	}
-	var ids []string
-	for _, r := range res.Msg.GetResolvers() {
-		ids = append(ids, r.GetResolverId())
-	}
-	return ids, nil
-}
-
-func workspaceIDs(ctx context.Context, s *session) ([]string, error) {
-	res, err := s.client.Workspaces.ListWorkspaces(ctx, connect.NewRequest(&ctrlv1.ListWorkspacesRequest{}))
-	if err != nil {
-		return nil, err
-	}
-	var ids []string
-	for _, w := range res.Msg.GetWorkspaces() {
-		ids = append(ids, w.GetWorkspaceId())
-	}
-	return ids, nil
 }

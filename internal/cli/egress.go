@@ -2,12 +2,9 @@ package cli
 
 import (
 	"context"
-	"fmt"
 	"io"
 
-	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/proto"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
@@ -19,9 +16,18 @@ func (a *app) egressCommand() *cobra.Command {
 connections through. Every command needs the capability "egress.manage".`)
 	cmd.AddCommand(
 		a.egressCreate(), a.egressGet(), a.egressList(), a.egressUpdate(), a.egressDelete(),
-		a.egressMap("labels"), a.egressMap("annotations"),
+		a.egressLabels(), a.egressAnnotations(),
 	)
 	return cmd
+}
+
+var egresses = resource[ctrlv1connect.EgressServiceClient, *ctrlv1.Egress]{
+	group: "egress", noun: "Egress", plural: "Egresses", article: "an",
+	idArg: "EGRESS_ID", exampleID: "eg-0123456789abcdefghij",
+	client:   func(s *session) ctrlv1connect.EgressServiceClient { return s.client.Egresses },
+	listProc: ctrlv1connect.EgressServiceListEgressesProcedure,
+	ids:      firstPageIDs(ctrlv1connect.EgressServiceClient.ListEgresses, (*ctrlv1.ListEgressesResponse).GetEgresses, (*ctrlv1.Egress).GetEgressId),
+	detail:   egressDetail, table: egressTable,
 }
 
 // egressSpecFlags build an EgressSpec.
@@ -83,101 +89,34 @@ never on the command line; no read returns it.`,
 		Args:    cobra.NoArgs,
 	}
 	s := addEgressSpecFlags(cmd)
-	var labels, annotations kvFlag
-	cmd.Flags().Var(&labels, "label", "a label of the new Egress (repeatable)")
-	cmd.Flags().Var(&annotations, "annotation", "an annotation of the new Egress (repeatable)")
-	w := addWriteFlags(cmd)
-	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, _ []string) error {
-		id, err := w.id(cmd)
-		if err != nil {
-			return err
-		}
+	labels, annotations := egresses.addCreateMapFlags(cmd)
+	return a.writeCommand(cmd, ctrlv1connect.EgressServiceCreateEgressProcedure, func(ctx context.Context, wr *writing, _ []string) error {
 		spec, err := s.spec(a)
 		if err != nil {
 			return err
 		}
-		req := &ctrlv1.CreateEgressRequest{Metadata: meta(id), Spec: spec, Labels: labels.m, Annotations: annotations.m}
-		var res *ctrlv1.CreateEgressResponse
-		err = a.write(ctx, cmd, w, id, func(ctx context.Context, s *session) error {
-			r, err := s.client.Egresses.CreateEgress(ctx, connect.NewRequest(req))
-			if err == nil {
-				res = r.Msg
-			}
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		return a.print(res, func(w io.Writer) { egressDetail(w, res.GetEgress()) })
+		req := &ctrlv1.CreateEgressRequest{Metadata: wr.meta(), Spec: spec, Labels: labels.m, Annotations: annotations.m}
+		return sendShow(ctx, wr, egresses, ctrlv1connect.EgressServiceClient.CreateEgress, req, (*ctrlv1.CreateEgressResponse).GetEgress)
 	})
-	return procedure(cmd, ctrlv1connect.EgressServiceCreateEgressProcedure)
 }
 
 func (a *app) egressGet() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:               "get EGRESS_ID",
-		Short:             "Show an Egress",
-		Long:              "Show an Egress (GetEgress). The password is never returned.",
-		Example:           "  kibo egress get eg-0123456789abcdefghij -o yaml",
-		Args:              exactArgs("EGRESS_ID"),
-		ValidArgsFunction: a.completeIDs(ctrlv1connect.EgressServiceListEgressesProcedure, egressIDs),
-	}
-	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, args []string) error {
-		s, err := a.connect(ctx, cmd, nil)
-		if err != nil {
-			return err
-		}
-		res, err := s.client.Egresses.GetEgress(ctx, connect.NewRequest(&ctrlv1.GetEgressRequest{EgressId: args[0]}))
-		if err != nil {
-			return err
-		}
-		return a.print(res.Msg, func(w io.Writer) { egressDetail(w, res.Msg.GetEgress()) })
-	})
-	return procedure(cmd, ctrlv1connect.EgressServiceGetEgressProcedure)
+	return getCommand(a, egresses, "Show an Egress (GetEgress). The password is never returned.", "  kibo egress get eg-0123456789abcdefghij -o yaml",
+		ctrlv1connect.EgressServiceGetEgressProcedure, ctrlv1connect.EgressServiceClient.GetEgress,
+		func(id string) *ctrlv1.GetEgressRequest { return &ctrlv1.GetEgressRequest{EgressId: id} }, (*ctrlv1.GetEgressResponse).GetEgress)
 }
 
 func (a *app) egressList() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "list [flags]",
-		Short: "List Egresses",
-		Long: `List Egresses in creation order (ListEgresses), one page at a time; --all
-follows the pages and prints them as one.`,
-		Example: "  kibo egress list --label-selector team=net --all",
-		Args:    cobra.NoArgs,
-	}
-	p := addPageFlags(cmd)
-	var sel kvFlag
-	cmd.Flags().Var(&sel, "label-selector", "only Egresses carrying this label with exactly this value (repeatable; all must match)")
-	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, _ []string) error {
-		s, err := a.connect(ctx, cmd, nil)
-		if err != nil {
-			return err
-		}
-		out := &ctrlv1.ListEgressesResponse{}
-		req := &ctrlv1.ListEgressesRequest{PageSize: p.size, PageToken: p.token, LabelSelector: sel.m}
-		for {
-			res, err := s.client.Egresses.ListEgresses(ctx, connect.NewRequest(req))
-			if err != nil {
-				return err
-			}
-			out.Egresses = append(out.Egresses, res.Msg.GetEgresses()...)
-			out.NextPageToken = res.Msg.GetNextPageToken()
-			if !p.all || out.NextPageToken == "" {
-				break
-			}
-			req.PageToken = out.NextPageToken
-		}
-		if err := a.print(out, func(w io.Writer) { egressTable(w, out.GetEgresses()) }); err != nil {
-			return err
-		}
-		a.morePages(cmd, out.GetNextPageToken())
-		return nil
-	})
-	return procedure(cmd, ctrlv1connect.EgressServiceListEgressesProcedure)
+	return listCommand(a, egresses, `List Egresses in creation order (ListEgresses), one page at a time; --all
+follows the pages and prints them as one.`, "  kibo egress list --label-selector team=net --all",
+		ctrlv1connect.EgressServiceClient.ListEgresses, func(r *ctrlv1.ListEgressesResponse) *[]*ctrlv1.Egress { return &r.Egresses },
+		func(p pageFlags, sel map[string]string) (*ctrlv1.ListEgressesRequest, error) {
+			return &ctrlv1.ListEgressesRequest{PageSize: p.size, PageToken: p.token, LabelSelector: sel}, nil
+		})
 }
 
 func (a *app) egressUpdate() *cobra.Command {
-	cmd := &cobra.Command{
+	cmd := egresses.onID(a, &cobra.Command{
 		Use:   "update EGRESS_ID --expected-revision N --address HOST:PORT [flags]",
 		Short: "Replace an Egress's spec",
 		Long: `Replace the whole spec of an Egress (UpdateEgress), password included: flags
@@ -185,134 +124,49 @@ you leave out are not kept from the current spec. --expected-revision must equal
 the current revision or the call is aborted (exit 10) and nothing changes. Equal
 content keeps the revision. Connections through the previous revision keep
 running --drain-seconds.`,
-		Example:           "  kibo egress update eg-0123456789abcdefghij --expected-revision 3 --address proxy.example:1080 --drain-seconds 60",
-		Args:              exactArgs("EGRESS_ID"),
-		ValidArgsFunction: a.completeIDs(ctrlv1connect.EgressServiceListEgressesProcedure, egressIDs),
-	}
+		Example: "  kibo egress update eg-0123456789abcdefghij --expected-revision 3 --address proxy.example:1080 --drain-seconds 60",
+	})
 	s := addEgressSpecFlags(cmd)
-	var expected uint64
+	expected := addExpectedRevision(cmd, "revision")
 	var drain uint32
-	cmd.Flags().Uint64Var(&expected, "expected-revision", 0, "the revision you read; a mismatch is aborted (required)")
 	cmd.Flags().Uint32Var(&drain, "drain-seconds", 600, "how long connections through the previous revision keep running, 0-3600; 0 closes them when the new revision takes over")
-	_ = cmd.MarkFlagRequired("expected-revision")
-	w := addWriteFlags(cmd)
-	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, args []string) error {
-		id, err := w.id(cmd)
-		if err != nil {
-			return err
-		}
+	return a.writeCommand(cmd, ctrlv1connect.EgressServiceUpdateEgressProcedure, func(ctx context.Context, wr *writing, args []string) error {
 		spec, err := s.spec(a)
 		if err != nil {
 			return err
 		}
-		req := &ctrlv1.UpdateEgressRequest{Metadata: meta(id), EgressId: args[0], ExpectedRevision: expected, Spec: spec}
+		req := &ctrlv1.UpdateEgressRequest{Metadata: wr.meta(), EgressId: args[0], ExpectedRevision: *expected, Spec: spec}
 		if cmd.Flags().Changed("drain-seconds") {
 			req.DrainSeconds = &drain
 		}
-		var res *ctrlv1.UpdateEgressResponse
-		err = a.write(ctx, cmd, w, id, func(ctx context.Context, s *session) error {
-			r, err := s.client.Egresses.UpdateEgress(ctx, connect.NewRequest(req))
-			if err == nil {
-				res = r.Msg
-			}
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		return a.print(res, func(w io.Writer) { egressDetail(w, res.GetEgress()) })
+		return sendShow(ctx, wr, egresses, ctrlv1connect.EgressServiceClient.UpdateEgress, req, (*ctrlv1.UpdateEgressResponse).GetEgress)
 	})
-	return procedure(cmd, ctrlv1connect.EgressServiceUpdateEgressProcedure)
 }
 
 func (a *app) egressDelete() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "delete EGRESS_ID",
-		Short: "Delete an Egress",
-		Long: `Delete an Egress (DeleteEgress). While a policy of a non-deleted Workspace
+	return deleteCommand(a, egresses, `Delete an Egress (DeleteEgress). While a policy of a non-deleted Workspace
 references it the call fails with failed_precondition (CONFLICT, exit 9).
-Connections still draining through it are closed at once.`,
-		Example:           "  kibo egress delete eg-0123456789abcdefghij",
-		Args:              exactArgs("EGRESS_ID"),
-		ValidArgsFunction: a.completeIDs(ctrlv1connect.EgressServiceListEgressesProcedure, egressIDs),
-	}
-	w := addWriteFlags(cmd)
-	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, args []string) error {
-		id, err := w.id(cmd)
-		if err != nil {
-			return err
-		}
-		req := &ctrlv1.DeleteEgressRequest{Metadata: meta(id), EgressId: args[0]}
-		var res *ctrlv1.DeleteEgressResponse
-		err = a.write(ctx, cmd, w, id, func(ctx context.Context, s *session) error {
-			r, err := s.client.Egresses.DeleteEgress(ctx, connect.NewRequest(req))
-			if err == nil {
-				res = r.Msg
-			}
-			return err
+Connections still draining through it are closed at once.`, "  kibo egress delete eg-0123456789abcdefghij",
+		ctrlv1connect.EgressServiceDeleteEgressProcedure, ctrlv1connect.EgressServiceClient.DeleteEgress,
+		func(md *ctrlv1.CommandMetadata, id string) *ctrlv1.DeleteEgressRequest {
+			return &ctrlv1.DeleteEgressRequest{Metadata: md, EgressId: id}
 		})
-		if err != nil {
-			return err
-		}
-		return a.print(res, func(w io.Writer) { fmt.Fprintf(w, "Deleted egress %s\n", args[0]) })
-	})
-	return procedure(cmd, ctrlv1connect.EgressServiceDeleteEgressProcedure)
 }
 
-// egressMap is "egress labels" or "egress annotations".
-func (a *app) egressMap(what string) *cobra.Command {
-	rpc, proc, revField := "UpdateEgressLabels", ctrlv1connect.EgressServiceUpdateEgressLabelsProcedure, "labels_revision"
-	if what == "annotations" {
-		rpc, proc, revField = "UpdateEgressAnnotations", ctrlv1connect.EgressServiceUpdateEgressAnnotationsProcedure, "annotations_revision"
-	}
-	cmd := &cobra.Command{
-		Use:   what + " EGRESS_ID --expected-revision N (--set KEY=VALUE ... | --clear)",
-		Short: "Replace an Egress's " + what,
-		Long: fmt.Sprintf(`Replace the whole %[1]s map of an Egress (%[2]s). It never merges: the
-entries given with --set become the complete map, and %[1]s you do not repeat
-are removed; --clear removes them all. --expected-revision must equal the
-Egress's %[3]s or the call is aborted (exit 10). Equal content keeps the
-revision.`, what, rpc, revField),
-		Example:           fmt.Sprintf("  kibo egress %s eg-0123456789abcdefghij --expected-revision 1 --set team=net --set tier=prod", what),
-		Args:              exactArgs("EGRESS_ID"),
-		ValidArgsFunction: a.completeIDs(ctrlv1connect.EgressServiceListEgressesProcedure, egressIDs),
-	}
-	m := addMapFlags(cmd, what)
-	var expected uint64
-	cmd.Flags().Uint64Var(&expected, "expected-revision", 0, "the "+revField+" you read; a mismatch is aborted (required)")
-	_ = cmd.MarkFlagRequired("expected-revision")
-	w := addWriteFlags(cmd)
-	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, args []string) error {
-		id, err := w.id(cmd)
-		if err != nil {
-			return err
-		}
-		var egress *ctrlv1.Egress
-		var res proto.Message
-		err = a.write(ctx, cmd, w, id, func(ctx context.Context, s *session) error {
-			if what == "labels" {
-				r, err := s.client.Egresses.UpdateEgressLabels(ctx, connect.NewRequest(&ctrlv1.UpdateEgressLabelsRequest{
-					Metadata: meta(id), EgressId: args[0], ExpectedRevision: expected, Labels: m.value(),
-				}))
-				if err == nil {
-					egress, res = r.Msg.GetEgress(), r.Msg
-				}
-				return err
-			}
-			r, err := s.client.Egresses.UpdateEgressAnnotations(ctx, connect.NewRequest(&ctrlv1.UpdateEgressAnnotationsRequest{
-				Metadata: meta(id), EgressId: args[0], ExpectedRevision: expected, Annotations: m.value(),
-			}))
-			if err == nil {
-				egress, res = r.Msg.GetEgress(), r.Msg
-			}
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		return a.print(res, func(w io.Writer) { egressDetail(w, egress) })
-	})
-	return procedure(cmd, proc)
+const egressSets = "--set team=net --set tier=prod"
+
+func (a *app) egressLabels() *cobra.Command {
+	return mapCommand(a, egresses, "labels", egressSets, ctrlv1connect.EgressServiceUpdateEgressLabelsProcedure, ctrlv1connect.EgressServiceClient.UpdateEgressLabels,
+		func(md *ctrlv1.CommandMetadata, id string, rev uint64, m map[string]string) *ctrlv1.UpdateEgressLabelsRequest {
+			return &ctrlv1.UpdateEgressLabelsRequest{Metadata: md, EgressId: id, ExpectedRevision: rev, Labels: m}
+		}, (*ctrlv1.UpdateEgressLabelsResponse).GetEgress)
+}
+
+func (a *app) egressAnnotations() *cobra.Command {
+	return mapCommand(a, egresses, "annotations", egressSets, ctrlv1connect.EgressServiceUpdateEgressAnnotationsProcedure, ctrlv1connect.EgressServiceClient.UpdateEgressAnnotations,
+		func(md *ctrlv1.CommandMetadata, id string, rev uint64, m map[string]string) *ctrlv1.UpdateEgressAnnotationsRequest {
+			return &ctrlv1.UpdateEgressAnnotationsRequest{Metadata: md, EgressId: id, ExpectedRevision: rev, Annotations: m}
+		}, (*ctrlv1.UpdateEgressAnnotationsResponse).GetEgress)
 }
 
 // egressDetail renders one Egress for people.

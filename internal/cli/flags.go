@@ -170,6 +170,24 @@ func (m *mapFlags) value() map[string]string {
 	return m.set.m
 }
 
+// addExpectedRevision adds the required --expected-revision: the value of
+// field ("revision", "labels_revision", ...) the caller read.
+func addExpectedRevision(cmd *cobra.Command, field string) *uint64 {
+	expected := new(uint64)
+	cmd.Flags().Uint64Var(expected, "expected-revision", 0, "the "+field+" you read; a mismatch is aborted (required)")
+	_ = cmd.MarkFlagRequired("expected-revision")
+	return expected
+}
+
+// addExpectedExpirationRevision adds the required
+// --expected-expiration-revision of the Workspace state changes.
+func addExpectedExpirationRevision(cmd *cobra.Command) *uint64 {
+	expected := new(uint64)
+	cmd.Flags().Uint64Var(expected, "expected-expiration-revision", 0, "the expiration.revision you read (required, also when no expiration is armed)")
+	_ = cmd.MarkFlagRequired("expected-expiration-revision")
+	return expected
+}
+
 // procedure annotates cmd with the procedure it calls.
 func procedure(cmd *cobra.Command, proc string) *cobra.Command {
 	if cmd.Annotations == nil {

@@ -29,16 +29,43 @@ that does not list it makes the command exit 14 without sending anything.`)
 	cmd.AddCommand(
 		a.workspaceCreate(), a.workspaceGet(), a.workspaceList(),
 		a.workspaceStart(), a.workspaceStop(), a.workspaceDelete(),
-		a.workspaceMap("labels"), a.workspaceMap("annotations"),
+		a.workspaceLabels(), a.workspaceAnnotations(),
 		a.workspaceCommandGet(),
 	)
 	return cmd
 }
 
-// waitProcedures are the procedures --wait calls after the write.
-var waitProcedures = []string{
-	ctrlv1connect.WorkspaceServiceGetWorkspaceCommandProcedure,
-	ctrlv1connect.WorkspaceServiceGetWorkspaceProcedure,
+var workspaces = resource[ctrlv1connect.WorkspaceServiceClient, *ctrlv1.Workspace]{
+	group: "workspace", noun: "Workspace", plural: "Workspaces", article: "a",
+	idArg: "WORKSPACE_ID", exampleID: "ws-0123456789abcdefghij",
+	client:   func(s *session) ctrlv1connect.WorkspaceServiceClient { return s.client.Workspaces },
+	listProc: ctrlv1connect.WorkspaceServiceListWorkspacesProcedure,
+	ids:      firstPageIDs(ctrlv1connect.WorkspaceServiceClient.ListWorkspaces, (*ctrlv1.ListWorkspacesResponse).GetWorkspaces, (*ctrlv1.Workspace).GetWorkspaceId),
+	detail:   workspaceDetail, table: workspaceTable,
+}
+
+// waitProcedures are the procedures --wait calls after the write, none
+// without it.
+func waitProcedures(wait bool) []string {
+	if !wait {
+		return nil
+	}
+	return []string{ctrlv1connect.WorkspaceServiceGetWorkspaceCommandProcedure, ctrlv1connect.WorkspaceServiceGetWorkspaceProcedure}
+}
+
+// showWorkspace prints res, the response of the Workspace write id, whose
+// Workspace and command ws and c point to. With wait it first waits for the
+// command and reads the Workspace again (see waitFor); then it returns the
+// command's failure.
+func (a *app) showWorkspace(ctx context.Context, s *session, id string, wait bool, res proto.Message, ws **ctrlv1.Workspace, c **ctrlv1.WorkspaceCommand) error {
+	var werr error
+	if wait {
+		*ws, *c, werr = a.waitFor(ctx, s, id, *ws, *c)
+	}
+	if err := a.print(res, func(w io.Writer) { workspaceDetail(w, *ws); commandLine(w, *c) }); err != nil {
+		return err
+	}
+	return werr
 }
 
 const waitUsage = "poll GetWorkspaceCommand until the command is COMPLETED (elapsed time on stderr when it is a terminal); the output then shows the completed command and the Workspace as read afterwards, and a failed command sets the exit code"
@@ -61,7 +88,6 @@ same command ID with the same flags returns the acceptance again.`,
 		layerMiB, newVolumeMiB                                             uint64
 		deleteVolume, wait                                                 bool
 		expireIn                                                           time.Duration
-		labels, annotations                                                kvFlag
 	)
 	f.StringVar(&template, "template", "", "Template ID (default: the deployment's default Template)")
 	f.Uint32Var(&memory, "memory-mib", 0, "memory in MiB, greater than zero (required)")
@@ -76,8 +102,7 @@ same command ID with the same flags returns the acceptance again.`,
 	f.StringVar(&expPolicy, "expiration", "", "what happens at the expiration deadline: stop or delete (needs --expire-at or --expire-in)")
 	f.StringVar(&expireAt, "expire-at", "", "expiration deadline, RFC 3339")
 	f.DurationVar(&expireIn, "expire-in", 0, "expiration deadline, from now")
-	f.Var(&labels, "label", "a label of the new Workspace (repeatable)")
-	f.Var(&annotations, "annotation", "an annotation of the new Workspace (repeatable)")
+	labels, annotations := workspaces.addCreateMapFlags(cmd)
 	f.BoolVar(&wait, "wait", false, waitUsage)
 	_ = cmd.MarkFlagRequired("memory-mib")
 	_ = cmd.MarkFlagRequired("cpu-millis")
@@ -87,14 +112,9 @@ same command ID with the same flags returns the acceptance again.`,
 	_ = cmd.MarkFlagFilename("network-policy-file", "json")
 	_ = cmd.RegisterFlagCompletionFunc("network-mode", enumCompletion(ctrlv1.NetworkMode_value, "NETWORK_MODE_"))
 	_ = cmd.RegisterFlagCompletionFunc("expiration", enumCompletion(ctrlv1.ExpirationPolicy_value, "EXPIRATION_POLICY_"))
-	w := addWriteFlags(cmd)
-	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, _ []string) error {
-		id, err := w.id(cmd)
-		if err != nil {
-			return err
-		}
+	return a.writeCommand(cmd, ctrlv1connect.WorkspaceServiceCreateWorkspaceProcedure, func(ctx context.Context, wr *writing, _ []string) error {
 		req := &ctrlv1.CreateWorkspaceRequest{
-			Metadata:                   meta(id),
+			Metadata:                   wr.meta(),
 			TemplateId:                 template,
 			Resources:                  &ctrlv1.Resources{MemoryMib: memory, CpuMillis: cpu},
 			WritableLayerCapacityBytes: layerMiB << 20,
@@ -132,33 +152,12 @@ same command ID with the same flags returns the acceptance again.`,
 			return err
 		}
 		req.Expiration = exp
-		var extra []string
-		if wait {
-			extra = waitProcedures
-		}
-		var res *ctrlv1.CreateWorkspaceResponse
-		var s *session
-		err = a.write(ctx, cmd, w, id, func(ctx context.Context, sess *session) error {
-			s = sess
-			r, err := sess.client.Workspaces.CreateWorkspace(ctx, connect.NewRequest(req))
-			if err == nil {
-				res = r.Msg
-			}
-			return err
-		}, extra...)
+		res, s, err := send(ctx, wr, workspaces.client, ctrlv1connect.WorkspaceServiceClient.CreateWorkspace, req, waitProcedures(wait)...)
 		if err != nil {
 			return err
 		}
-		var werr error
-		if wait {
-			res.Workspace, res.Command, werr = a.waitFor(ctx, s, id, res.GetWorkspace(), res.GetCommand())
-		}
-		if err := a.print(res, func(w io.Writer) { workspaceDetail(w, res.GetWorkspace()); commandLine(w, res.GetCommand()) }); err != nil {
-			return err
-		}
-		return werr
+		return a.showWorkspace(ctx, s, wr.id, wait, res, &res.Workspace, &res.Command)
 	})
-	return procedure(cmd, ctrlv1connect.WorkspaceServiceCreateWorkspaceProcedure)
 }
 
 // expiration builds the ExpirationSpec of --expiration, --expire-at and
@@ -223,150 +222,74 @@ func enumFlagName(name, prefix string) string {
 }
 
 func (a *app) workspaceGet() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:               "get WORKSPACE_ID",
-		Short:             "Show a Workspace",
-		Long:              "Show a Workspace (GetWorkspace).",
-		Example:           "  kibo workspace get ws-0123456789abcdefghij -o yaml",
-		Args:              exactArgs("WORKSPACE_ID"),
-		ValidArgsFunction: a.completeIDs(ctrlv1connect.WorkspaceServiceListWorkspacesProcedure, workspaceIDs),
-	}
-	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, args []string) error {
-		s, err := a.connect(ctx, cmd, nil)
-		if err != nil {
-			return err
-		}
-		res, err := s.client.Workspaces.GetWorkspace(ctx, connect.NewRequest(&ctrlv1.GetWorkspaceRequest{WorkspaceId: args[0]}))
-		if err != nil {
-			return err
-		}
-		return a.print(res.Msg, func(w io.Writer) { workspaceDetail(w, res.Msg.GetWorkspace()) })
-	})
-	return procedure(cmd, ctrlv1connect.WorkspaceServiceGetWorkspaceProcedure)
+	return getCommand(a, workspaces, "Show a Workspace (GetWorkspace).", "  kibo workspace get ws-0123456789abcdefghij -o yaml",
+		ctrlv1connect.WorkspaceServiceGetWorkspaceProcedure, ctrlv1connect.WorkspaceServiceClient.GetWorkspace,
+		func(id string) *ctrlv1.GetWorkspaceRequest { return &ctrlv1.GetWorkspaceRequest{WorkspaceId: id} }, (*ctrlv1.GetWorkspaceResponse).GetWorkspace)
 }
 
 func (a *app) workspaceList() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "list [flags]",
-		Short: "List Workspaces",
-		Long: `List Workspaces in creation order (ListWorkspaces), one page at a time; --all
-follows the pages and prints them as one. Deleted Workspaces are left out unless
---include-deleted or --state deleted.`,
-		Example: "  kibo workspace list --state available --state stopped --label-selector team=ml",
-		Args:    cobra.NoArgs,
-	}
-	p := addPageFlags(cmd)
 	var (
-		sel       kvFlag
 		states    []string
 		deleted   bool
 		condition string
 	)
+	cmd := listCommand(a, workspaces, `List Workspaces in creation order (ListWorkspaces), one page at a time; --all
+follows the pages and prints them as one. Deleted Workspaces are left out unless
+--include-deleted or --state deleted.`, "  kibo workspace list --state available --state stopped --label-selector team=ml",
+		ctrlv1connect.WorkspaceServiceClient.ListWorkspaces, func(r *ctrlv1.ListWorkspacesResponse) *[]*ctrlv1.Workspace { return &r.Workspaces },
+		func(p pageFlags, sel map[string]string) (*ctrlv1.ListWorkspacesRequest, error) {
+			req := &ctrlv1.ListWorkspacesRequest{PageSize: p.size, PageToken: p.token, LabelSelector: sel, IncludeDeleted: deleted}
+			for _, st := range states {
+				v, err := parseEnum(ctrlv1.WorkspaceState_value, "WORKSPACE_STATE_", st, "--state")
+				if err != nil {
+					return nil, err
+				}
+				req.States = append(req.States, ctrlv1.WorkspaceState(v))
+			}
+			if condition != "" {
+				v, err := parseEnum(ctrlv1.GuestCondition_value, "GUEST_CONDITION_", condition, "--guest-condition")
+				if err != nil {
+					return nil, err
+				}
+				req.GuestCondition = ctrlv1.GuestCondition(v)
+			}
+			return req, nil
+		})
 	f := cmd.Flags()
-	f.Var(&sel, "label-selector", "only Workspaces carrying this label with exactly this value (repeatable; all must match)")
 	f.StringArrayVar(&states, "state", nil, "only Workspaces in this state (repeatable): creating, starting, available, stopping, stopped, failed, deleting, deleted, unknown")
 	f.BoolVar(&deleted, "include-deleted", false, "include Workspaces whose deletion completed (not with --state)")
 	f.StringVar(&condition, "guest-condition", "", "only Workspaces whose guest reports this condition: ready, booting, unresponsive, disk-pressure, memory-pressure")
 	cmd.MarkFlagsMutuallyExclusive("state", "include-deleted")
 	_ = cmd.RegisterFlagCompletionFunc("state", enumCompletion(ctrlv1.WorkspaceState_value, "WORKSPACE_STATE_"))
 	_ = cmd.RegisterFlagCompletionFunc("guest-condition", enumCompletion(ctrlv1.GuestCondition_value, "GUEST_CONDITION_"))
-	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, _ []string) error {
-		req := &ctrlv1.ListWorkspacesRequest{PageSize: p.size, PageToken: p.token, LabelSelector: sel.m, IncludeDeleted: deleted}
-		for _, st := range states {
-			v, err := parseEnum(ctrlv1.WorkspaceState_value, "WORKSPACE_STATE_", st, "--state")
-			if err != nil {
-				return err
-			}
-			req.States = append(req.States, ctrlv1.WorkspaceState(v))
-		}
-		if condition != "" {
-			v, err := parseEnum(ctrlv1.GuestCondition_value, "GUEST_CONDITION_", condition, "--guest-condition")
-			if err != nil {
-				return err
-			}
-			req.GuestCondition = ctrlv1.GuestCondition(v)
-		}
-		s, err := a.connect(ctx, cmd, nil)
-		if err != nil {
-			return err
-		}
-		out := &ctrlv1.ListWorkspacesResponse{}
-		for {
-			res, err := s.client.Workspaces.ListWorkspaces(ctx, connect.NewRequest(req))
-			if err != nil {
-				return err
-			}
-			out.Workspaces = append(out.Workspaces, res.Msg.GetWorkspaces()...)
-			out.NextPageToken = res.Msg.GetNextPageToken()
-			if !p.all || out.NextPageToken == "" {
-				break
-			}
-			req.PageToken = out.NextPageToken
-		}
-		if err := a.print(out, func(w io.Writer) { workspaceTable(w, out.GetWorkspaces()) }); err != nil {
-			return err
-		}
-		a.morePages(cmd, out.GetNextPageToken())
-		return nil
-	})
-	return procedure(cmd, ctrlv1connect.WorkspaceServiceListWorkspacesProcedure)
+	return cmd
 }
 
 func (a *app) workspaceStart() *cobra.Command {
-	cmd := &cobra.Command{
+	cmd := workspaces.onID(a, &cobra.Command{
 		Use:   "start WORKSPACE_ID --expected-expiration-revision N [flags]",
 		Short: "Start a stopped Workspace",
 		Long: `Start a STOPPED Workspace, or a FAILED one that holds no execution
 (StartWorkspace). The call returns on acceptance: the Workspace is STARTING and
 the command runs on without kibo; follow it with --wait. A mismatch of
 --expected-expiration-revision is failed_precondition (exit 9).`,
-		Example:           "  kibo workspace start ws-0123456789abcdefghij --expected-expiration-revision 1 --wait",
-		Args:              exactArgs("WORKSPACE_ID"),
-		ValidArgsFunction: a.completeIDs(ctrlv1connect.WorkspaceServiceListWorkspacesProcedure, workspaceIDs),
-	}
-	var expected uint64
-	var wait bool
-	cmd.Flags().Uint64Var(&expected, "expected-expiration-revision", 0, "the expiration.revision you read (required, also when no expiration is armed)")
-	cmd.Flags().BoolVar(&wait, "wait", false, waitUsage)
-	_ = cmd.MarkFlagRequired("expected-expiration-revision")
-	w := addWriteFlags(cmd)
-	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, args []string) error {
-		id, err := w.id(cmd)
-		if err != nil {
-			return err
-		}
-		req := &ctrlv1.StartWorkspaceRequest{Metadata: meta(id), WorkspaceId: args[0], ExpectedExpirationRevision: expected}
-		var extra []string
-		if wait {
-			extra = waitProcedures
-		}
-		var res *ctrlv1.StartWorkspaceResponse
-		var s *session
-		err = a.write(ctx, cmd, w, id, func(ctx context.Context, sess *session) error {
-			s = sess
-			r, err := sess.client.Workspaces.StartWorkspace(ctx, connect.NewRequest(req))
-			if err == nil {
-				res = r.Msg
-			}
-			return err
-		}, extra...)
-		if err != nil {
-			return err
-		}
-		var werr error
-		if wait {
-			res.Workspace, res.Command, werr = a.waitFor(ctx, s, id, res.GetWorkspace(), res.GetCommand())
-		}
-		if err := a.print(res, func(w io.Writer) { workspaceDetail(w, res.GetWorkspace()); commandLine(w, res.GetCommand()) }); err != nil {
-			return err
-		}
-		return werr
+		Example: "  kibo workspace start ws-0123456789abcdefghij --expected-expiration-revision 1 --wait",
 	})
-	return procedure(cmd, ctrlv1connect.WorkspaceServiceStartWorkspaceProcedure)
+	expected := addExpectedExpirationRevision(cmd)
+	var wait bool
+	cmd.Flags().BoolVar(&wait, "wait", false, waitUsage)
+	return a.writeCommand(cmd, ctrlv1connect.WorkspaceServiceStartWorkspaceProcedure, func(ctx context.Context, wr *writing, args []string) error {
+		req := &ctrlv1.StartWorkspaceRequest{Metadata: wr.meta(), WorkspaceId: args[0], ExpectedExpirationRevision: *expected}
+		res, s, err := send(ctx, wr, workspaces.client, ctrlv1connect.WorkspaceServiceClient.StartWorkspace, req, waitProcedures(wait)...)
+		if err != nil {
+			return err
+		}
+		return a.showWorkspace(ctx, s, wr.id, wait, res, &res.Workspace, &res.Command)
+	})
 }
 
 func (a *app) workspaceStop() *cobra.Command {
-	cmd := &cobra.Command{
+	cmd := workspaces.onID(a, &cobra.Command{
 		Use:   "stop WORKSPACE_ID --expected-expiration-revision N [flags]",
 		Short: "Stop a Workspace",
 		Long: `Stop a Workspace (StopWorkspace); the writable layer and the Volume are kept.
@@ -374,133 +297,65 @@ The call waits for the stop to complete, at most one minute; past that it fails
 with a retryable unavailable (TIMED_OUT, exit 4) while the stop goes on: resend
 the same command ID (--retry does) or follow it with "kibo workspace command".
 --force does not wait for guest writers; the most recent writes may be lost.`,
-		Example:           "  kibo workspace stop ws-0123456789abcdefghij --expected-expiration-revision 1 --retry",
-		Args:              exactArgs("WORKSPACE_ID"),
-		ValidArgsFunction: a.completeIDs(ctrlv1connect.WorkspaceServiceListWorkspacesProcedure, workspaceIDs),
-	}
-	var expected uint64
+		Example: "  kibo workspace stop ws-0123456789abcdefghij --expected-expiration-revision 1 --retry",
+	})
+	expected := addExpectedExpirationRevision(cmd)
 	var force bool
-	cmd.Flags().Uint64Var(&expected, "expected-expiration-revision", 0, "the expiration.revision you read (required, also when no expiration is armed)")
 	cmd.Flags().BoolVar(&force, "force", false, "forced stop: no writeback confirmation from the guest")
-	_ = cmd.MarkFlagRequired("expected-expiration-revision")
-	w := addWriteFlags(cmd)
-	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, args []string) error {
-		id, err := w.id(cmd)
-		if err != nil {
-			return err
-		}
-		req := &ctrlv1.StopWorkspaceRequest{Metadata: meta(id), WorkspaceId: args[0], ExpectedExpirationRevision: expected}
+	return a.writeCommand(cmd, ctrlv1connect.WorkspaceServiceStopWorkspaceProcedure, func(ctx context.Context, wr *writing, args []string) error {
+		req := &ctrlv1.StopWorkspaceRequest{Metadata: wr.meta(), WorkspaceId: args[0], ExpectedExpirationRevision: *expected}
 		if force {
 			req.Mode = ctrlv1.StopMode_STOP_MODE_FORCE
 		}
-		var res *ctrlv1.StopWorkspaceResponse
-		err = a.write(ctx, cmd, w, id, func(ctx context.Context, s *session) error {
-			r, err := s.client.Workspaces.StopWorkspace(ctx, connect.NewRequest(req))
-			if err == nil {
-				res = r.Msg
-			}
-			return err
-		})
+		res, s, err := send(ctx, wr, workspaces.client, ctrlv1connect.WorkspaceServiceClient.StopWorkspace, req)
 		if err != nil {
 			return err
 		}
-		return a.print(res, func(w io.Writer) { workspaceDetail(w, res.GetWorkspace()); commandLine(w, res.GetCommand()) })
+		return a.showWorkspace(ctx, s, wr.id, false, res, &res.Workspace, &res.Command)
 	})
-	return procedure(cmd, ctrlv1connect.WorkspaceServiceStopWorkspaceProcedure)
 }
 
 func (a *app) workspaceDelete() *cobra.Command {
-	cmd := &cobra.Command{
+	cmd := workspaces.onID(a, &cobra.Command{
 		Use:   "delete WORKSPACE_ID --expected-expiration-revision N [flags]",
 		Short: "Delete a Workspace",
 		Long: `Delete a Workspace (DeleteWorkspace): its execution ends, its writable layer is
 deleted and its Volume released (or deleted with it). The call waits at most one
 minute; past that it fails with a retryable unavailable (TIMED_OUT, exit 4) while
 the deletion goes on: resend the same command ID.`,
-		Example:           "  kibo workspace delete ws-0123456789abcdefghij --expected-expiration-revision 1",
-		Args:              exactArgs("WORKSPACE_ID"),
-		ValidArgsFunction: a.completeIDs(ctrlv1connect.WorkspaceServiceListWorkspacesProcedure, workspaceIDs),
-	}
-	var expected uint64
-	cmd.Flags().Uint64Var(&expected, "expected-expiration-revision", 0, "the expiration.revision you read (required, also when no expiration is armed)")
-	_ = cmd.MarkFlagRequired("expected-expiration-revision")
-	w := addWriteFlags(cmd)
-	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, args []string) error {
-		id, err := w.id(cmd)
-		if err != nil {
-			return err
-		}
-		req := &ctrlv1.DeleteWorkspaceRequest{Metadata: meta(id), WorkspaceId: args[0], ExpectedExpirationRevision: expected}
-		var res *ctrlv1.DeleteWorkspaceResponse
-		err = a.write(ctx, cmd, w, id, func(ctx context.Context, s *session) error {
-			r, err := s.client.Workspaces.DeleteWorkspace(ctx, connect.NewRequest(req))
-			if err == nil {
-				res = r.Msg
-			}
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		return a.print(res, func(w io.Writer) { workspaceDetail(w, res.GetWorkspace()); commandLine(w, res.GetCommand()) })
+		Example: "  kibo workspace delete ws-0123456789abcdefghij --expected-expiration-revision 1",
 	})
-	return procedure(cmd, ctrlv1connect.WorkspaceServiceDeleteWorkspaceProcedure)
+	expected := addExpectedExpirationRevision(cmd)
+	return a.writeCommand(cmd, ctrlv1connect.WorkspaceServiceDeleteWorkspaceProcedure, func(ctx context.Context, wr *writing, args []string) error {
+		req := &ctrlv1.DeleteWorkspaceRequest{Metadata: wr.meta(), WorkspaceId: args[0], ExpectedExpirationRevision: *expected}
+		res, s, err := send(ctx, wr, workspaces.client, ctrlv1connect.WorkspaceServiceClient.DeleteWorkspace, req)
+		if err != nil {
+			return err
+		}
+		return a.showWorkspace(ctx, s, wr.id, false, res, &res.Workspace, &res.Command)
+	})
 }
 
-// workspaceMap is "workspace labels" or "workspace annotations".
-func (a *app) workspaceMap(what string) *cobra.Command {
-	rpc, proc, revField := "UpdateWorkspaceLabels", ctrlv1connect.WorkspaceServiceUpdateWorkspaceLabelsProcedure, "labels_revision"
-	if what == "annotations" {
-		rpc, proc, revField = "UpdateWorkspaceAnnotations", ctrlv1connect.WorkspaceServiceUpdateWorkspaceAnnotationsProcedure, "annotations_revision"
-	}
-	cmd := &cobra.Command{
-		Use:   what + " WORKSPACE_ID --expected-revision N (--set KEY=VALUE ... | --clear)",
-		Short: "Replace a Workspace's " + what,
-		Long: fmt.Sprintf(`Replace the whole %[1]s map of a Workspace (%[2]s). It never merges: the
-entries given with --set become the complete map, and %[1]s you do not repeat
-are removed; --clear removes them all. --expected-revision must equal the
-Workspace's %[3]s or the call is aborted (exit 10). Equal content keeps the
-revision. Accepted in every state but DELETED.`, what, rpc, revField),
-		Example:           fmt.Sprintf("  kibo workspace %s ws-0123456789abcdefghij --expected-revision 1 --set team=ml", what),
-		Args:              exactArgs("WORKSPACE_ID"),
-		ValidArgsFunction: a.completeIDs(ctrlv1connect.WorkspaceServiceListWorkspacesProcedure, workspaceIDs),
-	}
-	m := addMapFlags(cmd, what)
-	var expected uint64
-	cmd.Flags().Uint64Var(&expected, "expected-revision", 0, "the "+revField+" you read; a mismatch is aborted (required)")
-	_ = cmd.MarkFlagRequired("expected-revision")
-	w := addWriteFlags(cmd)
-	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, args []string) error {
-		id, err := w.id(cmd)
-		if err != nil {
-			return err
-		}
-		var ws *ctrlv1.Workspace
-		var res proto.Message
-		err = a.write(ctx, cmd, w, id, func(ctx context.Context, s *session) error {
-			if what == "labels" {
-				r, err := s.client.Workspaces.UpdateWorkspaceLabels(ctx, connect.NewRequest(&ctrlv1.UpdateWorkspaceLabelsRequest{
-					Metadata: meta(id), WorkspaceId: args[0], ExpectedRevision: expected, Labels: m.value(),
-				}))
-				if err == nil {
-					ws, res = r.Msg.GetWorkspace(), r.Msg
-				}
-				return err
-			}
-			r, err := s.client.Workspaces.UpdateWorkspaceAnnotations(ctx, connect.NewRequest(&ctrlv1.UpdateWorkspaceAnnotationsRequest{
-				Metadata: meta(id), WorkspaceId: args[0], ExpectedRevision: expected, Annotations: m.value(),
-			}))
-			if err == nil {
-				ws, res = r.Msg.GetWorkspace(), r.Msg
-			}
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		return a.print(res, func(w io.Writer) { workspaceDetail(w, ws) })
-	})
-	return procedure(cmd, proc)
+// workspaceMapNote ends the help of "workspace labels" and "workspace
+// annotations".
+const workspaceMapNote = " Accepted in every state but DELETED."
+
+func (a *app) workspaceLabels() *cobra.Command {
+	cmd := mapCommand(a, workspaces, "labels", "--set team=ml", ctrlv1connect.WorkspaceServiceUpdateWorkspaceLabelsProcedure, ctrlv1connect.WorkspaceServiceClient.UpdateWorkspaceLabels,
+		func(md *ctrlv1.CommandMetadata, id string, rev uint64, m map[string]string) *ctrlv1.UpdateWorkspaceLabelsRequest {
+			return &ctrlv1.UpdateWorkspaceLabelsRequest{Metadata: md, WorkspaceId: id, ExpectedRevision: rev, Labels: m}
+		}, (*ctrlv1.UpdateWorkspaceLabelsResponse).GetWorkspace)
+	cmd.Long += workspaceMapNote
+	return cmd
+}
+
+func (a *app) workspaceAnnotations() *cobra.Command {
+	cmd := mapCommand(a, workspaces, "annotations", "--set team=ml", ctrlv1connect.WorkspaceServiceUpdateWorkspaceAnnotationsProcedure, ctrlv1connect.WorkspaceServiceClient.UpdateWorkspaceAnnotations,
+		func(md *ctrlv1.CommandMetadata, id string, rev uint64, m map[string]string) *ctrlv1.UpdateWorkspaceAnnotationsRequest {
+			return &ctrlv1.UpdateWorkspaceAnnotationsRequest{Metadata: md, WorkspaceId: id, ExpectedRevision: rev, Annotations: m}
+		}, (*ctrlv1.UpdateWorkspaceAnnotationsResponse).GetWorkspace)
+	cmd.Long += workspaceMapNote
+	return cmd
 }
 
 func (a *app) workspaceCommandGet() *cobra.Command {
