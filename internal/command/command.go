@@ -241,7 +241,10 @@ func replay[Req Input, Resp proto.Message](s Spec[Req, Resp], rec *store.Command
 			Message: "command ID was already used with a different request; use a new command ID",
 		}
 	}
-	if rec.ErrorCode != "" {
+	// A command that recorded a result (an acceptance) and completed later
+	// with an error replays its result: the first answer. Only failures
+	// decided at admission have no result.
+	if rec.ErrorCode != "" && len(rec.Result) == 0 {
 		return zero, apierr.Decode(rec.ErrorCode, rec.ErrorDetail)
 	}
 	out := s.NewResponse()

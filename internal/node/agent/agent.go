@@ -140,8 +140,8 @@ func errString(err error) string {
 	return err.Error()
 }
 
-func (a *Agent) session(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
+func (a *Agent) session(parent context.Context) error {
+	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	stream := a.client.Connect(ctx)
 	hello := &nodev1.Hello{NodeId: a.cfg.NodeID, Capacity: a.cfg.Capacity}
@@ -162,7 +162,7 @@ func (a *Agent) session(ctx context.Context) error {
 				errc <- err
 				return
 			}
-			a.apply(ctx, msg.GetDesired())
+			a.apply(parent, msg.GetDesired())
 		}
 	}()
 	hb := time.NewTicker(a.cfg.Heartbeat)
