@@ -30,6 +30,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -60,6 +61,9 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// Log receives the agent's log (stderr, text).
 	Log *slog.Logger
+	// Ready, when set, receives protocol.ReadyByte and is closed once the
+	// agent listens (the runtime's readiness pipe, see ReadyFromEnv).
+	Ready *os.File
 }
 
 // Agent is the guest agent.
@@ -123,12 +127,33 @@ func Main(args []string) int {
 			return 2
 		}
 	}
-	a := New(Config{SocketPath: socketFromEnv()})
+	a := New(Config{SocketPath: socketFromEnv(), Ready: ReadyFromEnv()})
 	if err := a.Run(context.Background()); err != nil {
 		a.log.Error("guest agent failed", "err", err)
 		return 1
 	}
 	return 0
+}
+
+// ReadyFromEnv returns the readiness descriptor the runtime handed down
+// (protocol.ReadyFDEnv), or nil. It removes the variable and marks the
+// descriptor close-on-exec, so that no command of the workspace inherits
+// either.
+func ReadyFromEnv() *os.File {
+	v, ok := os.LookupEnv(protocol.ReadyFDEnv)
+	if !ok {
+		return nil
+	}
+	_ = os.Unsetenv(protocol.ReadyFDEnv)
+	fd, err := strconv.Atoi(v)
+	if err != nil || fd < 3 {
+		return nil
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+		return nil
+	}
+	unix.CloseOnExec(fd)
+	return os.NewFile(uintptr(fd), "ready")
 }
 
 func socketFromEnv() string {
@@ -158,6 +183,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Unlock()
 	a.log.Info("guest agent ready", "socket", a.cfg.SocketPath, "pid1", a.pid1)
 	go a.accept(ln)
+	if a.cfg.Ready != nil {
+		_, _ = a.cfg.Ready.Write([]byte{protocol.ReadyByte})
+		_ = a.cfg.Ready.Close()
+		a.cfg.Ready = nil
+	}
 
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()

@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -293,5 +295,60 @@ func TestMountInfo(t *testing.T) {
 	}
 	if m[1].root != "/srv/sock" || m[2].mountPoint != "/mnt/vol a" || m[0].fsType != "overlay" {
 		t.Errorf("%+v", m)
+	}
+}
+
+// TestReadySignal: the agent writes protocol.ReadyByte to its ready
+// descriptor and closes it once it listens; ReadyFromEnv takes the
+// descriptor from the environment and removes the variable.
+func TestReadySignal(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	fd, err := syscall.Dup(int(w.Fd())) // owned by ReadyFromEnv from now on
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(protocol.ReadyFDEnv, strconv.Itoa(fd))
+	ready := ReadyFromEnv()
+	if ready == nil {
+		t.Fatal("ReadyFromEnv: nil")
+	}
+	if _, ok := os.LookupEnv(protocol.ReadyFDEnv); ok {
+		t.Fatalf("%s is still set", protocol.ReadyFDEnv)
+	}
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "guest.sock")
+	a := New(Config{
+		SocketPath: sock,
+		CgroupRoot: filepath.Join(dir, "no-cgroup"),
+		DiskPath:   dir,
+		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Ready:      ready,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	finished := make(chan struct{})
+	go func() { _ = a.Run(ctx); close(finished) }()
+	defer func() { cancel(); <-finished }()
+	_ = r.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, err := io.ReadAll(r) // EOF: the agent closed it (w was its only copy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(b) != string(rune(protocol.ReadyByte)) {
+		t.Fatalf("ready pipe: %q", b)
+	}
+	if _, err := os.Stat(sock); err != nil {
+		t.Fatalf("signalled ready before listening: %v", err)
+	}
+	if resp := do(t, sock, protocol.Request{Op: protocol.OpPing}); !resp.OK {
+		t.Fatalf("ping: %+v", resp)
+	}
+	t.Setenv(protocol.ReadyFDEnv, "x")
+	if ReadyFromEnv() != nil {
+		t.Fatal("ReadyFromEnv accepted a bad descriptor")
 	}
 }

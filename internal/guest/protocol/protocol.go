@@ -45,6 +45,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// ReadyByte is what the guest agent writes to its ready descriptor.
+const ReadyByte = 'R'
+
 // Paths inside the workspace.
 const (
 	// GuestDir holds everything the runtime puts into a workspace.
@@ -57,6 +60,12 @@ const (
 	SocketPath = SocketDir + "/" + SocketName
 	// GuestBinaryPath is where the runtime mounts kibotos-guest (read-only).
 	GuestBinaryPath = GuestDir + "/kibotos-guest"
+	// ReadyFDEnv names the environment variable that hands the guest agent
+	// an inherited file descriptor (the write end of a pipe from the node):
+	// the agent writes ReadyByte to it and closes it once it listens on its
+	// socket, so that the node learns of it without polling. The agent
+	// removes the variable and never passes the descriptor on.
+	ReadyFDEnv = "KIBOTOS_GUEST_READY_FD"
 	// PoweroffMarker is the file the guest leaves in SocketDir when it
 	// powered itself off (not killed). Its content is the reason.
 	PoweroffMarker = "poweroff"

@@ -57,7 +57,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if _, err := template.EnsureDefault(tmplDir, cfg.GuestBinary); err != nil {
 		return err
 	}
-	rt, err := sandbox.New(sandbox.Config{Root: cfg.StateDir, GuestBinary: cfg.GuestBinary, Log: cfg.Log, InitBinary: "/proc/self/exe"})
+	rt, err := sandbox.New(sandbox.Config{Root: cfg.StateDir, GuestBinary: cfg.GuestBinary, Log: cfg.Log})
 	if err != nil {
 		return err
 	}

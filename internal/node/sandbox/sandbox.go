@@ -15,10 +15,11 @@
 //     <CgroupParent>/<root tag>/<ws>, the tag being a hash of Root, so that
 //     two runtimes on one host never touch each other's cgroups.
 //   - Namespaces: mount, PID, UTS (hostname = workspace id), IPC, network
-//     (lo only, up) and cgroup. The node re-executes its own binary as an
-//     init shim (MaybeRunInit) that does all mounts inside the new mount
-//     namespace, pivots into the overlay root and execs kibotos-guest as PID
-//     1. No mount of an execution is ever visible on the host: when its last
+//     (lo only, up) and cgroup. An init shim (package initshim; by default
+//     kibotos-guest itself, see Config.InitBinary) does all mounts inside the
+//     new mount namespace, pivots into the overlay root and execs
+//     kibotos-guest as PID 1, which tells the node through an inherited
+//     pipe once it listens. No mount of an execution is ever visible on the host: when its last
 //     process ends the kernel unmounts everything and the loop device
 //     detaches itself, so a crashed node leaks no mount.
 //   - Guest socket: Root/run/<ws>/sock on the host is bind-mounted at
@@ -118,8 +119,11 @@ type Config struct {
 	Log         *slog.Logger
 	// CgroupParent is the cgroup under which executions live ("kibotos").
 	CgroupParent string
-	// InitBinary is re-executed as the init shim ("/proc/self/exe"): its
-	// main must call MaybeRunInit first.
+	// InitBinary is executed as the init shim (package initshim). It
+	// defaults to GuestBinary, a small static binary that is its own shim;
+	// a binary that embeds the runtime ("/proc/self/exe") works too when
+	// its main calls MaybeRunInit first, at the cost of starting the whole
+	// binary for every execution.
 	InitBinary string
 	// StartTimeout bounds the wait for the guest's first answer (30s).
 	StartTimeout time.Duration
@@ -236,9 +240,6 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "kibotos"
 	}
-	if cfg.InitBinary == "" {
-		cfg.InitBinary = "/proc/self/exe"
-	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
 			*d = v
@@ -270,6 +271,9 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("sandbox: guest binary %s: not a regular file (%v)", guest, err)
 	}
 	cfg.GuestBinary = guest
+	if cfg.InitBinary == "" {
+		cfg.InitBinary = guest
+	}
 	cg, err := detectCgroups()
 	if err != nil {
 		return nil, err
@@ -525,6 +529,13 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 		return fmt.Errorf("%w: %v", ErrStart, err)
 	}
 	defer statR.Close()
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		cfgR.Close()
+		statW.Close()
+		return fmt.Errorf("%w: %v", ErrStart, err)
+	}
+	defer readyR.Close()
 	cmd := &exec.Cmd{
 		Path:       r.cfg.InitBinary,
 		Args:       []string{initArg0},
@@ -532,7 +543,7 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 		Dir:        "/",
 		Stdout:     logf,
 		Stderr:     logf,
-		ExtraFiles: []*os.File{cfgR, statW, loopf}, // fds 3, 4, 5
+		ExtraFiles: []*os.File{cfgR, statW, loopf, readyW}, // fds 3, 4, 5, 6
 		SysProcAttr: &syscall.SysProcAttr{
 			// Own session and no parent-death signal: the execution
 			// outlives the node agent.
@@ -544,6 +555,7 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 	err = cmd.Start()
 	cfgR.Close()
 	statW.Close()
+	readyW.Close()
 	loopf.Close() // the shim holds the device until its mount does
 	if err != nil {
 		return fmt.Errorf("%w: init shim: %v", ErrStart, err)
@@ -598,7 +610,7 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 		return fmt.Errorf("%w: %s", ErrStart, msg)
 	}
 	tExec := time.Now()
-	if err := r.waitGuest(ctx, e); err != nil {
+	if err := r.waitGuest(ctx, e, readyR); err != nil {
 		return err
 	}
 	st.Phase = phaseRunning
@@ -641,11 +653,32 @@ func logTail(p string) string {
 	return strings.TrimSpace(string(b[:n]))
 }
 
-// waitGuest waits for the guest's first answer.
-func (r *Runtime) waitGuest(ctx context.Context, e *execution) error {
+// waitGuest waits for the guest's first answer. The guest signals on ready
+// (the read end of its readiness pipe) once it listens; the ping that
+// follows confirms it and reads its condition. Should the pipe end without
+// the signal while the execution lives on, the runtime falls back to
+// retrying the ping (1 ms, then doubling up to 20 ms).
+func (r *Runtime) waitGuest(ctx context.Context, e *execution, ready *os.File) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartTimeout)
 	defer cancel()
-	delay := 5 * time.Millisecond
+	if ready != nil {
+		readyc := make(chan struct{})
+		go func() {
+			var b [1]byte
+			_, _ = ready.Read(b[:]) // protocol.ReadyByte, or EOF
+			close(readyc)
+		}()
+		select {
+		case <-readyc:
+			// Signalled or not, the ping below decides (an EOF without the
+			// signal usually means the guest died: the loop sees e.done).
+		case <-e.done:
+			return fmt.Errorf("%w: the execution exited before its guest answered: %s", ErrStart, logTail(r.logPath(e.ws)))
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %v (no readiness signal)", ErrGuestNotReady, ctx.Err())
+		}
+	}
+	delay := time.Millisecond
 	var last error
 	for {
 		pctx, pcancel := context.WithTimeout(ctx, time.Second)
@@ -665,8 +698,8 @@ func (r *Runtime) waitGuest(ctx context.Context, e *execution) error {
 			return fmt.Errorf("%w: %v (last: %v)", ErrGuestNotReady, ctx.Err(), last)
 		case <-time.After(delay):
 		}
-		if delay < 20*time.Millisecond {
-			delay += 5 * time.Millisecond
+		if delay *= 2; delay > 20*time.Millisecond {
+			delay = 20 * time.Millisecond
 		}
 	}
 }

@@ -237,6 +237,25 @@ func TestStartIsIdempotent(t *testing.T) {
 	}
 }
 
+// TestInitBinaryEmbeddingTheRuntime starts an execution with a binary that
+// embeds the runtime as its init shim (the test binary, whose TestMain
+// calls MaybeRunInit), as kibotos-node may be configured to, instead of the
+// default kibotos-guest.
+func TestInitBinaryEmbeddingTheRuntime(t *testing.T) {
+	r, _ := newRuntime(t, func(c *Config) { c.InitBinary = "/proc/self/exe" })
+	const ws = "ws-selfinit"
+	start(t, r, testSpec(ws))
+	if got := strings.TrimSpace(sh(t, r, ws, "hostname; cat /proc/1/cmdline | tr '\\0' ' '")); got != ws+"\nkibotos-guest" {
+		t.Fatalf("hostname and PID 1: %q", got)
+	}
+	if err := r.Stop(context.Background(), ws, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Delete(context.Background(), ws); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestIsolation(t *testing.T) {
 	r, _ := newRuntime(t)
 	const ws = "ws-iso"
