@@ -9,8 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-
-	"golang.org/x/sys/unix"
 )
 
 // MinCapacityBytes is the smallest writable layer (ext4 with a journal).
@@ -63,7 +61,8 @@ func runTool(ctx context.Context, name string, args ...string) ([]byte, int, err
 
 // ensureLayer creates the writable layer image when it does not exist: a
 // sparse file of exactly capacity bytes with an ext4 filesystem, made aside
-// and renamed in. It returns whether it created it.
+// and renamed in, cloned from the seed of its capacity (layerseed.go) or,
+// failing that, made with mkfs.ext4. It returns whether it created it.
 func (r *Runtime) ensureLayer(ctx context.Context, ws string, capacity uint64) (bool, error) {
 	path := r.layerPath(ws)
 	if _, err := os.Stat(path); err == nil {
@@ -71,35 +70,15 @@ func (r *Runtime) ensureLayer(ctx context.Context, ws string, capacity uint64) (
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return false, err
 	}
-	tmp := path + ".new"
-	_ = os.Remove(tmp)
-	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
+	_, seedErr, err := createLayerImage(ctx, filepath.Join(r.root, seedDirName), path, capacity)
+	if seedErr != nil {
+		r.log.Warn("writable layer: seed unusable, formatted with mkfs.ext4", "workspace_id", ws,
+			"capacity_bytes", capacity, "err", seedErr)
+	}
 	if err != nil {
 		return false, err
 	}
-	if err := f.Truncate(int64(capacity)); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return false, err
-	}
-	f.Close()
-	// 4 KiB blocks even on small images (mke2fs would pick 1 KiB), one
-	// inode per 8 KiB, no reserved blocks: the workspace's root owns it all.
-	out, _, err := runTool(ctx, "mkfs.ext4", "-q", "-F", "-b", "4096", "-i", "8192", "-m", "0",
-		"-L", "kibotos-layer", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", tmp)
-	if err != nil {
-		os.Remove(tmp)
-		return false, fmt.Errorf("sandbox: mkfs.ext4 %s: %v: %s", tmp, err, bytes.TrimSpace(out))
-	}
-	if f, err := os.Open(tmp); err == nil {
-		_ = f.Sync()
-		f.Close()
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return false, err
-	}
-	return true, syncDir(filepath.Dir(path))
+	return true, nil
 }
 
 // ext4Size reads the filesystem size from the ext4 superblock of image.
@@ -109,6 +88,11 @@ func ext4Size(image string) (uint64, error) {
 		return 0, err
 	}
 	defer f.Close()
+	return ext4SizeOf(f, image)
+}
+
+// ext4SizeOf reads the filesystem size from the ext4 superblock of f.
+func ext4SizeOf(f *os.File, image string) (uint64, error) {
 	sb := make([]byte, 1024)
 	if _, err := f.ReadAt(sb, 1024); err != nil {
 		return 0, err
