@@ -18,10 +18,10 @@ import (
 // errTxDone is returned when a Tx is used after its fn has returned.
 var errTxDone = errors.New("store/sqlite: transaction used after its function returned")
 
-// txn implements store.Tx on a *sql.Tx: a request's savepoint inside a
-// writer batch, or a View's read transaction.
+// txn implements store.Tx on a connection in a transaction: a request's
+// savepoint inside a writer batch, or a View's read transaction.
 type txn struct {
-	q *sql.Tx
+	c *conn
 	// detach runs statements without the caller's cancellation (inside a
 	// writer batch, where an interrupted statement would roll back the whole
 	// batch); ctx is checked before each statement instead.
@@ -67,7 +67,7 @@ func (t *txn) exec(ctx context.Context, query string, args ...any) (sql.Result, 
 	if err != nil {
 		return nil, err
 	}
-	res, err := t.q.ExecContext(c, query, args...)
+	res, err := t.c.exec(c, query, args...)
 	if err != nil {
 		return nil, t.fail(err)
 	}
@@ -94,7 +94,7 @@ func (t *txn) queryRow(ctx context.Context, query string, args []any, dest ...an
 	if err != nil {
 		return err
 	}
-	if err := t.q.QueryRowContext(c, query, args...).Scan(dest...); err != nil {
+	if err := t.c.queryRow(c, query, args...).Scan(dest...); err != nil {
 		return t.fail(err)
 	}
 	return nil
@@ -106,7 +106,7 @@ func (t *txn) query(ctx context.Context, query string, args []any, each func(*sq
 	if err != nil {
 		return err
 	}
-	rows, err := t.q.QueryContext(c, query, args...)
+	rows, err := t.c.query(c, query, args...)
 	if err != nil {
 		return t.fail(err)
 	}
@@ -199,53 +199,109 @@ func (t *txn) UpdateCommand(ctx context.Context, c *store.Command) error {
 }
 
 const resourceColumns = `r.kind, r.id, r.created_at, r.updated_at, r.revision, r.spec,
-	r.labels_revision, r.annotations, r.annotations_revision`
+	r.labels, r.labels_revision, r.annotations, r.annotations_revision`
 
-// scanResource scans resourceColumns; Labels is left empty.
-func scanResource(row interface{ Scan(...any) error }) (*store.Resource, error) {
+// scanResource scans resourceColumns.
+func scanResource(row scanner) (*store.Resource, error) {
 	var (
 		r                              store.Resource
-		kind, annotations              string
+		kind, labels, annotations      string
 		created, updated               int64
 		rev, labelsRev, annotationsRev int64
 	)
-	if err := row.Scan(&kind, &r.ID, &created, &updated, &rev, &r.Spec, &labelsRev, &annotations, &annotationsRev); err != nil {
+	if err := row.Scan(&kind, &r.ID, &created, &updated, &rev, &r.Spec, &labels, &labelsRev, &annotations, &annotationsRev); err != nil {
 		return nil, err
 	}
 	r.Kind = store.Kind(kind)
 	r.CreatedAt, r.UpdatedAt = fromMicros(created), fromMicros(updated)
 	r.Revision, r.LabelsRevision, r.AnnotationsRevision = uint64(rev), uint64(labelsRev), uint64(annotationsRev)
 	r.Spec = emptyNil(r.Spec)
-	r.Labels = map[string]string{}
-	if err := json.Unmarshal([]byte(annotations), &r.Annotations); err != nil {
-		return nil, fmt.Errorf("store/sqlite: resource %s/%s: annotations: %w", kind, r.ID, err)
+	var err error
+	if r.Labels, err = jsonMap(labels); err != nil {
+		return nil, fmt.Errorf("store/sqlite: resource %s/%s: labels: %w", kind, r.ID, err)
 	}
-	if r.Annotations == nil {
-		r.Annotations = map[string]string{}
+	if r.Annotations, err = jsonMap(annotations); err != nil {
+		return nil, fmt.Errorf("store/sqlite: resource %s/%s: annotations: %w", kind, r.ID, err)
 	}
 	return &r, nil
 }
 
-// GetResource implements store.Tx.
+// jsonMap decodes a JSON object of strings, as mapJSON (or SQLite's
+// json_group_object) encodes it, into a non-nil map.
+func jsonMap(j string) (map[string]string, error) {
+	if j == "{}" {
+		return map[string]string{}, nil
+	}
+	if m, ok := plainJSONMap(j); ok {
+		return m, nil
+	}
+	var m map[string]string
+	if err := json.Unmarshal([]byte(j), &m); err != nil {
+		return nil, err
+	}
+	if m == nil {
+		m = map[string]string{}
+	}
+	return m, nil
+}
+
+// plainJSONMap decodes the common case of jsonMap without encoding/json: a
+// compact object {"k":"v",...} of strings without escapes, whose keys and
+// values are then the bytes between the quotes. It reports false for
+// anything else (an escape, white space, another type), which jsonMap
+// leaves to encoding/json.
+func plainJSONMap(j string) (map[string]string, bool) {
+	if len(j) < 2 || j[0] != '{' || j[len(j)-1] != '}' || strings.IndexByte(j, '\\') >= 0 {
+		return nil, false
+	}
+	m := make(map[string]string, strings.Count(j, `":"`))
+	// str reads a string token at the start of s: its content and the rest.
+	str := func(s string) (string, string, bool) {
+		if len(s) == 0 || s[0] != '"' {
+			return "", "", false
+		}
+		end := strings.IndexByte(s[1:], '"')
+		if end < 0 {
+			return "", "", false
+		}
+		return s[1 : 1+end], s[2+end:], true
+	}
+	rest := j[1 : len(j)-1]
+	for len(rest) > 0 {
+		k, r, ok := str(rest)
+		if !ok || len(r) == 0 || r[0] != ':' {
+			return nil, false
+		}
+		v, r, ok := str(r[1:])
+		if !ok {
+			return nil, false
+		}
+		if _, dup := m[k]; dup {
+			return nil, false
+		}
+		m[k] = v
+		switch {
+		case len(r) == 0:
+			rest = r
+		case r[0] == ',' && len(r) > 1:
+			rest = r[1:]
+		default:
+			return nil, false
+		}
+	}
+	return m, true
+}
+
+// GetResource implements store.Tx: a search of resources_id, then of the
+// primary key.
 func (t *txn) GetResource(ctx context.Context, kind store.Kind, id string) (*store.Resource, error) {
 	c, err := t.stmtCtx(ctx)
 	if err != nil {
 		return nil, err
 	}
-	r, err := scanResource(t.q.QueryRowContext(c, `SELECT `+resourceColumns+` FROM resources r WHERE r.kind = ? AND r.id = ?`, string(kind), id))
+	r, err := scanResource(t.c.queryRow(c, `SELECT `+resourceColumns+` FROM resources r WHERE r.kind = ? AND r.id = ?`, string(kind), id))
 	if err != nil {
 		return nil, t.fail(err)
-	}
-	err = t.query(ctx, `SELECT key, value FROM labels WHERE kind = ? AND object_id = ?`, []any{string(kind), id}, func(rows *sql.Rows) error {
-		var k, v string
-		if err := rows.Scan(&k, &v); err != nil {
-			return err
-		}
-		r.Labels[k] = v
-		return nil
-	})
-	if err != nil {
-		return nil, err
 	}
 	return r, nil
 }
@@ -265,40 +321,43 @@ func resourceArgs(r *store.Resource) (rev, labelsRev, annotationsRev int64, anno
 	return
 }
 
-// InsertResource implements store.Tx.
+// InsertResource implements store.Tx. The labels are stored twice: in the
+// row, and in the labels table for selectors.
 func (t *txn) InsertResource(ctx context.Context, r *store.Resource) error {
 	rev, labelsRev, annotationsRev, annotations, err := resourceArgs(r)
 	if err != nil {
 		return err
 	}
+	labels, err := mapJSON(r.Labels)
+	if err != nil {
+		return err
+	}
+	// Any conflict is a duplicate (kind, id): resources_id, or the
+	// primary key, which holds it.
 	n, err := t.execN(ctx, `INSERT INTO resources (kind, id, created_at, updated_at, revision, spec,
-			labels_revision, annotations, annotations_revision)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-		ON CONFLICT (kind, id) DO NOTHING`,
+			labels, labels_revision, annotations, annotations_revision)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT DO NOTHING`,
 		string(r.Kind), r.ID, micros(r.CreatedAt), micros(r.UpdatedAt), rev, nonNil(r.Spec),
-		labelsRev, annotations, annotationsRev)
+		labels, labelsRev, annotations, annotationsRev)
 	if err != nil {
 		return err
 	}
 	if n == 0 {
 		return fmt.Errorf("%w: %s %q", store.ErrDuplicate, r.Kind, r.ID)
 	}
-	return t.insertLabels(ctx, r.Kind, r.ID, micros(r.CreatedAt), r.Labels)
+	return t.insertLabels(ctx, r.Kind, r.ID, micros(r.CreatedAt), labels)
 }
 
-// insertLabels inserts labels in one statement, reading them from a JSON
-// object with json_each.
-func (t *txn) insertLabels(ctx context.Context, kind store.Kind, id string, createdAt int64, labels map[string]string) error {
-	if len(labels) == 0 {
+// insertLabels inserts labels, a JSON object as mapJSON encodes it, in one
+// statement, reading them with json_each.
+func (t *txn) insertLabels(ctx context.Context, kind store.Kind, id string, createdAt int64, labels string) error {
+	if labels == "{}" {
 		return nil
 	}
-	j, err := mapJSON(labels)
-	if err != nil {
-		return err
-	}
-	_, err = t.exec(ctx, `INSERT INTO labels (kind, object_id, key, value, object_created_at)
+	_, err := t.exec(ctx, `INSERT INTO labels (kind, object_id, key, value, object_created_at)
 		SELECT ?, ?, j.key, j.value, ? FROM json_each(?) AS j`,
-		string(kind), id, createdAt, j)
+		string(kind), id, createdAt, labels)
 	return err
 }
 
@@ -309,12 +368,16 @@ func (t *txn) UpdateResource(ctx context.Context, r *store.Resource) error {
 	if err != nil {
 		return err
 	}
+	labels, err := mapJSON(r.Labels)
+	if err != nil {
+		return err
+	}
 	var created int64
 	err = t.queryRow(ctx, `UPDATE resources
-		SET updated_at = ?, revision = ?, spec = ?, labels_revision = ?, annotations = ?, annotations_revision = ?
+		SET updated_at = ?, revision = ?, spec = ?, labels = ?, labels_revision = ?, annotations = ?, annotations_revision = ?
 		WHERE kind = ? AND id = ?
 		RETURNING created_at`,
-		[]any{micros(r.UpdatedAt), rev, nonNil(r.Spec), labelsRev, annotations, annotationsRev, string(r.Kind), r.ID},
+		[]any{micros(r.UpdatedAt), rev, nonNil(r.Spec), labels, labelsRev, annotations, annotationsRev, string(r.Kind), r.ID},
 		&created)
 	if err != nil {
 		return err
@@ -322,7 +385,7 @@ func (t *txn) UpdateResource(ctx context.Context, r *store.Resource) error {
 	if _, err := t.exec(ctx, `DELETE FROM labels WHERE kind = ? AND object_id = ?`, string(r.Kind), r.ID); err != nil {
 		return err
 	}
-	return t.insertLabels(ctx, r.Kind, r.ID, created, r.Labels)
+	return t.insertLabels(ctx, r.Kind, r.ID, created, labels)
 }
 
 // DeleteResource implements store.Tx.
@@ -342,12 +405,14 @@ func (t *txn) DeleteResource(ctx context.Context, kind store.Kind, id string) er
 
 // listSQL returns the statement and arguments of one ListResources page.
 //
-// Without a selector the page is a range scan of resources_list. With one,
-// the page is driven by the labels_selector index of the first selector entry
-// (in key order): a range scan of (kind, key, value) from the cursor on
-// (object_created_at, object_id), already in list order, joined to resources
-// by primary key; every other entry is an EXISTS probe of the labels primary
-// key. CROSS JOIN pins labels as the outer loop.
+// Without a selector the page is a range scan of the resources primary key,
+// which is in list order. With one, the page is driven by the
+// labels_selector index of the first selector entry (in key order): a range
+// scan of (kind, key, value) from the cursor on (object_created_at,
+// object_id), already in list order, joined to resources by primary key
+// (kind, created_at, id), so that the rows of a page are close together;
+// every other entry is an EXISTS probe of the labels primary key. CROSS JOIN
+// pins labels as the outer loop.
 func listSQL(q store.ListQuery) (string, []any) {
 	var b strings.Builder
 	var args []any
@@ -370,7 +435,7 @@ func listSQL(q store.ListQuery) (string, []any) {
 	}
 	b.WriteString(` FROM labels l0 CROSS JOIN resources r
 		WHERE l0.kind = ? AND l0.key = ? AND l0.value = ?
-		AND r.kind = l0.kind AND r.id = l0.object_id`)
+		AND r.kind = l0.kind AND r.created_at = l0.object_created_at AND r.id = l0.object_id`)
 	args = append(args, string(q.Kind), keys[0], q.Selector[keys[0]])
 	if q.After != nil {
 		b.WriteString(` AND (l0.object_created_at, l0.object_id) > (?, ?)`)
@@ -386,47 +451,26 @@ func listSQL(q store.ListQuery) (string, []any) {
 	return b.String(), args
 }
 
-// labelsSQL reads the labels of a page of resources in one statement: the
+// labelsSQL reads the labels of a page of Workspaces in one statement: the
 // IDs come as a JSON array, each one a probe of the labels primary key.
+// (Resources have theirs in their row.)
 const labelsSQL = `SELECT object_id, key, value FROM labels
 	WHERE kind = ? AND object_id IN (SELECT j.value FROM json_each(?) AS j)`
 
-// ListResources implements store.Tx. A Limit of 0 or less returns nothing.
+// ListResources implements store.Tx: one statement, labels included. A
+// Limit of 0 or less returns nothing.
 func (t *txn) ListResources(ctx context.Context, q store.ListQuery) ([]*store.Resource, error) {
 	if q.Limit <= 0 {
 		return nil, nil
 	}
 	query, args := listSQL(q)
 	var page []*store.Resource
-	byID := map[string]*store.Resource{}
 	err := t.query(ctx, query, args, func(rows *sql.Rows) error {
 		r, err := scanResource(rows)
 		if err != nil {
 			return err
 		}
 		page = append(page, r)
-		byID[r.ID] = r
-		return nil
-	})
-	if err != nil || len(page) == 0 {
-		return page, err
-	}
-	ids := make([]string, len(page))
-	for i, r := range page {
-		ids[i] = r.ID
-	}
-	idsJSON, err := json.Marshal(ids)
-	if err != nil {
-		return nil, err
-	}
-	err = t.query(ctx, labelsSQL, []any{string(q.Kind), string(idsJSON)}, func(rows *sql.Rows) error {
-		var id, k, v string
-		if err := rows.Scan(&id, &k, &v); err != nil {
-			return err
-		}
-		if r := byID[id]; r != nil {
-			r.Labels[k] = v
-		}
 		return nil
 	})
 	if err != nil {

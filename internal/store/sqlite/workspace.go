@@ -23,7 +23,7 @@ const workspaceColumns = `w.id, w.created_at, w.updated_at, w.deleted_at, w.doc,
 	w.observed_generation, w.observed_state, w.holds_execution, w.observed_at`
 
 // scanWorkspace scans workspaceColumns; Labels is left empty.
-func scanWorkspace(row interface{ Scan(...any) error }) (*store.Workspace, error) {
+func scanWorkspace(row scanner) (*store.Workspace, error) {
 	var (
 		w                                  store.Workspace
 		created, updated                   int64
@@ -87,7 +87,7 @@ func (t *txn) GetWorkspace(ctx context.Context, id string) (*store.Workspace, er
 	if err != nil {
 		return nil, err
 	}
-	w, err := scanWorkspace(t.q.QueryRowContext(c, `SELECT `+workspaceColumns+` FROM workspaces w WHERE w.id = ?`, id))
+	w, err := scanWorkspace(t.c.queryRow(c, `SELECT `+workspaceColumns+` FROM workspaces w WHERE w.id = ?`, id))
 	if err != nil {
 		return nil, t.fail(err)
 	}
@@ -122,7 +122,11 @@ func (t *txn) InsertWorkspace(ctx context.Context, w *store.Workspace) error {
 	if n == 0 {
 		return fmt.Errorf("%w: workspace %q", store.ErrDuplicate, w.ID)
 	}
-	return t.insertLabels(ctx, store.KindWorkspace, w.ID, micros(w.CreatedAt), w.Labels)
+	labels, err := mapJSON(w.Labels)
+	if err != nil {
+		return err
+	}
+	return t.insertLabels(ctx, store.KindWorkspace, w.ID, micros(w.CreatedAt), labels)
 }
 
 // updateWorkspaceSQL sets every mutable column.
@@ -405,7 +409,7 @@ func scanCommand(row interface{ Scan(...any) error }) (*store.Command, error) {
 const nodeColumns = `id, created_at, last_seen, memory_mib, cpu_millis, storage_bytes, doc`
 
 // scanNode scans nodeColumns.
-func scanNode(row interface{ Scan(...any) error }) (*store.Node, error) {
+func scanNode(row scanner) (*store.Node, error) {
 	var (
 		n                 store.Node
 		created, seen     int64
@@ -448,7 +452,7 @@ func (t *txn) GetNode(ctx context.Context, id string) (*store.Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n, err := scanNode(t.q.QueryRowContext(c, `SELECT `+nodeColumns+` FROM nodes WHERE id = ?`, id))
+	n, err := scanNode(t.c.queryRow(c, `SELECT `+nodeColumns+` FROM nodes WHERE id = ?`, id))
 	if err != nil {
 		return nil, t.fail(err)
 	}

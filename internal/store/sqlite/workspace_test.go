@@ -13,24 +13,24 @@ import (
 	"github.com/kibotos/kibotos/internal/store"
 )
 
-// explainSQL returns the EXPLAIN QUERY PLAN details of a statement.
+// explainSQL returns the EXPLAIN QUERY PLAN details of a statement, as a
+// reader connection plans it.
 func explainSQL(t *testing.T, s *Store, query string, args ...any) []string {
 	t.Helper()
-	rows, err := s.rdb.QueryContext(context.Background(), "EXPLAIN QUERY PLAN "+query, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
+	ctx := context.Background()
 	var plan []string
-	for rows.Next() {
-		var id, parent, notused int
-		var detail string
-		if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
-			t.Fatal(err)
-		}
-		plan = append(plan, detail)
-	}
-	if err := rows.Err(); err != nil {
+	err := s.view(ctx, func(tx *txn) error {
+		return tx.query(ctx, "EXPLAIN QUERY PLAN "+query, args, func(rows *sql.Rows) error {
+			var id, parent, notused int
+			var detail string
+			if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+				return err
+			}
+			plan = append(plan, detail)
+			return nil
+		})
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	return plan
@@ -67,9 +67,7 @@ func TestWorkspaceQueryPlans(t *testing.T) {
 	// Plans both without statistics (as a new database runs) and with.
 	for _, analyzed := range []bool{false, true} {
 		if analyzed {
-			if _, err := s.wdb.ExecContext(ctx, "ANALYZE"); err != nil {
-				t.Fatal(err)
-			}
+			writerExec(t, s, "ANALYZE")
 		}
 		after := &store.Cursor{CreatedAt: base.Add(time.Second), ID: "w1000"}
 		type planCase struct {
@@ -216,14 +214,12 @@ func TestMigrateLabelsKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	var n int
-	if err := s.rdb.QueryRowContext(ctx, `SELECT count(*) FROM pragma_foreign_key_list('labels')`).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
+	readerRow(t, s, `SELECT count(*) FROM pragma_foreign_key_list('labels')`, nil, &n)
 	if n != 0 {
 		t.Errorf("labels has %d foreign keys after migrating, want none", n)
 	}
 	var check string
-	if err := s.rdb.QueryRowContext(ctx, `PRAGMA integrity_check`).Scan(&check); err != nil || check != "ok" {
-		t.Errorf("integrity_check: %q, %v", check, err)
+	if readerRow(t, s, `PRAGMA integrity_check`, nil, &check); check != "ok" {
+		t.Errorf("integrity_check: %q", check)
 	}
 }
