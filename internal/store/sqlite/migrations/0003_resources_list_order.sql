@@ -16,8 +16,8 @@
 -- The labels of a resource are also kept in the row, as the JSON object
 -- labels, so that a page and a get read no other table. The labels table
 -- still holds every label, for selectors (labels_selector) and for the
--- labels of Workspaces; the store writes both in the same statements'
--- transaction.
+-- labels of Workspaces; the store writes both copies in the same
+-- transaction (InsertResource, UpdateResource, DeleteResource).
 
 CREATE TABLE resources_new (
 	kind                 TEXT    NOT NULL,
