@@ -46,6 +46,9 @@ type Reconciler struct {
 	nodes     map[string]*nodeConn
 	caps      map[string]workspace.Capacity
 	templates map[string]map[string]string // node → template → version
+	// quiet holds the silent nodes whose Workspaces are all marked UNKNOWN,
+	// so that later passes skip them until the node connects again.
+	quiet map[string]bool
 }
 
 type nodeConn struct {
@@ -54,6 +57,7 @@ type nodeConn struct {
 	lastSeen time.Time
 	sent     map[string]uint64 // workspace → generation pushed
 	pool     string
+	stored   time.Time // when lastSeen was last written to the store
 }
 
 var _ nodev1connect.NodeServiceHandler = (*Reconciler)(nil)
@@ -73,6 +77,7 @@ func (r *Reconciler) init() {
 		r.nodes = map[string]*nodeConn{}
 		r.caps = map[string]workspace.Capacity{}
 		r.templates = map[string]map[string]string{}
+		r.quiet = map[string]bool{}
 	}
 	if r.NodeGrace == 0 {
 		r.NodeGrace = 15 * time.Second
@@ -82,9 +87,13 @@ func (r *Reconciler) init() {
 	}
 }
 
-// Kick wakes the loop.
+// Kick wakes the loop. An admission may have moved a Workspace of a silent
+// node out of UNKNOWN, so silent nodes are checked again.
 func (r *Reconciler) Kick() {
 	r.init()
+	r.mu.Lock()
+	clear(r.quiet)
+	r.mu.Unlock()
 	select {
 	case r.kick <- struct{}{}:
 	default:
@@ -379,21 +388,24 @@ func (r *Reconciler) markSilent(ctx context.Context) (int, error) {
 	var silent []string
 	for id := range r.caps {
 		nc := r.nodes[id]
-		if nc == nil || now.Sub(nc.lastSeen) > r.NodeGrace {
+		if (nc == nil || now.Sub(nc.lastSeen) > r.NodeGrace) && !r.quiet[id] {
 			silent = append(silent, id)
 		}
 	}
 	r.mu.Unlock()
 	n := 0
 	for _, id := range silent {
+		quiet := false
 		err := r.Store.InTx(ctx, func(tx store.Tx) error {
+			quiet = false
 			node, err := tx.GetNode(ctx, id)
 			if err != nil {
 				return err
 			}
 			if now.Sub(node.LastSeen) <= r.NodeGrace {
-				return nil
+				return nil // another replica hears from it
 			}
+			quiet = true
 			on, err := tx.WorkspacesOnNode(ctx, id)
 			if err != nil {
 				return err
@@ -416,6 +428,13 @@ func (r *Reconciler) markSilent(ctx context.Context) (int, error) {
 		})
 		if err != nil {
 			return n, err
+		}
+		if quiet {
+			r.mu.Lock()
+			if nc := r.nodes[id]; nc == nil || now.Sub(nc.lastSeen) > r.NodeGrace {
+				r.quiet[id] = true
+			}
+			r.mu.Unlock()
 		}
 	}
 	return n, nil
@@ -462,6 +481,7 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 	r.nodes[id] = nc
 	r.caps[id] = workspace.Capacity{MemoryMiB: c.GetMemoryMib(), CPUMillis: c.GetCpuMillis(), StorageBytes: c.GetStorageBytes()}
 	r.templates[id] = templateMap(hello.GetTemplates())
+	delete(r.quiet, id)
 	r.mu.Unlock()
 	r.Log.Info("node connected", "node_id", id, "executions", len(hello.GetExecutions()))
 	defer func() {
@@ -538,6 +558,16 @@ func (r *Reconciler) report(ctx context.Context, node string, rep *nodev1.Execut
 // other replicas and restarts see.
 func (r *Reconciler) heartbeat(ctx context.Context, node string) {
 	now := r.now()
+	r.mu.Lock()
+	nc := r.nodes[node]
+	if nc != nil {
+		if now.Sub(nc.stored) < time.Second {
+			r.mu.Unlock()
+			return // written less than a second ago: no transaction
+		}
+		nc.stored = now
+	}
+	r.mu.Unlock()
 	err := r.Store.InTx(ctx, func(tx store.Tx) error {
 		n, err := tx.GetNode(ctx, node)
 		if err != nil {
