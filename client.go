@@ -31,6 +31,9 @@ type Client struct {
 	Resolvers ctrlv1connect.ResolverServiceClient
 	// Volumes is VolumeService.
 	Volumes ctrlv1connect.VolumeServiceClient
+	// Enrollments is EnrollmentService (Operator API): node enrollment
+	// tokens.
+	Enrollments ctrlv1connect.EnrollmentServiceClient
 
 	endpoint   string
 	httpClient *http.Client
@@ -149,14 +152,15 @@ func NewClient(endpoint string, opts ...Option) (*Client, error) {
 	}
 	base := strings.TrimSuffix(u.String(), "/")
 	return &Client{
-		ServerInfo: ctrlv1connect.NewServerInfoServiceClient(hc, base, o.connectOpts...),
-		Workspaces: ctrlv1connect.NewWorkspaceServiceClient(hc, base, o.connectOpts...),
-		Egresses:   ctrlv1connect.NewEgressServiceClient(hc, base, o.connectOpts...),
-		Resolvers:  ctrlv1connect.NewResolverServiceClient(hc, base, o.connectOpts...),
-		Volumes:    ctrlv1connect.NewVolumeServiceClient(hc, base, o.connectOpts...),
-		endpoint:   base,
-		httpClient: hc,
-		wait:       o.wait,
+		ServerInfo:  ctrlv1connect.NewServerInfoServiceClient(hc, base, o.connectOpts...),
+		Workspaces:  ctrlv1connect.NewWorkspaceServiceClient(hc, base, o.connectOpts...),
+		Egresses:    ctrlv1connect.NewEgressServiceClient(hc, base, o.connectOpts...),
+		Resolvers:   ctrlv1connect.NewResolverServiceClient(hc, base, o.connectOpts...),
+		Volumes:     ctrlv1connect.NewVolumeServiceClient(hc, base, o.connectOpts...),
+		Enrollments: ctrlv1connect.NewEnrollmentServiceClient(hc, base, o.connectOpts...),
+		endpoint:    base,
+		httpClient:  hc,
+		wait:        o.wait,
 	}, nil
 }
 

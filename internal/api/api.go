@@ -29,6 +29,8 @@ type ServerInfo struct {
 	SourceRevision string
 	// HasNodes reports whether a node has registered.
 	HasNodes func() bool
+	// Enrollment reports whether node enrollment is served.
+	Enrollment bool
 }
 
 var _ ctrlv1connect.ServerInfoServiceHandler = (*ServerInfo)(nil)
@@ -37,7 +39,7 @@ var _ ctrlv1connect.ServerInfoServiceHandler = (*ServerInfo)(nil)
 func (s *ServerInfo) GetServerInfo(context.Context, *connect.Request[ctrlv1.GetServerInfoRequest]) (*connect.Response[ctrlv1.GetServerInfoResponse], error) {
 	return connect.NewResponse(&ctrlv1.GetServerInfoResponse{
 		SourceRevision: s.SourceRevision,
-		Capabilities:   capability.Served(s.HasNodes != nil && s.HasNodes()),
+		Capabilities:   capability.Served(capability.Features{Nodes: s.HasNodes != nil && s.HasNodes(), Enrollment: s.Enrollment}),
 	}), nil
 }
 

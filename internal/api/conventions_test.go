@@ -29,8 +29,8 @@ func TestServerInfo(t *testing.T) {
 	if res.Msg.GetSourceRevision() != "test-revision" {
 		t.Errorf("source_revision = %q", res.Msg.GetSourceRevision())
 	}
-	if !slices.Equal(res.Msg.GetCapabilities(), capability.Served(false)) {
-		t.Errorf("capabilities = %v, want %v", res.Msg.GetCapabilities(), capability.Served(false))
+	if !slices.Equal(res.Msg.GetCapabilities(), capability.Served(capability.Features{})) {
+		t.Errorf("capabilities = %v, want %v", res.Msg.GetCapabilities(), capability.Served(capability.Features{}))
 	}
 	// Nothing of the Workspace API is advertised while no node can run a
 	// workspace.
@@ -46,8 +46,8 @@ func TestServerInfo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(res.Msg.GetCapabilities(), capability.Served(true)) || !slices.Contains(res.Msg.GetCapabilities(), "workspace.create") {
-		t.Errorf("capabilities with a node = %v, want %v", res.Msg.GetCapabilities(), capability.Served(true))
+	if !slices.Equal(res.Msg.GetCapabilities(), capability.Served(capability.Features{Nodes: true})) || !slices.Contains(res.Msg.GetCapabilities(), "workspace.create") {
+		t.Errorf("capabilities with a node = %v, want %v", res.Msg.GetCapabilities(), capability.Served(capability.Features{Nodes: true}))
 	}
 }
 

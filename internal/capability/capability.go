@@ -37,6 +37,11 @@ const (
 	ResolverUDP                = "resolver.udp"
 	ResolverTCP                = "resolver.tcp"
 	VolumeCreate               = "volume.create"
+
+	// NodeEnrollment: EnrollmentService (Operator API) and the token
+	// exchange of kibotos-node --enroll-token; served when ctrl holds its
+	// client CA's key.
+	NodeEnrollment = "node.enrollment"
 )
 
 // served lists the capabilities this build serves end to end. Add a name
@@ -55,12 +60,23 @@ var withNodes = []string{
 	WorkspaceDelete,
 }
 
-// Served returns the capabilities served, sorted; nodes reports whether a
-// node has registered with this deployment.
-func Served(nodes bool) []string {
+// Features are the parts of a deployment that decide what it serves.
+type Features struct {
+	// Nodes: a node has registered with this deployment.
+	Nodes bool
+	// Enrollment: ctrl can sign node certificates (it holds the client CA's
+	// key).
+	Enrollment bool
+}
+
+// Served returns the capabilities served, sorted.
+func Served(f Features) []string {
 	out := slices.Clone(served)
-	if nodes {
+	if f.Nodes {
 		out = append(out, withNodes...)
+	}
+	if f.Enrollment {
+		out = append(out, NodeEnrollment)
 	}
 	slices.Sort(out)
 	return out
@@ -108,4 +124,8 @@ var Procedures = map[string]string{
 	"/kibotos.ctrl.v1.VolumeService/GetVolumeCommand":                VolumeCreate,
 	"/kibotos.ctrl.v1.VolumeService/UpdateVolumeLabels":              VolumeCreate,
 	"/kibotos.ctrl.v1.VolumeService/UpdateVolumeAnnotations":         VolumeCreate,
+	"/kibotos.ctrl.v1.EnrollmentService/CreateEnrollment":            NodeEnrollment,
+	"/kibotos.ctrl.v1.EnrollmentService/GetEnrollment":               NodeEnrollment,
+	"/kibotos.ctrl.v1.EnrollmentService/ListEnrollments":             NodeEnrollment,
+	"/kibotos.ctrl.v1.EnrollmentService/RevokeEnrollment":            NodeEnrollment,
 }

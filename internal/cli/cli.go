@@ -140,6 +140,7 @@ otherwise the Connect code of the error (see docs/cli.md).`,
 		a.egressCommand(),
 		a.resolverCommand(),
 		a.workspaceCommand(),
+		a.enrollmentCommand(),
 	)
 	return root
 }

@@ -23,6 +23,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/internal/apierr"
@@ -31,8 +32,13 @@ import (
 	"github.com/kibotos/kibotos/internal/store"
 )
 
-// IDField is the request field that carries the command ID.
+// IDField is the request field that carries the command ID in the
+// Workspace API.
 const IDField = "metadata.command_id"
+
+// OperatorIDField is the request field that carries the command ID in the
+// Operator API.
+const OperatorIDField = "command_id"
 
 // Input is a write request of the Workspace API.
 type Input interface {
@@ -40,8 +46,27 @@ type Input interface {
 	GetMetadata() *ctrlv1.CommandMetadata
 }
 
+// OperatorInput is a write request of the Operator API, whose command ID is
+// a field of the request itself.
+type OperatorInput interface {
+	proto.Message
+	GetCommandId() string
+}
+
+// commandID returns a request's command ID, the path of its field, and the
+// name of the top-level field the fingerprint leaves out.
+func commandID(req proto.Message) (id, path string, top protoreflect.Name) {
+	switch r := req.(type) {
+	case Input:
+		return r.GetMetadata().GetCommandId(), IDField, "metadata"
+	case OperatorInput:
+		return r.GetCommandId(), OperatorIDField, "command_id"
+	}
+	return "", IDField, "metadata"
+}
+
 // Spec describes one command.
-type Spec[Req Input, Resp proto.Message] struct {
+type Spec[Req proto.Message, Resp proto.Message] struct {
 	// Method is the full procedure name; it is part of the fingerprint, so one
 	// ID cannot be reused across methods.
 	Method string
@@ -82,10 +107,14 @@ func (e *Engine) now() time.Time {
 }
 
 // Fingerprint digests a request's input: the method and the deterministic
-// encoding of the request without its metadata.
-func Fingerprint[Req Input](method string, req Req, normalize func(Req)) ([]byte, error) {
+// encoding of the request without its command ID (the metadata of the
+// Workspace API, the command_id of the Operator API).
+func Fingerprint[Req proto.Message](method string, req Req, normalize func(Req)) ([]byte, error) {
 	c := proto.Clone(req).(Req)
-	c.ProtoReflect().Clear(c.ProtoReflect().Descriptor().Fields().ByName("metadata"))
+	_, _, top := commandID(req)
+	if f := c.ProtoReflect().Descriptor().Fields().ByName(top); f != nil {
+		c.ProtoReflect().Clear(f)
+	}
 	if normalize != nil {
 		normalize(c)
 	}
@@ -108,10 +137,10 @@ func (e errSettled) Error() string { return e.fe.Error() }
 
 // Execute runs a command once per command ID and returns its recorded
 // result.
-func Execute[Req Input, Resp proto.Message](ctx context.Context, e *Engine, s Spec[Req, Resp]) (Resp, error) {
+func Execute[Req proto.Message, Resp proto.Message](ctx context.Context, e *Engine, s Spec[Req, Resp]) (Resp, error) {
 	var zero Resp
-	id := s.Request.GetMetadata().GetCommandId()
-	if err := commandid.Validate(IDField, id); err != nil {
+	id, field, _ := commandID(s.Request)
+	if err := commandid.Validate(field, id); err != nil {
 		return zero, err
 	}
 	fp, err := Fingerprint(s.Method, s.Request, s.Normalize)
@@ -128,7 +157,7 @@ func Execute[Req Input, Resp proto.Message](ctx context.Context, e *Engine, s Sp
 	})
 	switch {
 	case err == nil:
-		return replay(s, rec, fp)
+		return replay(s, rec, fp, field)
 	case !errors.Is(err, store.ErrNotFound):
 		return zero, storeUnavailable(err)
 	}
@@ -182,11 +211,11 @@ func Execute[Req Input, Resp proto.Message](ctx context.Context, e *Engine, s Sp
 	var settled errSettled
 	switch {
 	case err == nil && replayed != nil:
-		return replay(s, replayed, fp)
+		return replay(s, replayed, fp, field)
 	case err == nil:
 		return resp, nil
 	case errors.As(err, &settled):
-		return recordFailure(ctx, e, s, id, fp, settled.fe)
+		return recordFailure(ctx, e, s, id, field, fp, settled.fe)
 	default:
 		return zero, storeErr(err)
 	}
@@ -195,7 +224,7 @@ func Execute[Req Input, Resp proto.Message](ctx context.Context, e *Engine, s Sp
 // recordFailure records a settled failure in its own transaction, unless a
 // concurrent request with the same ID recorded a result first (then that
 // result is the answer).
-func recordFailure[Req Input, Resp proto.Message](ctx context.Context, e *Engine, s Spec[Req, Resp], id string, fp []byte, fe *fault.Error) (Resp, error) {
+func recordFailure[Req proto.Message, Resp proto.Message](ctx context.Context, e *Engine, s Spec[Req, Resp], id, field string, fp []byte, fe *fault.Error) (Resp, error) {
 	var zero Resp
 	code, detail, err := apierr.Encode(fe)
 	if err != nil {
@@ -227,17 +256,17 @@ func recordFailure[Req Input, Resp proto.Message](ctx context.Context, e *Engine
 		return zero, storeErr(err)
 	}
 	if replayed != nil {
-		return replay(s, replayed, fp)
+		return replay(s, replayed, fp, field)
 	}
 	return zero, apierr.FromFault(fe, true)
 }
 
 // replay answers with a recorded result.
-func replay[Req Input, Resp proto.Message](s Spec[Req, Resp], rec *store.Command, fp []byte) (Resp, error) {
+func replay[Req proto.Message, Resp proto.Message](s Spec[Req, Resp], rec *store.Command, fp []byte, field string) (Resp, error) {
 	var zero Resp
 	if string(rec.Fingerprint) != string(fp) {
 		return zero, &fault.Error{
-			Kind: fault.KindAlreadyExists, Reason: fault.ReasonCommandIDReused, Field: IDField,
+			Kind: fault.KindAlreadyExists, Reason: fault.ReasonCommandIDReused, Field: field,
 			Message: "command ID was already used with a different request; use a new command ID",
 		}
 	}

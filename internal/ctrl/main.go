@@ -23,6 +23,7 @@ import (
 	"github.com/kibotos/kibotos/internal/buildinfo"
 	"github.com/kibotos/kibotos/internal/netguard"
 	"github.com/kibotos/kibotos/internal/node/daemon"
+	"github.com/kibotos/kibotos/internal/node/enroll"
 	"github.com/kibotos/kibotos/internal/pki"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/store/postgres"
@@ -46,6 +47,8 @@ type Options struct {
 	NoNode        bool
 	CommandWait   time.Duration
 	NodeGrace     time.Duration
+	CAKey         string
+	NodeCertValid time.Duration
 }
 
 // Main runs kibotos-ctrl with args (without the program name) and returns
@@ -68,6 +71,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.GuestBinary, "guest-binary", "", "with --dev: the static kibotos-guest for the embedded node (default: kibotos-guest next to this binary)")
 	fs.BoolVar(&o.NoNode, "dev-no-node", false, "with --dev: do not run the embedded node agent")
 	fs.DurationVar(&o.CommandWait, "command-wait", time.Minute, "how long StopWorkspace and DeleteWorkspace wait for completion before answering a retryable unavailable (TIMED_OUT)")
+	fs.StringVar(&o.CAKey, "ca-key", "", "private key of --client-ca (PEM): lets ctrl sign node certificates at enrollment (EnrollmentService); with --dev defaults to DIR/pki/ca-key.pem")
+	fs.DurationVar(&o.NodeCertValid, "node-cert-validity", 365*24*time.Hour, "validity of node certificates issued at enrollment")
 	fs.DurationVar(&o.NodeGrace, "node-grace", 15*time.Second, "how long a node may stay silent before its workspaces turn UNKNOWN")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -116,6 +121,7 @@ func run(ctx context.Context, o Options, log *slog.Logger, stdout io.Writer) err
 		o.TLSCert = orDefault(o.TLSCert, p.Server)
 		o.TLSKey = orDefault(o.TLSKey, p.ServerKey)
 		o.ClientCA = orDefault(o.ClientCA, p.CA)
+		o.CAKey = orDefault(o.CAKey, p.CAKey)
 		o.Store = orDefault(o.Store, filepath.Join(o.DataDir, "ctrl.db"))
 	}
 	if o.TLSCert == "" || o.TLSKey == "" || o.ClientCA == "" || o.Store == "" {
@@ -129,6 +135,12 @@ func run(ctx context.Context, o Options, log *slog.Logger, stdout io.Writer) err
 	if err != nil {
 		return err
 	}
+	var issuer *pki.Issuer
+	if o.CAKey != "" {
+		if issuer, err = pki.LoadIssuer(o.ClientCA, o.CAKey); err != nil {
+			return fmt.Errorf("--ca-key: %w", err)
+		}
+	}
 	st, err := OpenStore(ctx, o.Store)
 	if err != nil {
 		return err
@@ -140,6 +152,7 @@ func run(ctx context.Context, o Options, log *slog.Logger, stdout io.Writer) err
 	srv, err := New(ctx, Config{
 		Store: st, Checker: &netguard.Checker{Allow: allow}, Logger: log,
 		SourceRevision: buildinfo.Revision(), Registry: reg, WaitBound: o.CommandWait, NodeGrace: o.NodeGrace,
+		Issuer: issuer, NodeCertValidity: o.NodeCertValid,
 	})
 	if err != nil {
 		return err
@@ -170,7 +183,7 @@ func run(ctx context.Context, o Options, log *slog.Logger, stdout io.Writer) err
 	if o.Dev && !o.NoNode {
 		go func() {
 			defer close(nodeDone)
-			if err := runEmbeddedNode(ctx, o, ln.Addr().String(), log); err != nil {
+			if err := runEmbeddedNode(ctx, o, srv, ln.Addr().String(), log); err != nil {
 				log.Error("embedded node agent stopped; workspaces cannot run on this machine", "error", err.Error())
 			}
 		}()
@@ -183,16 +196,39 @@ func run(ctx context.Context, o Options, log *slog.Logger, stdout io.Writer) err
 	return err
 }
 
-// runEmbeddedNode runs the node agent of --dev in this process: a node
-// certificate from the development CA (DIR/pki/node.pem), state under
-// DIR/node, talking to this ctrl over loopback mTLS.
-func runEmbeddedNode(ctx context.Context, o Options, addr string, log *slog.Logger) error {
+// runEmbeddedNode runs the node agent of --dev in this process, with the
+// same code as kibotos-node: on first start it enrolls with a token bound to
+// node "local" (certificate and key in DIR/node/pki), then talks to this ctrl
+// over loopback mTLS with state under DIR/node.
+func runEmbeddedNode(ctx context.Context, o Options, srv *Server, addr string, log *slog.Logger) error {
 	p := pki.DevPathsIn(o.DataDir)
-	cert, key := filepath.Join(p.Dir, "node.pem"), filepath.Join(p.Dir, "node-key.pem")
-	if _, err := os.Stat(cert); err != nil {
-		if err := pki.IssueClient(p.CA, p.CAKey, "local", pki.RoleNode, pki.DevLeafValidity, cert, key); err != nil {
+	host, port, _ := net.SplitHostPort(addr)
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	endpoint := "https://" + net.JoinHostPort(host, port)
+	stateDir := filepath.Join(o.DataDir, "node")
+	dir := filepath.Join(stateDir, "pki")
+	token := ""
+	if cert, keyPath := enroll.Paths(dir); !fileExists(cert) {
+		// The command ID follows the node's key: a restart before the
+		// certificate was saved gets the same token back (and the same
+		// certificate), a new key a new token.
+		signer, err := pki.EnsureKey(keyPath)
+		if err != nil {
 			return err
 		}
+		h, err := pki.PublicKeyHash(signer.Public())
+		if err != nil {
+			return err
+		}
+		if token, err = srv.EnrollmentToken(ctx, fmt.Sprintf("kibotos-dev-node-%x", h[:8]), "local"); err != nil {
+			return fmt.Errorf("enrollment token for the embedded node: %w", err)
+		}
+	}
+	cert, key, err := enroll.Ensure(ctx, enroll.Options{Endpoint: endpoint, CA: p.CA, Dir: dir, Token: token, NodeID: "local", Log: log.With("component", "node")})
+	if err != nil {
+		return err
 	}
 	tlsc, err := pki.ClientConfig(p.CA, cert, key)
 	if err != nil {
@@ -206,15 +242,16 @@ func runEmbeddedNode(ctx context.Context, o Options, addr string, log *slog.Logg
 		}
 		guest = filepath.Join(filepath.Dir(exe), "kibotos-guest")
 	}
-	host, port, _ := net.SplitHostPort(addr)
-	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
-		host = "127.0.0.1"
-	}
 	return daemon.Run(ctx, daemon.Config{
-		NodeID: "local", Endpoint: "https://" + net.JoinHostPort(host, port),
+		NodeID: "local", Endpoint: endpoint,
 		HTTP:     &http.Client{Transport: &http2.Transport{TLSClientConfig: tlsc}},
-		StateDir: filepath.Join(o.DataDir, "node"), GuestBinary: guest, Log: log.With("component", "node"),
+		StateDir: stateDir, GuestBinary: guest, Log: log.With("component", "node"),
 	})
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // OpenStore opens a PostgreSQL store for a postgres:// or postgresql:// URL

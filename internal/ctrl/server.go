@@ -28,6 +28,7 @@ import (
 	"github.com/kibotos/kibotos/internal/apierr"
 	"github.com/kibotos/kibotos/internal/catalog"
 	"github.com/kibotos/kibotos/internal/command"
+	"github.com/kibotos/kibotos/internal/enrollment"
 	"github.com/kibotos/kibotos/internal/netguard"
 	"github.com/kibotos/kibotos/internal/paging"
 	"github.com/kibotos/kibotos/internal/pki"
@@ -60,6 +61,12 @@ type Config struct {
 	// NodeGrace is how long a node may stay silent before its Workspaces
 	// turn UNKNOWN; zero is 15 seconds.
 	NodeGrace time.Duration
+	// Issuer signs node certificates at enrollment; nil disables
+	// EnrollmentService (nodes then need certificates issued by hand).
+	Issuer *pki.Issuer
+	// NodeCertValidity is the validity of node certificates issued at
+	// enrollment; zero is one year.
+	NodeCertValidity time.Duration
 }
 
 // Server is a configured control plane.
@@ -70,6 +77,7 @@ type Server struct {
 	health  *grpchealth.StaticChecker
 	metrics *metrics
 	recon   *reconciler.Reconciler
+	enroll  *enrollment.Service
 }
 
 // pageSecret names the page-token key in the store.
@@ -95,6 +103,13 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	engine := &command.Engine{Store: cfg.Store, Now: cfg.Now}
 
 	s := &Server{cfg: cfg, log: log, metrics: newMetrics(cfg.Registry)}
+	s.enroll = &enrollment.Service{Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
+		Issuer: cfg.Issuer, CertValidity: cfg.NodeCertValidity}
+	if cfg.Issuer != nil {
+		if s.enroll.Key, err = cfg.Store.Secret(ctx, enrollment.SecretName, randomKey); err != nil {
+			return nil, fmt.Errorf("load enrollment token key: %w", err)
+		}
+	}
 	opts := connect.WithHandlerOptions(append(codecs(),
 		connect.WithInterceptors(s.metrics.interceptor(log), apierr.NewInterceptor(log), decodeInterceptor()),
 		connect.WithReadMaxBytes(MaxRequestBytes),
@@ -104,7 +119,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	completions := &workspace.Notifier{}
 	s.recon = &reconciler.Reconciler{Store: cfg.Store, Log: log, Completions: completions, Now: cfg.Now, NodeGrace: cfg.NodeGrace}
 	mux.Handle(ctrlv1connect.NewServerInfoServiceHandler(&api.ServerInfo{SourceRevision: cfg.SourceRevision,
-		HasNodes: func() bool { return s.recon.MaxCapacity().MemoryMiB > 0 }}, opts))
+		HasNodes: func() bool { return s.recon.MaxCapacity().MemoryMiB > 0 }, Enrollment: s.enroll.Available()}, opts))
 	mux.Handle(ctrlv1connect.NewEgressServiceHandler(api.NewEgresses(&catalog.Service[*ctrlv1.EgressSpec]{
 		Kind: api.EgressKind(cfg.Checker), Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 	}), opts))
@@ -118,10 +133,14 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}), opts))
 	mux.Handle(nodev1connect.NewNodeServiceHandler(s.recon, connect.WithInterceptors(apierr.NewInterceptor(log))))
 	mux.Handle(ctrlv1connect.NewVolumeServiceHandler(&api.Volumes{}, opts))
+	enrollments := api.NewEnrollments(s.enroll)
+	mux.Handle(ctrlv1connect.NewEnrollmentServiceHandler(enrollments, opts))
+	mux.Handle(nodev1connect.NewBootstrapServiceHandler(enrollments, opts))
 
 	services := []string{
 		ctrlv1connect.ServerInfoServiceName, ctrlv1connect.WorkspaceServiceName,
 		ctrlv1connect.EgressServiceName, ctrlv1connect.ResolverServiceName, ctrlv1connect.VolumeServiceName,
+		ctrlv1connect.EnrollmentServiceName,
 	}
 	s.health = grpchealth.NewStaticChecker(services...)
 	reflector := grpcreflect.NewStaticReflector(services...)
@@ -150,12 +169,17 @@ func TLSConfig(base *tls.Config) *tls.Config {
 
 // authenticate verifies the Operator certificate of every API call against
 // the client CA. gRPC health is served without a certificate, for load
-// balancers and probes.
+// balancers and probes, and so is BootstrapService, whose enrollment token is
+// the credential of a node that has no certificate yet.
 func (s *Server) authenticate(api, health http.Handler) http.Handler {
 	errw := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/"+grpchealth.HealthV1ServiceName+"/Check" {
 			health.ServeHTTP(w, r)
+			return
+		}
+		if strings.HasPrefix(r.URL.Path, "/"+nodev1connect.BootstrapServiceName+"/") {
+			api.ServeHTTP(w, r) // bodies are bounded by connect.WithReadMaxBytes
 			return
 		}
 		role := pki.RoleOperator
@@ -280,4 +304,15 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsc *tls.Config) e
 // MetricsHandler serves the Prometheus metrics, for a separate listener.
 func (s *Server) MetricsHandler() http.Handler {
 	return promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{})
+}
+
+// EnrollmentToken creates an enrollment token bound to nodeID, for a node
+// that ctrl starts itself (the embedded node of --dev). commandID makes the
+// call idempotent.
+func (s *Server) EnrollmentToken(ctx context.Context, commandID, nodeID string) (string, error) {
+	res, err := s.enroll.Create(ctx, &ctrlv1.CreateEnrollmentRequest{CommandId: commandID, NodeId: nodeID})
+	if err != nil {
+		return "", err
+	}
+	return res.GetToken(), nil
 }

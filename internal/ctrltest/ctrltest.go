@@ -64,6 +64,9 @@ type Options struct {
 	WaitBound time.Duration
 	// NodeGrace is how long a node may be silent (default 15s).
 	NodeGrace time.Duration
+	// Enrollment gives ctrl the development CA's key, so that
+	// EnrollmentService and node enrollment are served.
+	Enrollment bool
 }
 
 // OpenStore opens a fresh SQLite or PostgreSQL store for t.
@@ -110,8 +113,15 @@ func New(t testing.TB, o Options) *Env {
 		allow = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
 	}
 	logs := &SyncBuffer{}
+	var issuer *pki.Issuer
+	if o.Enrollment {
+		if issuer, err = pki.LoadIssuer(p.CA, p.CAKey); err != nil {
+			t.Fatal(err)
+		}
+	}
 	srv, err := ctrl.New(context.Background(), ctrl.Config{
-		Store: st, Checker: &netguard.Checker{Allow: allow, Resolver: o.Resolver},
+		Issuer: issuer,
+		Store:  st, Checker: &netguard.Checker{Allow: allow, Resolver: o.Resolver},
 		Logger:         slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		SourceRevision: "test-revision", WaitBound: o.WaitBound, NodeGrace: o.NodeGrace,
 	})
@@ -150,6 +160,13 @@ func (e *Env) StartNode(t testing.TB, id string, o Options) (stop func()) {
 	if err := pki.IssueClient(e.PKI.CA, e.PKI.CAKey, id, pki.RoleNode, time.Hour, cert, key); err != nil {
 		t.Fatal(err)
 	}
+	return e.StartNodeWith(t, id, cert, key, o)
+}
+
+// StartNodeWith runs a node agent with o.Runtime and the given node
+// certificate until t ends; it returns a function that stops it early.
+func (e *Env) StartNodeWith(t testing.TB, id, cert, key string, o Options) (stop func()) {
+	t.Helper()
 	mem, cpu := o.NodeMemoryMiB, o.NodeCPUMillis
 	if mem == 0 {
 		mem = 8192
@@ -214,6 +231,7 @@ type Clients struct {
 	Resolver   ctrlv1connect.ResolverServiceClient
 	Workspace  ctrlv1connect.WorkspaceServiceClient
 	Volume     ctrlv1connect.VolumeServiceClient
+	Enrollment ctrlv1connect.EnrollmentServiceClient
 }
 
 // Clients returns typed clients over hc with opts.
@@ -224,6 +242,7 @@ func (e *Env) Clients(hc *http.Client, opts ...connect.ClientOption) Clients {
 		Resolver:   ctrlv1connect.NewResolverServiceClient(hc, e.URL, opts...),
 		Workspace:  ctrlv1connect.NewWorkspaceServiceClient(hc, e.URL, opts...),
 		Volume:     ctrlv1connect.NewVolumeServiceClient(hc, e.URL, opts...),
+		Enrollment: ctrlv1connect.NewEnrollmentServiceClient(hc, e.URL, opts...),
 	}
 }
 

@@ -11,10 +11,12 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"golang.org/x/net/http2"
 
+	"github.com/kibotos/kibotos/internal/node/enroll"
 	"github.com/kibotos/kibotos/internal/pki"
 )
 
@@ -26,12 +28,15 @@ func Main(args []string, stderr io.Writer) int {
 	var (
 		cfg                Config
 		ca, cert, key, lvl string
+		token, tokenFile   string
 	)
 	fs.StringVar(&cfg.Endpoint, "ctrl", "", "ctrl's URL, e.g. https://ctrl.example:7443 (required)")
 	fs.StringVar(&ca, "ca", "", "CA that signed ctrl's server certificate (PEM)")
-	fs.StringVar(&cert, "cert", "", "this node's certificate (PEM, OU \"node\", issued by ctrl's CA)")
-	fs.StringVar(&key, "key", "", "this node's private key (PEM)")
-	fs.StringVar(&cfg.NodeID, "node-id", "", "the node's ID; must equal the certificate's common name (default: the common name)")
+	fs.StringVar(&cert, "cert", "", "this node's certificate (PEM, OU \"node\", issued by ctrl's CA); default: STATE-DIR/pki/node.pem, obtained with --enroll-token")
+	fs.StringVar(&key, "key", "", "this node's private key (PEM); default: STATE-DIR/pki/node-key.pem")
+	fs.StringVar(&token, "enroll-token", "", "enrollment token (kibo enrollment create), used once when STATE-DIR/pki holds no certificate yet; also $KIBOTOS_ENROLL_TOKEN")
+	fs.StringVar(&tokenFile, "enroll-token-file", "", "file holding the enrollment token (keeps it out of the process list)")
+	fs.StringVar(&cfg.NodeID, "node-id", "", "the node's ID; must equal the certificate's common name (default: the common name; at enrollment: the token's node ID or the host name)")
 	fs.StringVar(&cfg.StateDir, "state-dir", "/var/lib/kibotos/node", "directory for writable layers, execution state and templates")
 	fs.StringVar(&cfg.GuestBinary, "guest-binary", "", "the static kibotos-guest (default: kibotos-guest next to this binary)")
 	fs.Uint64Var(&cfg.MemoryMiB, "memory-mib", 0, "memory offered to workspaces (default: 80% of MemTotal)")
@@ -49,9 +54,36 @@ func Main(args []string, stderr io.Writer) int {
 		return 2
 	}
 	cfg.Log = slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
-	if cfg.Endpoint == "" || ca == "" || cert == "" || key == "" {
-		fmt.Fprintln(stderr, "kibotos-node: --ctrl, --ca, --cert and --key are required")
+	if cfg.Endpoint == "" || ca == "" {
+		fmt.Fprintln(stderr, "kibotos-node: --ctrl and --ca are required")
 		return 2
+	}
+	if (cert == "") != (key == "") {
+		fmt.Fprintln(stderr, "kibotos-node: --cert and --key go together")
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if cert == "" {
+		if token == "" {
+			token = os.Getenv("KIBOTOS_ENROLL_TOKEN")
+		}
+		if tokenFile != "" {
+			b, err := os.ReadFile(tokenFile)
+			if err != nil {
+				fmt.Fprintf(stderr, "kibotos-node: --enroll-token-file: %v\n", err)
+				return 2
+			}
+			token = strings.TrimSpace(string(b))
+		}
+		var err error
+		cert, key, err = enroll.Ensure(ctx, enroll.Options{
+			Endpoint: cfg.Endpoint, CA: ca, Dir: filepath.Join(cfg.StateDir, "pki"), Token: token, NodeID: cfg.NodeID, Log: cfg.Log,
+		})
+		if err != nil {
+			cfg.Log.Error("node certificate", "error", err.Error())
+			return 1
+		}
 	}
 	tlsc, err := pki.ClientConfig(ca, cert, key)
 	if err != nil {
@@ -75,8 +107,6 @@ func Main(args []string, stderr io.Writer) int {
 		cfg.GuestBinary = filepath.Join(filepath.Dir(exe), "kibotos-guest")
 	}
 	cfg.HTTP = &http.Client{Transport: &http2.Transport{TLSClientConfig: tlsc}}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	if err := Run(ctx, cfg); err != nil {
 		cfg.Log.Error("kibotos-node failed", "error", err.Error())
 		return 1

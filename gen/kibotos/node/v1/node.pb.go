@@ -145,6 +145,136 @@ func (Power) EnumDescriptor() ([]byte, []int) {
 	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{1}
 }
 
+// EnrollRequest presents a token.
+type EnrollRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// token is the enrollment token from CreateEnrollment.
+	Token string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	// node_id is the ID the node asks for; empty accepts the token's node ID
+	// or, for an unbound token, uses hostname.
+	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// hostname is the node's host name, the fallback node ID.
+	Hostname string `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	// csr is a PKCS#10 certificate signing request (DER) signed by the node's
+	// private key; its subject is ignored.
+	Csr           []byte `protobuf:"bytes,4,opt,name=csr,proto3" json:"csr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnrollRequest) Reset() {
+	*x = EnrollRequest{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnrollRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnrollRequest) ProtoMessage() {}
+
+func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnrollRequest.ProtoReflect.Descriptor instead.
+func (*EnrollRequest) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *EnrollRequest) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *EnrollRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *EnrollRequest) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
+}
+
+func (x *EnrollRequest) GetCsr() []byte {
+	if x != nil {
+		return x.Csr
+	}
+	return nil
+}
+
+// EnrollResponse carries the node's certificate.
+type EnrollResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node_id is the node's ID: the common name of its certificate.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// certificate is the node certificate (PEM), OU "node".
+	Certificate   []byte `protobuf:"bytes,2,opt,name=certificate,proto3" json:"certificate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnrollResponse) Reset() {
+	*x = EnrollResponse{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnrollResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnrollResponse) ProtoMessage() {}
+
+func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnrollResponse.ProtoReflect.Descriptor instead.
+func (*EnrollResponse) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *EnrollResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *EnrollResponse) GetCertificate() []byte {
+	if x != nil {
+		return x.Certificate
+	}
+	return nil
+}
+
 // ConnectRequest is a message from the node.
 type ConnectRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -162,7 +292,7 @@ type ConnectRequest struct {
 
 func (x *ConnectRequest) Reset() {
 	*x = ConnectRequest{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[0]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -174,7 +304,7 @@ func (x *ConnectRequest) String() string {
 func (*ConnectRequest) ProtoMessage() {}
 
 func (x *ConnectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[0]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -187,7 +317,7 @@ func (x *ConnectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectRequest.ProtoReflect.Descriptor instead.
 func (*ConnectRequest) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{0}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ConnectRequest) GetBody() isConnectRequest_Body {
@@ -266,7 +396,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[1]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -278,7 +408,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[1]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -291,7 +421,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{1}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Hello) GetNodeId() string {
@@ -335,7 +465,7 @@ type TemplateInfo struct {
 
 func (x *TemplateInfo) Reset() {
 	*x = TemplateInfo{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[2]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -347,7 +477,7 @@ func (x *TemplateInfo) String() string {
 func (*TemplateInfo) ProtoMessage() {}
 
 func (x *TemplateInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[2]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -360,7 +490,7 @@ func (x *TemplateInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TemplateInfo.ProtoReflect.Descriptor instead.
 func (*TemplateInfo) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{2}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *TemplateInfo) GetTemplateId() string {
@@ -394,7 +524,7 @@ type Capacity struct {
 
 func (x *Capacity) Reset() {
 	*x = Capacity{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[3]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -406,7 +536,7 @@ func (x *Capacity) String() string {
 func (*Capacity) ProtoMessage() {}
 
 func (x *Capacity) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[3]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -419,7 +549,7 @@ func (x *Capacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capacity.ProtoReflect.Descriptor instead.
 func (*Capacity) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{3}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Capacity) GetMemoryMib() uint64 {
@@ -461,7 +591,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[4]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -473,7 +603,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[4]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -486,7 +616,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{4}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Heartbeat) GetSentAt() *timestamppb.Timestamp {
@@ -528,7 +658,7 @@ type ExecutionReport struct {
 
 func (x *ExecutionReport) Reset() {
 	*x = ExecutionReport{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[5]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -540,7 +670,7 @@ func (x *ExecutionReport) String() string {
 func (*ExecutionReport) ProtoMessage() {}
 
 func (x *ExecutionReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[5]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -553,7 +683,7 @@ func (x *ExecutionReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecutionReport.ProtoReflect.Descriptor instead.
 func (*ExecutionReport) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{5}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ExecutionReport) GetWorkspaceId() string {
@@ -645,7 +775,7 @@ type ConnectResponse struct {
 
 func (x *ConnectResponse) Reset() {
 	*x = ConnectResponse{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[6]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -657,7 +787,7 @@ func (x *ConnectResponse) String() string {
 func (*ConnectResponse) ProtoMessage() {}
 
 func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[6]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -670,7 +800,7 @@ func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
 func (*ConnectResponse) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{6}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ConnectResponse) GetDesired() *DesiredState {
@@ -694,7 +824,7 @@ type DesiredState struct {
 
 func (x *DesiredState) Reset() {
 	*x = DesiredState{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[7]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +836,7 @@ func (x *DesiredState) String() string {
 func (*DesiredState) ProtoMessage() {}
 
 func (x *DesiredState) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[7]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +849,7 @@ func (x *DesiredState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredState.ProtoReflect.Descriptor instead.
 func (*DesiredState) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{7}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DesiredState) GetFull() bool {
@@ -761,7 +891,7 @@ type DesiredWorkspace struct {
 
 func (x *DesiredWorkspace) Reset() {
 	*x = DesiredWorkspace{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[8]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -773,7 +903,7 @@ func (x *DesiredWorkspace) String() string {
 func (*DesiredWorkspace) ProtoMessage() {}
 
 func (x *DesiredWorkspace) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[8]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -786,7 +916,7 @@ func (x *DesiredWorkspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredWorkspace.ProtoReflect.Descriptor instead.
 func (*DesiredWorkspace) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{8}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DesiredWorkspace) GetWorkspaceId() string {
@@ -849,7 +979,15 @@ var File_kibotos_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1akibotos/node/v1/node.proto\x12\x0fkibotos.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc0\x01\n" +
+	"\x1akibotos/node/v1/node.proto\x12\x0fkibotos.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n" +
+	"\rEnrollRequest\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1a\n" +
+	"\bhostname\x18\x03 \x01(\tR\bhostname\x12\x10\n" +
+	"\x03csr\x18\x04 \x01(\fR\x03csr\"K\n" +
+	"\x0eEnrollResponse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
+	"\vcertificate\x18\x02 \x01(\fR\vcertificate\"\xc0\x01\n" +
 	"\x0eConnectRequest\x12.\n" +
 	"\x05hello\x18\x01 \x01(\v2\x16.kibotos.node.v1.HelloH\x00R\x05hello\x12:\n" +
 	"\x06report\x18\x02 \x01(\v2 .kibotos.node.v1.ExecutionReportH\x00R\x06report\x12:\n" +
@@ -925,7 +1063,9 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\rPOWER_STOPPED\x10\x02\x12\x11\n" +
 	"\rPOWER_DELETED\x10\x032_\n" +
 	"\vNodeService\x12P\n" +
-	"\aConnect\x12\x1f.kibotos.node.v1.ConnectRequest\x1a .kibotos.node.v1.ConnectResponse(\x010\x01B7Z5github.com/kibotos/kibotos/gen/kibotos/node/v1;nodev1b\x06proto3"
+	"\aConnect\x12\x1f.kibotos.node.v1.ConnectRequest\x1a .kibotos.node.v1.ConnectResponse(\x010\x012]\n" +
+	"\x10BootstrapService\x12I\n" +
+	"\x06Enroll\x12\x1e.kibotos.node.v1.EnrollRequest\x1a\x1f.kibotos.node.v1.EnrollResponseB7Z5github.com/kibotos/kibotos/gen/kibotos/node/v1;nodev1b\x06proto3"
 
 var (
 	file_kibotos_node_v1_node_proto_rawDescOnce sync.Once
@@ -940,38 +1080,42 @@ func file_kibotos_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_kibotos_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_kibotos_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_kibotos_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_kibotos_node_v1_node_proto_goTypes = []any{
 	(ExecState)(0),                // 0: kibotos.node.v1.ExecState
 	(Power)(0),                    // 1: kibotos.node.v1.Power
-	(*ConnectRequest)(nil),        // 2: kibotos.node.v1.ConnectRequest
-	(*Hello)(nil),                 // 3: kibotos.node.v1.Hello
-	(*TemplateInfo)(nil),          // 4: kibotos.node.v1.TemplateInfo
-	(*Capacity)(nil),              // 5: kibotos.node.v1.Capacity
-	(*Heartbeat)(nil),             // 6: kibotos.node.v1.Heartbeat
-	(*ExecutionReport)(nil),       // 7: kibotos.node.v1.ExecutionReport
-	(*ConnectResponse)(nil),       // 8: kibotos.node.v1.ConnectResponse
-	(*DesiredState)(nil),          // 9: kibotos.node.v1.DesiredState
-	(*DesiredWorkspace)(nil),      // 10: kibotos.node.v1.DesiredWorkspace
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*EnrollRequest)(nil),         // 2: kibotos.node.v1.EnrollRequest
+	(*EnrollResponse)(nil),        // 3: kibotos.node.v1.EnrollResponse
+	(*ConnectRequest)(nil),        // 4: kibotos.node.v1.ConnectRequest
+	(*Hello)(nil),                 // 5: kibotos.node.v1.Hello
+	(*TemplateInfo)(nil),          // 6: kibotos.node.v1.TemplateInfo
+	(*Capacity)(nil),              // 7: kibotos.node.v1.Capacity
+	(*Heartbeat)(nil),             // 8: kibotos.node.v1.Heartbeat
+	(*ExecutionReport)(nil),       // 9: kibotos.node.v1.ExecutionReport
+	(*ConnectResponse)(nil),       // 10: kibotos.node.v1.ConnectResponse
+	(*DesiredState)(nil),          // 11: kibotos.node.v1.DesiredState
+	(*DesiredWorkspace)(nil),      // 12: kibotos.node.v1.DesiredWorkspace
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
 }
 var file_kibotos_node_v1_node_proto_depIdxs = []int32{
-	3,  // 0: kibotos.node.v1.ConnectRequest.hello:type_name -> kibotos.node.v1.Hello
-	7,  // 1: kibotos.node.v1.ConnectRequest.report:type_name -> kibotos.node.v1.ExecutionReport
-	6,  // 2: kibotos.node.v1.ConnectRequest.heartbeat:type_name -> kibotos.node.v1.Heartbeat
-	5,  // 3: kibotos.node.v1.Hello.capacity:type_name -> kibotos.node.v1.Capacity
-	7,  // 4: kibotos.node.v1.Hello.executions:type_name -> kibotos.node.v1.ExecutionReport
-	4,  // 5: kibotos.node.v1.Hello.templates:type_name -> kibotos.node.v1.TemplateInfo
-	11, // 6: kibotos.node.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	5,  // 0: kibotos.node.v1.ConnectRequest.hello:type_name -> kibotos.node.v1.Hello
+	9,  // 1: kibotos.node.v1.ConnectRequest.report:type_name -> kibotos.node.v1.ExecutionReport
+	8,  // 2: kibotos.node.v1.ConnectRequest.heartbeat:type_name -> kibotos.node.v1.Heartbeat
+	7,  // 3: kibotos.node.v1.Hello.capacity:type_name -> kibotos.node.v1.Capacity
+	9,  // 4: kibotos.node.v1.Hello.executions:type_name -> kibotos.node.v1.ExecutionReport
+	6,  // 5: kibotos.node.v1.Hello.templates:type_name -> kibotos.node.v1.TemplateInfo
+	13, // 6: kibotos.node.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
 	0,  // 7: kibotos.node.v1.ExecutionReport.state:type_name -> kibotos.node.v1.ExecState
-	11, // 8: kibotos.node.v1.ExecutionReport.observed_at:type_name -> google.protobuf.Timestamp
-	9,  // 9: kibotos.node.v1.ConnectResponse.desired:type_name -> kibotos.node.v1.DesiredState
-	10, // 10: kibotos.node.v1.DesiredState.workspaces:type_name -> kibotos.node.v1.DesiredWorkspace
+	13, // 8: kibotos.node.v1.ExecutionReport.observed_at:type_name -> google.protobuf.Timestamp
+	11, // 9: kibotos.node.v1.ConnectResponse.desired:type_name -> kibotos.node.v1.DesiredState
+	12, // 10: kibotos.node.v1.DesiredState.workspaces:type_name -> kibotos.node.v1.DesiredWorkspace
 	1,  // 11: kibotos.node.v1.DesiredWorkspace.power:type_name -> kibotos.node.v1.Power
-	2,  // 12: kibotos.node.v1.NodeService.Connect:input_type -> kibotos.node.v1.ConnectRequest
-	8,  // 13: kibotos.node.v1.NodeService.Connect:output_type -> kibotos.node.v1.ConnectResponse
-	13, // [13:14] is the sub-list for method output_type
-	12, // [12:13] is the sub-list for method input_type
+	4,  // 12: kibotos.node.v1.NodeService.Connect:input_type -> kibotos.node.v1.ConnectRequest
+	2,  // 13: kibotos.node.v1.BootstrapService.Enroll:input_type -> kibotos.node.v1.EnrollRequest
+	10, // 14: kibotos.node.v1.NodeService.Connect:output_type -> kibotos.node.v1.ConnectResponse
+	3,  // 15: kibotos.node.v1.BootstrapService.Enroll:output_type -> kibotos.node.v1.EnrollResponse
+	14, // [14:16] is the sub-list for method output_type
+	12, // [12:14] is the sub-list for method input_type
 	12, // [12:12] is the sub-list for extension type_name
 	12, // [12:12] is the sub-list for extension extendee
 	0,  // [0:12] is the sub-list for field type_name
@@ -982,7 +1126,7 @@ func file_kibotos_node_v1_node_proto_init() {
 	if File_kibotos_node_v1_node_proto != nil {
 		return
 	}
-	file_kibotos_node_v1_node_proto_msgTypes[0].OneofWrappers = []any{
+	file_kibotos_node_v1_node_proto_msgTypes[2].OneofWrappers = []any{
 		(*ConnectRequest_Hello)(nil),
 		(*ConnectRequest_Report)(nil),
 		(*ConnectRequest_Heartbeat)(nil),
@@ -993,9 +1137,9 @@ func file_kibotos_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kibotos_node_v1_node_proto_rawDesc), len(file_kibotos_node_v1_node_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_kibotos_node_v1_node_proto_goTypes,
 		DependencyIndexes: file_kibotos_node_v1_node_proto_depIdxs,

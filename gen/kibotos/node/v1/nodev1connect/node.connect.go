@@ -23,6 +23,8 @@ const _ = connect.IsAtLeastVersion1_13_0
 const (
 	// NodeServiceName is the fully-qualified name of the NodeService service.
 	NodeServiceName = "kibotos.node.v1.NodeService"
+	// BootstrapServiceName is the fully-qualified name of the BootstrapService service.
+	BootstrapServiceName = "kibotos.node.v1.BootstrapService"
 )
 
 // These constants are the fully-qualified names of the RPCs defined in this package. They're
@@ -35,6 +37,8 @@ const (
 const (
 	// NodeServiceConnectProcedure is the fully-qualified name of the NodeService's Connect RPC.
 	NodeServiceConnectProcedure = "/kibotos.node.v1.NodeService/Connect"
+	// BootstrapServiceEnrollProcedure is the fully-qualified name of the BootstrapService's Enroll RPC.
+	BootstrapServiceEnrollProcedure = "/kibotos.node.v1.BootstrapService/Enroll"
 )
 
 // NodeServiceClient is a client for the kibotos.node.v1.NodeService service.
@@ -111,4 +115,82 @@ type UnimplementedNodeServiceHandler struct{}
 
 func (UnimplementedNodeServiceHandler) Connect(context.Context, *connect.BidiStream[v1.ConnectRequest, v1.ConnectResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("kibotos.node.v1.NodeService.Connect is not implemented"))
+}
+
+// BootstrapServiceClient is a client for the kibotos.node.v1.BootstrapService service.
+type BootstrapServiceClient interface {
+	// Enroll exchanges an enrollment token and a certificate signing request
+	// for a node certificate. The token is single-use; a resend with the same
+	// token and the same key (a node that crashed before saving its
+	// certificate) returns the same certificate again.
+	Enroll(context.Context, *connect.Request[v1.EnrollRequest]) (*connect.Response[v1.EnrollResponse], error)
+}
+
+// NewBootstrapServiceClient constructs a client for the kibotos.node.v1.BootstrapService service.
+// By default, it uses the Connect protocol with the binary Protobuf Codec, asks for gzipped
+// responses, and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the
+// connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewBootstrapServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) BootstrapServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	bootstrapServiceMethods := v1.File_kibotos_node_v1_node_proto.Services().ByName("BootstrapService").Methods()
+	return &bootstrapServiceClient{
+		enroll: connect.NewClient[v1.EnrollRequest, v1.EnrollResponse](
+			httpClient,
+			baseURL+BootstrapServiceEnrollProcedure,
+			connect.WithSchema(bootstrapServiceMethods.ByName("Enroll")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// bootstrapServiceClient implements BootstrapServiceClient.
+type bootstrapServiceClient struct {
+	enroll *connect.Client[v1.EnrollRequest, v1.EnrollResponse]
+}
+
+// Enroll calls kibotos.node.v1.BootstrapService.Enroll.
+func (c *bootstrapServiceClient) Enroll(ctx context.Context, req *connect.Request[v1.EnrollRequest]) (*connect.Response[v1.EnrollResponse], error) {
+	return c.enroll.CallUnary(ctx, req)
+}
+
+// BootstrapServiceHandler is an implementation of the kibotos.node.v1.BootstrapService service.
+type BootstrapServiceHandler interface {
+	// Enroll exchanges an enrollment token and a certificate signing request
+	// for a node certificate. The token is single-use; a resend with the same
+	// token and the same key (a node that crashed before saving its
+	// certificate) returns the same certificate again.
+	Enroll(context.Context, *connect.Request[v1.EnrollRequest]) (*connect.Response[v1.EnrollResponse], error)
+}
+
+// NewBootstrapServiceHandler builds an HTTP handler from the service implementation. It returns the
+// path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewBootstrapServiceHandler(svc BootstrapServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	bootstrapServiceMethods := v1.File_kibotos_node_v1_node_proto.Services().ByName("BootstrapService").Methods()
+	bootstrapServiceEnrollHandler := connect.NewUnaryHandler(
+		BootstrapServiceEnrollProcedure,
+		svc.Enroll,
+		connect.WithSchema(bootstrapServiceMethods.ByName("Enroll")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/kibotos.node.v1.BootstrapService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case BootstrapServiceEnrollProcedure:
+			bootstrapServiceEnrollHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedBootstrapServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedBootstrapServiceHandler struct{}
+
+func (UnimplementedBootstrapServiceHandler) Enroll(context.Context, *connect.Request[v1.EnrollRequest]) (*connect.Response[v1.EnrollResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("kibotos.node.v1.BootstrapService.Enroll is not implemented"))
 }
