@@ -104,7 +104,9 @@ type WorkspaceTx interface {
 	WorkspacesOnNode(ctx context.Context, nodeID string) ([]*Workspace, error)
 	// PendingWorkspaces returns up to limit Workspaces whose Generation is
 	// ahead of ObservedGeneration or that wait for placement (NodeID ""),
-	// deleted ones excluded, oldest first.
+	// deleted ones excluded, oldest first. Workspaces that are not placed
+	// and have no command (a placement that failed; they wait for a new
+	// command) are excluded too, so that they never crowd out real work.
 	PendingWorkspaces(ctx context.Context, limit int) ([]*Workspace, error)
 	// ProcessingCommands returns the commands of objectKind still
 	// PROCESSING, oldest first.

@@ -340,6 +340,7 @@ func (t *txn) WorkspacesOnNode(ctx context.Context, nodeID string) ([]*store.Wor
 // index's.
 const pendingWorkspacesSQL = `SELECT ` + workspaceColumns + ` FROM workspaces w
 	WHERE w.deleted_at IS NULL AND (w.generation > w.observed_generation OR w.node_id = '')
+		AND (w.node_id != '' OR w.command_id != '')
 	ORDER BY w.created_at, w.id LIMIT $1`
 
 // PendingWorkspaces implements store.Tx, oldest (by CreatedAt, then ID)

@@ -699,6 +699,7 @@ func testPendingWorkspaces(t *testing.T, s store.Store) {
 		id           string
 		gen, obs     uint64
 		node         string
+		command      string
 		deleted      bool
 		wantPending  bool
 		secondsAfter int
@@ -706,8 +707,12 @@ func testPendingWorkspaces(t *testing.T, s store.Store) {
 	cases := []tc{
 		{id: "ahead", gen: 2, obs: 1, node: "n", wantPending: true, secondsAfter: 5},
 		{id: "done", gen: 2, obs: 2, node: "n", secondsAfter: 1},
-		{id: "unplaced", gen: 1, obs: 1, node: "", wantPending: true, secondsAfter: 3},
-		{id: "unplaced-new", gen: 0, obs: 0, node: "", wantPending: true, secondsAfter: 3},
+		{id: "unplaced", gen: 1, obs: 1, node: "", command: "c-unplaced", wantPending: true, secondsAfter: 3},
+		{id: "unplaced-new", gen: 0, obs: 0, node: "", command: "c-unplaced-new", wantPending: true, secondsAfter: 3},
+		// A failed placement waits for a new command: not pending, however
+		// far its generation is ahead.
+		{id: "placement-failed", gen: 1, obs: 0, node: "", secondsAfter: 0},
+		{id: "placement-failed-2", gen: 0, obs: 0, node: "", secondsAfter: 0},
 		{id: "deleted-ahead", gen: 3, obs: 1, node: "n", deleted: true, secondsAfter: 0},
 		{id: "deleted-unplaced", gen: 1, obs: 1, node: "", deleted: true, secondsAfter: 0},
 		{id: "behind", gen: 1, obs: 2, node: "n", secondsAfter: 2},
@@ -719,7 +724,7 @@ func testPendingWorkspaces(t *testing.T, s store.Store) {
 	var ws []*store.Workspace
 	for _, c := range cases {
 		w := newWorkspace(c.id, base.Add(time.Duration(c.secondsAfter)*time.Second), map[string]string{"id": c.id})
-		w.Generation, w.ObservedGeneration, w.NodeID = c.gen, c.obs, c.node
+		w.Generation, w.ObservedGeneration, w.NodeID, w.CommandID = c.gen, c.obs, c.node, c.command
 		if c.deleted {
 			w.State, w.DeletedAt = stateDeleted, base
 		}
