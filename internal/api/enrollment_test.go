@@ -406,6 +406,33 @@ func TestEnrolledNodeRunsWorkspaces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+
+	// Re-enrolling node-e (a replaced machine) shuts out the old
+	// certificate; the new one connects.
+	hello := func(cert, key string) error {
+		nc := nodev1connect.NewNodeServiceClient(e.Client(t, cert, key), e.URL)
+		stream := nc.Connect(t.Context())
+		if err := stream.Send(&nodev1.ConnectRequest{Body: &nodev1.ConnectRequest_Hello{Hello: &nodev1.Hello{
+			NodeId: "node-e", Capacity: &nodev1.Capacity{MemoryMib: 1024, CpuMillis: 1000}}}}); err != nil {
+			return err
+		}
+		_, err := stream.Receive()
+		_ = stream.CloseRequest()
+		_ = stream.CloseResponse()
+		return err
+	}
+	again := createEnrollment(t, c, "en-node-again", "node-e", 0)
+	dir2 := t.TempDir()
+	cert2, key2, err := enroll.Ensure(t.Context(), enroll.Options{Endpoint: e.URL, CA: e.PKI.CA, Dir: dir2, Token: again.GetToken()})
+	if err != nil {
+		t.Fatalf("re-enrollment = %v", err)
+	}
+	if err := hello(cert, key); connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), "superseded") {
+		t.Errorf("the replaced machine's certificate connected: %v", err)
+	}
+	if err := hello(cert2, key2); err != nil {
+		t.Errorf("the new certificate: %v", err)
+	}
 }
 
 func parseCert(t *testing.T, b []byte) *x509.Certificate {

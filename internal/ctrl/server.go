@@ -188,7 +188,10 @@ func (s *Server) authenticate(api, health http.Handler) http.Handler {
 		}
 		id, err := s.verifyPeer(r, role)
 		if err == nil && role == pki.RoleNode {
-			r = r.WithContext(reconciler.WithNodeIdentity(r.Context(), id))
+			var h [32]byte
+			if h, err = pki.PublicKeyHash(r.TLS.PeerCertificates[0].PublicKey); err == nil {
+				r = r.WithContext(reconciler.WithNodeIdentity(r.Context(), id, h[:]))
+			}
 		}
 		if err != nil {
 			s.metrics.rejected.Inc()

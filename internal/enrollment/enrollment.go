@@ -351,8 +351,9 @@ func denied(format string, args ...any) error {
 
 // Enroll serves BootstrapService/Enroll: it checks the token, signs the
 // node's key and marks the token used, in one transaction. The node is
-// registered at the same time, so two unbound tokens cannot enroll two
-// machines under one node ID.
+// registered at the same time, with the key that alone may connect as it
+// from now on: two unbound tokens cannot enroll two machines under one node
+// ID, and re-enrolling a node ID shuts out the machine it replaced.
 func (s *Service) Enroll(ctx context.Context, req *nodev1.EnrollRequest) (*nodev1.EnrollResponse, error) {
 	if err := s.Served(); err != nil {
 		return nil, err
@@ -410,14 +411,16 @@ func (s *Service) Enroll(ctx context.Context, req *nodev1.EnrollRequest) (*nodev
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			n = &store.Node{ID: nodeID, CreatedAt: now}
-			if err := tx.UpsertNode(ctx, n); err != nil {
-				return err
-			}
 		case err != nil:
 			return err
 		case rec.NodeID == "":
 			return &fault.Error{Kind: fault.KindAlreadyExists, Reason: fault.ReasonConflict, Field: "node_id",
 				Message: "node " + nodeID + " is registered already; to re-enroll it, create an enrollment bound to it (node_id " + nodeID + ")"}
+		}
+		// From now on only this key may connect as the node.
+		n.CertKeyHash = keyHash[:]
+		if err := tx.UpsertNode(ctx, n); err != nil {
+			return err
 		}
 		certPEM, notAfter, err := s.Issuer.IssueNode(pub, nodeID, s.CertValidity, now)
 		if err != nil {

@@ -13,14 +13,21 @@ import (
 
 type nodeIDKey struct{}
 
-// WithNodeIdentity records the node a verified certificate names.
-func WithNodeIdentity(ctx context.Context, node string) context.Context {
-	return context.WithValue(ctx, nodeIDKey{}, node)
+// peer is who a verified node certificate names.
+type peer struct {
+	node    string
+	keyHash []byte // SHA-256 of the certificate's public key (PKIX)
 }
 
-func nodeIdentity(ctx context.Context) string {
-	s, _ := ctx.Value(nodeIDKey{}).(string)
-	return s
+// WithNodeIdentity records the node a verified certificate names, and the
+// hash of its public key (pki.PublicKeyHash).
+func WithNodeIdentity(ctx context.Context, node string, keyHash []byte) context.Context {
+	return context.WithValue(ctx, nodeIDKey{}, peer{node: node, keyHash: keyHash})
+}
+
+func nodeIdentity(ctx context.Context) peer {
+	p, _ := ctx.Value(nodeIDKey{}).(peer)
+	return p
 }
 
 func detailOf(fe *fault.Error) *ctrlv1.ErrorDetail { return apierr.Detail(fe) }

@@ -9,6 +9,7 @@
 package reconciler
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -452,7 +453,8 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 		return fault.Invalid("hello", "the stream must open with a Hello naming the node")
 	}
 	id := hello.GetNodeId()
-	if peer := nodeIdentity(ctx); peer != "" && peer != id {
+	peer := nodeIdentity(ctx)
+	if peer.node != "" && peer.node != id {
 		return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
 			Message: "the node certificate does not name node " + id}
 	}
@@ -464,6 +466,12 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 			n = &store.Node{ID: id, CreatedAt: now}
 		} else if err != nil {
 			return err
+		}
+		// After an enrollment only its certificate's key may speak for the
+		// node: re-enrolling a node ID shuts out the machine it replaced.
+		if len(n.CertKeyHash) > 0 && peer.keyHash != nil && !bytes.Equal(n.CertKeyHash, peer.keyHash) {
+			return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
+				Message: "this certificate of node " + id + " was superseded by a later enrollment"}
 		}
 		n.LastSeen, n.MemoryMiB, n.CPUMillis, n.StorageBytes = now, c.GetMemoryMib(), c.GetCpuMillis(), c.GetStorageBytes()
 		if n.Doc, err = proto.Marshal(&nodev1.Hello{NodeId: id, Capacity: c, Templates: hello.GetTemplates()}); err != nil {

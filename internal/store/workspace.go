@@ -83,6 +83,10 @@ type Node struct {
 	CPUMillis    uint64
 	StorageBytes uint64
 	Doc          []byte // encoded details, opaque to the store
+	// CertKeyHash is the SHA-256 of the public key (PKIX) of the node
+	// certificate issued at the node's latest enrollment; empty for a node
+	// whose certificate was issued by hand. Only that key may connect.
+	CertKeyHash []byte
 }
 
 // WorkspaceTx are the Workspace operations of a transaction. Every Tx

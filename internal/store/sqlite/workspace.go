@@ -407,7 +407,7 @@ func scanCommand(row interface{ Scan(...any) error }) (*store.Command, error) {
 	return &c, nil
 }
 
-const nodeColumns = `id, created_at, last_seen, memory_mib, cpu_millis, storage_bytes, doc`
+const nodeColumns = `id, created_at, last_seen, memory_mib, cpu_millis, storage_bytes, doc, cert_key_hash`
 
 // scanNode scans nodeColumns.
 func scanNode(row scanner) (*store.Node, error) {
@@ -416,12 +416,12 @@ func scanNode(row scanner) (*store.Node, error) {
 		created, seen     int64
 		memory, cpu, stor int64
 	)
-	if err := row.Scan(&n.ID, &created, &seen, &memory, &cpu, &stor, &n.Doc); err != nil {
+	if err := row.Scan(&n.ID, &created, &seen, &memory, &cpu, &stor, &n.Doc, &n.CertKeyHash); err != nil {
 		return nil, err
 	}
 	n.CreatedAt, n.LastSeen = fromMicros(created), fromMicros(seen)
 	n.MemoryMiB, n.CPUMillis, n.StorageBytes = uint64(memory), uint64(cpu), uint64(stor)
-	n.Doc = emptyNil(n.Doc)
+	n.Doc, n.CertKeyHash = emptyNil(n.Doc), emptyNil(n.CertKeyHash)
 	return &n, nil
 }
 
@@ -440,10 +440,11 @@ func (t *txn) UpsertNode(ctx context.Context, n *store.Node) error {
 	if err != nil {
 		return err
 	}
-	_, err = t.exec(ctx, `INSERT INTO nodes (`+nodeColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)
+	_, err = t.exec(ctx, `INSERT INTO nodes (`+nodeColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen, memory_mib = excluded.memory_mib,
-			cpu_millis = excluded.cpu_millis, storage_bytes = excluded.storage_bytes, doc = excluded.doc`,
-		n.ID, micros(n.CreatedAt), micros(n.LastSeen), memory, cpu, storage, nonNil(n.Doc))
+			cpu_millis = excluded.cpu_millis, storage_bytes = excluded.storage_bytes, doc = excluded.doc,
+			cert_key_hash = excluded.cert_key_hash`,
+		n.ID, micros(n.CreatedAt), micros(n.LastSeen), memory, cpu, storage, nonNil(n.Doc), nonNil(n.CertKeyHash))
 	return err
 }
 

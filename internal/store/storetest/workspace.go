@@ -865,14 +865,17 @@ func testNodes(t *testing.T, s store.Store) {
 		if len(w.Doc) == 0 {
 			w.Doc = nil
 		}
+		if len(w.CertKeyHash) == 0 {
+			w.CertKeyHash = nil
+		}
 		return &w
 	}
 	if got := listNodes(); len(got) != 0 {
 		t.Errorf("ListNodes of an empty store: %d nodes", len(got))
 	}
-	a := &store.Node{ID: "node-a", CreatedAt: base, LastSeen: base.Add(time.Second + 1), MemoryMiB: 64 << 10, CPUMillis: 16000, StorageBytes: 1 << 40, Doc: []byte{0, 1, 2}}
+	a := &store.Node{ID: "node-a", CreatedAt: base, LastSeen: base.Add(time.Second + 1), MemoryMiB: 64 << 10, CPUMillis: 16000, StorageBytes: 1 << 40, Doc: []byte{0, 1, 2}, CertKeyHash: []byte{0xff, 0, 7}}
 	b := &store.Node{ID: "node-B", CreatedAt: base.Add(time.Minute), LastSeen: base.Add(time.Minute), MemoryMiB: math.MaxInt64, CPUMillis: 0, StorageBytes: math.MaxInt64}
-	c := &store.Node{ID: "node-c", CreatedAt: base, LastSeen: base, Doc: []byte{}}
+	c := &store.Node{ID: "node-c", CreatedAt: base, LastSeen: base, Doc: []byte{}, CertKeyHash: []byte{}}
 	inTx(t, s, func(ctx context.Context, tx store.Tx) error {
 		for _, n := range []*store.Node{a, b, c} {
 			if err := tx.UpsertNode(ctx, n); err != nil {
