@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,23 +21,28 @@ import (
 )
 
 var (
-	kiboBinOnce sync.Once
-	kiboBinErr  error
+	binMu    sync.Mutex
+	binBuilt = map[string]error{}
 )
 
-func kiboBinary(t *testing.T) string {
+// buildBinary builds cmd/NAME into the directory TestMain built the others
+// in (once per test binary run; TestMain removes the directory).
+func buildBinary(t *testing.T, name string) string {
 	t.Helper()
-	path := filepath.Join(binDir, "kibo")
-	kiboBinOnce.Do(func() {
-		cmd := exec.Command("go", "build", "-o", path, "../../cmd/kibo")
+	path := filepath.Join(binDir, name)
+	binMu.Lock()
+	defer binMu.Unlock()
+	err, done := binBuilt[name]
+	if !done {
+		cmd := exec.Command("go", "build", "-buildvcs=true", "-o", path, "../../cmd/"+name)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			kiboBinErr = err
-			t.Logf("%s", out)
+		if out, berr := cmd.CombinedOutput(); berr != nil {
+			err = fmt.Errorf("build %s: %v\n%s", name, berr, out)
 		}
-	})
-	if kiboBinErr != nil {
-		t.Fatal(kiboBinErr)
+		binBuilt[name] = err
+	}
+	if err != nil {
+		t.Fatal(err)
 	}
 	return path
 }
@@ -51,7 +57,7 @@ func TestNodeEnrollment(t *testing.T) {
 	p := startCtrl(t, dataDir, "--dev-no-node")
 	paths := pki.DevPathsIn(dataDir)
 	kibo := func(args ...string) (string, string, error) {
-		cmd := exec.Command(kiboBinary(t), args...)
+		cmd := exec.Command(buildBinary(t, "kibo"), args...)
 		cmd.Env = append(os.Environ(), "KIBO_ENDPOINT="+p.url, "KIBO_CA="+paths.CA, "KIBO_CERT="+paths.Operator, "KIBO_KEY="+paths.OperatorKey)
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb

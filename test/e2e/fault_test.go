@@ -40,28 +40,8 @@ const (
 	faultNodeID   = "fault-node"
 )
 
-var (
-	nodeBinOnce sync.Once
-	nodeBinErr  error
-)
-
-// nodeBinary builds kibotos-node next to the binaries TestMain built (once
-// per test binary run; TestMain removes the directory).
-func nodeBinary(t *testing.T) string {
-	t.Helper()
-	path := filepath.Join(binDir, "kibotos-node")
-	nodeBinOnce.Do(func() {
-		cmd := exec.Command("go", "build", "-buildvcs=true", "-o", path, "../../cmd/kibotos-node")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			nodeBinErr = fmt.Errorf("build kibotos-node: %v\n%s", err, out)
-		}
-	})
-	if nodeBinErr != nil {
-		t.Fatal(nodeBinErr)
-	}
-	return path
-}
+// nodeBinary builds kibotos-node next to the binaries TestMain built.
+func nodeBinary(t *testing.T) string { return buildBinary(t, "kibotos-node") }
 
 // faultProc is a restartable child process whose stdout and stderr go to one
 // log file across restarts.
