@@ -181,13 +181,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Lock()
 	a.ln = ln
 	a.mu.Unlock()
-	a.log.Info("guest agent ready", "socket", a.cfg.SocketPath, "pid1", a.pid1)
 	go a.accept(ln)
+	// Signal first, log after: the node waits for the signal (its start
+	// is on a user's critical path), nobody waits for the log line.
 	if a.cfg.Ready != nil {
 		_, _ = a.cfg.Ready.Write([]byte{protocol.ReadyByte})
 		_ = a.cfg.Ready.Close()
 		a.cfg.Ready = nil
 	}
+	a.log.Info("guest agent ready", "socket", a.cfg.SocketPath, "pid1", a.pid1)
 
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -51,6 +54,19 @@ type cgroups interface {
 	create(rel string, l limits) error
 	// addProc moves pid into the cgroup.
 	addProc(rel string, pid int) error
+	// startIn starts the command mk returns so that its process is born
+	// in the cgroup, without the migration addProc makes. A migration
+	// of a whole process (cgroup.procs) takes the kernel's global
+	// cgroup_threadgroup_rwsem for writing, which waits for an RCU grace
+	// period whenever no migration happened recently: 8-10 ms on an idle
+	// 2-CPU host, tens to hundreds on a busy one, and the larger part of
+	// an execution's start before this existed. It returns the started
+	// command, or no command when the process could not be placed at
+	// birth (nothing was started: the caller starts a fresh command and
+	// calls addProc). The error only says why, or that something went
+	// wrong on the way that the caller should log; it never means that
+	// something was left half done.
+	startIn(rel string, mk func() *exec.Cmd) (*exec.Cmd, error)
 	// procs lists the processes in the cgroup (union over hierarchies).
 	procs(rel string) ([]int, error)
 	// kill SIGKILLs every process in the cgroup.
@@ -197,9 +213,15 @@ func keyed(path, key string) (uint64, bool) {
 	return 0, false
 }
 
+// killPids SIGKILLs pids, never this process: a node thread that forked an
+// execution from inside its cgroup (cgroupV1.startIn) and could not move
+// back makes the node appear in the cgroup until that thread ends.
 func killPids(pids []int) {
+	self := os.Getpid()
 	for _, p := range pids {
-		_ = unix.Kill(p, unix.SIGKILL)
+		if p != self {
+			_ = unix.Kill(p, unix.SIGKILL)
+		}
 	}
 }
 
@@ -271,6 +293,28 @@ func (c *cgroupV2) create(rel string, l limits) error {
 
 func (c *cgroupV2) addProc(rel string, pid int) error {
 	return writeCgroupFile(filepath.Join(c.dir(rel), "cgroup.procs"), strconv.Itoa(pid))
+}
+
+// startIn uses clone3's CLONE_INTO_CGROUP (Linux 5.7): the child is
+// created in the cgroup. Without it (older kernel, or any failure of that
+// clone) it returns no command and the caller falls back to addProc.
+func (c *cgroupV2) startIn(rel string, mk func() *exec.Cmd) (*exec.Cmd, error) {
+	fd, err := unix.Open(c.dir(rel), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	cmd := mk()
+	attr := syscall.SysProcAttr{}
+	if cmd.SysProcAttr != nil {
+		attr = *cmd.SysProcAttr
+	}
+	attr.UseCgroupFD, attr.CgroupFD = true, fd
+	cmd.SysProcAttr = &attr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("clone into cgroup: %w", err)
+	}
+	return cmd, nil
 }
 
 func (c *cgroupV2) procs(rel string) ([]int, error) {
@@ -395,6 +439,116 @@ func (c *cgroupV1) addProc(rel string, pid int) error {
 		}
 	}
 	return nil
+}
+
+// startIn forks from a thread that sits in the cgroup, so that the child is
+// born there. cgroup v1 has no CLONE_INTO_CGROUP, but it lets a thread move
+// itself alone: writing "0" to a hierarchy's tasks file moves the calling
+// thread only, and the kernel skips the global threadgroup lock (and its
+// RCU grace period) for exactly that case. So: lock a goroutine to its OS
+// thread, move that thread into the cgroup in every hierarchy, fork the
+// command from it (clone copies the calling thread's cgroups), and move the
+// thread back to where it was. While it sits in the cgroup the thread only
+// forks; the Go runtime creates new threads from a clean template thread,
+// never from a locked one, so nothing else of the node lands in the
+// cgroup. Should the thread fail to move back, it is left locked and ends
+// with its goroutine, so that it never runs other work of the node; kill
+// never signals the node itself meanwhile (killPids skips it).
+//
+// It returns no command, and starts nothing, when the thread's own cgroups
+// cannot be read or joined, and when the fork from inside fails (for
+// example a pids.max below 2, which the forking thread itself counts
+// against); the caller then starts a fresh command and migrates it.
+func (c *cgroupV1) startIn(rel string, mk func() *exec.Cmd) (*exec.Cmd, error) {
+	type result struct {
+		cmd *exec.Cmd
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		cmd, clean, err := c.startFromThread(rel, mk)
+		if clean {
+			runtime.UnlockOSThread()
+		} else {
+			err = errors.Join(err, errors.New("the forking thread could not move back to its cgroups; it ends"))
+		}
+		done <- result{cmd, err}
+	}()
+	res := <-done
+	return res.cmd, res.err
+}
+
+// startFromThread does startIn's work on the locked calling thread. clean
+// reports whether the thread is back in its own cgroups.
+func (c *cgroupV1) startFromThread(rel string, mk func() *exec.Cmd) (cmd *exec.Cmd, clean bool, err error) {
+	own, err := threadCgroups()
+	if err != nil {
+		return nil, true, err
+	}
+	type move struct{ into, back string }
+	var moves []move
+	for _, h := range c.hierarchies() {
+		var cur string
+		for ctl, m := range c.mounts {
+			if m != h {
+				continue
+			}
+			if p, ok := own[ctl]; ok {
+				cur = p
+				break
+			}
+		}
+		if cur == "" || !strings.HasPrefix(cur, "/") || strings.HasPrefix(cur, "/..") {
+			return nil, true, fmt.Errorf("own cgroup %q in %s is not below its mount", cur, h)
+		}
+		back := filepath.Join(h, cur, "tasks")
+		if _, err := os.Stat(back); err != nil {
+			return nil, true, err
+		}
+		moves = append(moves, move{into: filepath.Join(h, rel, "tasks"), back: back})
+	}
+	moveBack := func(ms []move) bool {
+		ok := true
+		for _, m := range ms {
+			if err := writeCgroupFile(m.back, "0"); err != nil {
+				ok = false
+			}
+		}
+		return ok
+	}
+	for i, m := range moves {
+		if err := writeCgroupFile(m.into, "0"); err != nil {
+			return nil, moveBack(moves[:i]), err
+		}
+	}
+	cmd = mk()
+	err = cmd.Start()
+	clean = moveBack(moves)
+	if err != nil {
+		return nil, clean, fmt.Errorf("fork from inside the cgroup: %w", err)
+	}
+	return cmd, clean, nil
+}
+
+// threadCgroups maps each v1 controller (and name=…) to the calling
+// thread's cgroup path in /proc/thread-self/cgroup.
+func threadCgroups() (map[string]string, error) {
+	b, err := os.ReadFile("/proc/thread-self/cgroup")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 || f[1] == "" {
+			continue
+		}
+		for _, ctl := range strings.Split(f[1], ",") {
+			out[ctl] = f[2]
+		}
+	}
+	return out, nil
 }
 
 func (c *cgroupV1) procs(rel string) ([]int, error) {

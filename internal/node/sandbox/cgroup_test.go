@@ -1,9 +1,12 @@
 package sandbox
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -180,5 +183,153 @@ func TestProcStartTime(t *testing.T) {
 	}
 	if fd2, _ := openProcess(os.Getpid(), st+1); fd2 >= 0 {
 		t.Error("openProcess accepted a wrong start time")
+	}
+}
+
+// TestStartInCgroup checks that the init shim is born in its execution's
+// cgroup (no migration) and that no thread of the node is left there.
+func TestStartInCgroup(t *testing.T) {
+	r, _ := newRuntime(t)
+	const ws = "ws-startin"
+	rel := r.cgroupRel(ws)
+	r.cgMu.Lock()
+	err := r.cg.create(rel, limits{MemoryBytes: 64 << 20, VCPUs: 1, PidsMax: 64})
+	r.cgMu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.removeCgroup(rel) }()
+	before, _ := threadCgroups()
+	cmd, why := r.cg.startIn(rel, func() *exec.Cmd { return exec.Command("sleep", "100") })
+	if cmd == nil {
+		t.Fatalf("startIn did not start: %v", why)
+	}
+	if why != nil {
+		t.Errorf("startIn: %v", why)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Kill()
+		<-done
+	}()
+	pids, err := r.cg.procs(rel)
+	if err != nil || len(pids) != 1 || pids[0] != cmd.Process.Pid {
+		t.Errorf("procs of the cgroup = %v, %v; want only %d", pids, err, cmd.Process.Pid)
+	}
+	// Not a single thread of this process in the cgroup, in any hierarchy.
+	for _, p := range r.cg.paths(rel) {
+		for _, f := range []string{"tasks", "cgroup.threads"} {
+			tids, err := readInts(filepath.Join(p, f))
+			if err != nil {
+				continue
+			}
+			for _, tid := range tids {
+				if _, err := os.Stat(filepath.Join("/proc/self/task", strconv.Itoa(tid))); err == nil {
+					t.Errorf("thread %d of the test process is in %s", tid, p)
+				}
+			}
+		}
+	}
+	if after, _ := threadCgroups(); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("this thread's cgroups changed: %v → %v", before, after)
+	}
+	// Whatever lists the node in a cgroup, kill never signals it.
+	killPids([]int{os.Getpid()})
+}
+
+// TestExecutionInItsCgroup checks that every thread of the guest is in the
+// execution's cgroup in each hierarchy and that no thread of the node is
+// there once Start returned.
+func TestExecutionInItsCgroup(t *testing.T) {
+	r, _ := newRuntime(t)
+	const ws = "ws-cgroup"
+	start(t, r, testSpec(ws))
+	st, _ := r.Status(ws)
+	rel := r.cgroupRel(ws)
+	pids, err := r.cg.procs(rel)
+	if err != nil || len(pids) != 1 || pids[0] != st.PID {
+		t.Errorf("processes of the cgroup = %v, %v; want only PID 1 (%d)", pids, err, st.PID)
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", st.PID))
+	if err != nil || len(tasks) == 0 {
+		t.Fatalf("threads of PID 1: %v", err)
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/cgroup", st.PID, task.Name()))
+		if err != nil {
+			continue // the thread ended
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			f := strings.SplitN(line, ":", 3)
+			if len(f) != 3 {
+				continue
+			}
+			ours := f[1] == "" && r.cg.version() == 2
+			for _, ctl := range strings.Split(f[1], ",") {
+				ours = ours || ctl == "memory" || ctl == "cpu" || ctl == "pids"
+			}
+			if ours && f[2] != "/"+rel {
+				t.Errorf("thread %s of PID 1: %s, want %s", task.Name(), line, "/"+rel)
+			}
+		}
+	}
+	for _, p := range r.cg.paths(rel) {
+		for _, f := range []string{"tasks", "cgroup.threads"} {
+			tids, err := readInts(filepath.Join(p, f))
+			if err != nil {
+				continue
+			}
+			for _, tid := range tids {
+				if _, err := os.Stat(filepath.Join("/proc/self/task", strconv.Itoa(tid))); err == nil {
+					t.Errorf("thread %d of the test process is in %s", tid, p)
+				}
+			}
+		}
+	}
+	// Whatever lists the node in a cgroup, kill never signals it.
+	killPids([]int{os.Getpid()})
+	if err := r.Delete(context.Background(), ws); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCgroupBaseRemovedWhenEmpty: the runtime's own cgroup (parent/tag)
+// goes with its last execution cgroup.
+func TestCgroupBaseRemovedWhenEmpty(t *testing.T) {
+	r, _ := newRuntime(t)
+	ctx := context.Background()
+	baseExists := func() bool {
+		for _, p := range r.cg.paths(r.cgBase) {
+			if _, err := os.Stat(p); err == nil {
+				return true
+			}
+		}
+		return false
+	}
+	start(t, r, testSpec("ws-base-1"))
+	start(t, r, testSpec("ws-base-2"))
+	if !baseExists() {
+		t.Fatal("no runtime cgroup while executions run")
+	}
+	if err := r.Stop(ctx, "ws-base-1", false); err != nil {
+		t.Fatal(err)
+	}
+	if !baseExists() {
+		t.Fatal("runtime cgroup removed while an execution runs in it")
+	}
+	if err := r.Delete(ctx, "ws-base-2"); err != nil {
+		t.Fatal(err)
+	}
+	if baseExists() {
+		t.Errorf("runtime cgroup %s left behind after the last execution", r.cgBase)
+	}
+	// And a start after that makes it again.
+	start(t, r, testSpec("ws-base-1"))
+	if err := r.Delete(ctx, "ws-base-1"); err != nil {
+		t.Fatal(err)
+	}
+	if baseExists() {
+		t.Errorf("runtime cgroup %s left behind", r.cgBase)
 	}
 }

@@ -197,6 +197,11 @@ type Runtime struct {
 	cg     cgroups
 	cgBase string // CgroupParent/tag
 
+	// cgMu orders the creation of execution cgroups (which creates cgBase
+	// when missing) against the removal of cgBase once it is empty, so
+	// that a start never loses its parent between mkdir and mkdir.
+	cgMu sync.Mutex
+
 	mu     sync.Mutex
 	execs  map[string]*execution
 	locks  map[string]chan struct{}
@@ -454,10 +459,28 @@ func (r *Runtime) Start(ctx context.Context, s Spec) error {
 func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 	ws := s.WorkspaceID
 	t0 := time.Now()
-	created, err := r.ensureLayer(ctx, ws, s.CapacityBytes)
-	if err != nil {
-		return fmt.Errorf("%w: writable layer: %v", ErrStart, err)
+	// A first start makes the writable layer while the record, the cgroup
+	// and the run directory are set up: both end in fsyncs, which the
+	// filesystem may then commit together. Every return waits for it, so
+	// that no layer appears after Start returned (a Delete may follow).
+	type layerResult struct {
+		created bool
+		err     error
 	}
+	layerc := make(chan layerResult, 1)
+	go func() {
+		created, err := r.ensureLayer(ctx, ws, s.CapacityBytes)
+		layerc <- layerResult{created, err}
+	}()
+	var layer *layerResult
+	waitLayer := func() layerResult {
+		if layer == nil {
+			l := <-layerc
+			layer = &l
+		}
+		return *layer
+	}
+	defer waitLayer()
 	st := &execState{
 		WorkspaceID:   ws,
 		Generation:    s.Generation,
@@ -491,11 +514,14 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 		}
 	}()
 
-	if err := r.cg.create(st.Cgroup, limits{
+	r.cgMu.Lock()
+	err = r.cg.create(st.Cgroup, limits{
 		MemoryBytes: uint64(s.MemoryMiB) * mib,
 		VCPUs:       VCPUs(s.CPUMillis),
 		PidsMax:     s.PidsMax,
-	}); err != nil {
+	})
+	r.cgMu.Unlock()
+	if err != nil {
 		return fmt.Errorf("%w: cgroup: %v", ErrStart, err)
 	}
 	run := r.runDir(ws)
@@ -512,6 +538,11 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 		return fmt.Errorf("%w: log: %v", ErrStart, err)
 	}
 	defer logf.Close()
+	lr := waitLayer()
+	if lr.err != nil {
+		return fmt.Errorf("%w: writable layer: %v", ErrStart, lr.err)
+	}
+	created := lr.created
 	loopf, dev, err := attachLoop(st.Layer)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrStart, err)
@@ -536,29 +567,46 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 		return fmt.Errorf("%w: %v", ErrStart, err)
 	}
 	defer readyR.Close()
-	cmd := &exec.Cmd{
-		Path:       r.cfg.InitBinary,
-		Args:       []string{initArg0},
-		Env:        []string{},
-		Dir:        "/",
-		Stdout:     logf,
-		Stderr:     logf,
-		ExtraFiles: []*os.File{cfgR, statW, loopf, readyW}, // fds 3, 4, 5, 6
-		SysProcAttr: &syscall.SysProcAttr{
-			// Own session and no parent-death signal: the execution
-			// outlives the node agent.
-			Setsid: true,
-			Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS |
-				unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
-		},
+	mkCmd := func() *exec.Cmd {
+		return &exec.Cmd{
+			Path:       r.cfg.InitBinary,
+			Args:       []string{initArg0},
+			Env:        []string{},
+			Dir:        "/",
+			Stdout:     logf,
+			Stderr:     logf,
+			ExtraFiles: []*os.File{cfgR, statW, loopf, readyW}, // fds 3, 4, 5, 6
+			SysProcAttr: &syscall.SysProcAttr{
+				// Own session and no parent-death signal: the execution
+				// outlives the node agent.
+				Setsid: true,
+				Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS |
+					unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
+			},
+		}
 	}
-	err = cmd.Start()
+	// The shim is born in the execution's cgroup when the host allows it
+	// (see cgroups.startIn); otherwise it is migrated below, before it
+	// gets its configuration.
+	cmd, why := r.cg.startIn(st.Cgroup, mkCmd)
+	joined := cmd != nil
+	switch {
+	case why != nil && joined:
+		r.log.Warn("init shim started inside its cgroup, but", "workspace_id", ws, "err", why)
+	case why != nil:
+		r.log.Debug("init shim not started inside its cgroup; migrating it", "workspace_id", ws, "why", why)
+	}
+	var startErr error
+	if !joined {
+		cmd = mkCmd()
+		startErr = cmd.Start()
+	}
 	cfgR.Close()
 	statW.Close()
 	readyW.Close()
 	loopf.Close() // the shim holds the device until its mount does
-	if err != nil {
-		return fmt.Errorf("%w: init shim: %v", ErrStart, err)
+	if startErr != nil {
+		return fmt.Errorf("%w: init shim: %v", ErrStart, startErr)
 	}
 	pid := cmd.Process.Pid
 	e = &execution{ws: ws, child: cmd, done: make(chan struct{}), cond: GuestBooting}
@@ -572,11 +620,17 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 	r.execs[ws] = e
 	r.mu.Unlock()
 	go r.watch(e)
-	if err := r.writeState(st); err != nil {
-		return fmt.Errorf("%w: state: %v", ErrStart, err)
-	}
-	if err := r.cg.addProc(st.Cgroup, pid); err != nil {
-		return fmt.Errorf("%w: cgroup: %v", ErrStart, err)
+	// No state file write here: until the guest answers, the record
+	// written before the cgroup (phase starting) is all a restarted node
+	// needs. It releases such a start through the cgroup, and the shim is
+	// in the cgroup from before it is configured (born there, or migrated
+	// just below); a shim the node never configured exits by itself when
+	// the configuration pipe ends. The pid is recorded with the running
+	// phase.
+	if !joined {
+		if err := r.cg.addProc(st.Cgroup, pid); err != nil {
+			return fmt.Errorf("%w: cgroup: %v", ErrStart, err)
+		}
 	}
 	cfg := initConfig{
 		WorkspaceID:   ws,
@@ -941,10 +995,14 @@ func (r *Runtime) releaseResources(st *execState) error {
 }
 
 func (r *Runtime) removeCgroup(rel string) error {
+	if !r.cg.exists(rel) {
+		return nil
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		err := r.cg.remove(rel)
 		if err == nil {
+			r.pruneCgroupBase()
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -952,6 +1010,23 @@ func (r *Runtime) removeCgroup(rel string) error {
 		}
 		_ = r.cg.kill(rel)
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// pruneCgroupBase removes this runtime's cgroup (CgroupParent/<root tag>)
+// once the last execution cgroup under it is gone, so that a runtime that
+// runs nothing leaves nothing in the cgroup tree. The tag is this Root's
+// alone; CgroupParent itself may be shared with other runtimes (or made by
+// the operator) and is left alone. cgMu keeps a concurrent start from
+// creating an execution cgroup in between.
+func (r *Runtime) pruneCgroupBase() {
+	r.cgMu.Lock()
+	defer r.cgMu.Unlock()
+	if names, err := r.cg.children(r.cgBase); err != nil || len(names) > 0 {
+		return
+	}
+	if err := r.cg.remove(r.cgBase); err != nil {
+		r.log.Debug("remove the runtime's empty cgroup", "cgroup", r.cgBase, "err", err)
 	}
 }
 

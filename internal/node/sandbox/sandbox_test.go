@@ -655,6 +655,53 @@ func TestAdoptReleasesHalfStartedExecution(t *testing.T) {
 	}
 }
 
+// TestAdoptReleasesStartWithoutPID: the agent died after the init shim was
+// started but before the guest answered. The record then holds no pid (the
+// running record is the first with one); the shim is released through its
+// cgroup, which it was born in.
+func TestAdoptReleasesStartWithoutPID(t *testing.T) {
+	r1, root := newRuntime(t)
+	ctx := context.Background()
+	const ws = "ws-nopid"
+	start(t, r1, testSpec(ws))
+	st, _ := r1.Status(ws)
+	r1.Close()
+	rec, err := r1.readState(ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pidStart := rec.PIDStart
+	rec.Phase, rec.PID, rec.PIDStart = phaseStarting, 0, 0
+	if err := r1.writeState(rec); err != nil {
+		t.Fatal(err)
+	}
+	r2, err := New(Config{Root: root, GuestBinary: testGuest, Log: r1.cfg.Log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	if err := r2.Adopt(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(r2.Executions()) != 0 {
+		t.Fatalf("half-started execution adopted: %+v", r2.Executions())
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for processAlive(st.PID) && time.Now().Before(deadline) {
+		if s, err := procStartTime(st.PID); err != nil || s != pidStart {
+			break // gone, or a zombie of the test process
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s, err := procStartTime(st.PID); err == nil && s == pidStart {
+		t.Fatal("half-started execution without a recorded pid still running")
+	}
+	assertNoLeaks(t, root)
+	if err := r2.Delete(ctx, ws); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestResizeKeepsData(t *testing.T) {
 	r, root := newRuntime(t)
 	ctx := context.Background()

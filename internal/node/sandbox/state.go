@@ -52,8 +52,31 @@ type execState struct {
 
 func (r *Runtime) statePath(ws string) string { return filepath.Join(r.root, "exec", ws+".json") }
 
+// writeState replaces the state file atomically. Which crash does each
+// step of a write guard against?
+//
+//   - The node process crashes, the host does not: the page cache keeps
+//     every completed write and rename, so the restarted node reads the last
+//     record whether or not anything was fsync'd.
+//   - The host crashes: every execution dies with it, and Adopt treats any
+//     record from another boot (BootID) as ended: it releases it (its
+//     cgroup, loop device and mounts died with the host; its run directory
+//     is on disk and Adopt also finds it by scanning run/) and forgets it.
+//     So which version of the record survives does not matter — but an
+//     empty or torn file would: Adopt cannot read it, reports an error and
+//     the node does not start. Hence the temporary file is fsync'd before
+//     it is renamed over the record (old or new content, never a torn
+//     one), but the directory is not fsync'd after the rename: making the
+//     rename itself durable would only decide which of two equally
+//     harmless versions a rebooted host finds. That saves a journal commit
+//     per write on the start path.
+//
+// The layer image (layerseed.go) and runtime.json stay fully durable;
+// removeState fsyncs the directory after removing a record (a record that
+// came back after a host crash would make Adopt report an exit of an
+// execution that had been stopped).
 func (r *Runtime) writeState(st *execState) error {
-	return writeFileAtomic(r.statePath(st.WorkspaceID), st)
+	return writeJSONAtomic(r.statePath(st.WorkspaceID), st, false)
 }
 
 func (r *Runtime) readState(ws string) (*execState, error) {
@@ -71,9 +94,15 @@ func (r *Runtime) readState(ws string) (*execState, error) {
 	return &st, nil
 }
 
+// removeState removes the record; the directory is fsync'd only when there
+// was one to remove (every start first releases leftovers, which usually
+// finds none).
 func (r *Runtime) removeState(ws string) error {
 	err := os.Remove(r.statePath(ws))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
 		return err
 	}
 	return syncDir(filepath.Dir(r.statePath(ws)))
@@ -81,7 +110,12 @@ func (r *Runtime) removeState(ws string) error {
 
 // writeFileAtomic writes JSON to a temporary file, fsyncs it, renames it
 // over path and fsyncs the directory.
-func writeFileAtomic(path string, v any) error {
+func writeFileAtomic(path string, v any) error { return writeJSONAtomic(path, v, true) }
+
+// writeJSONAtomic writes JSON to a temporary file, fsyncs it and renames it
+// over path; with durable it also fsyncs the directory, so that the rename
+// itself survives a host crash.
+func writeJSONAtomic(path string, v any, durable bool) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
@@ -106,6 +140,9 @@ func writeFileAtomic(path string, v any) error {
 	}
 	if err := os.Rename(name, path); err != nil {
 		return err
+	}
+	if !durable {
+		return nil
 	}
 	return syncDir(dir)
 }

@@ -67,8 +67,9 @@ type Config struct {
 // main.
 //
 // The shim starts as PID 1 of new mount, PID, UTS, IPC and network
-// namespaces (clone flags set by the node) and waits for the node to place
-// it in the execution's cgroup. It then enters a new cgroup namespace, mounts
+// namespaces (clone flags set by the node), in the execution's cgroup (born
+// there, or placed there by the node before it sends the configuration),
+// and waits for its configuration. It then enters a new cgroup namespace, mounts
 // the writable layer and the overlay root, /proc, /sys (read-only), a
 // minimal /dev, /tmp, /run with the guest socket directory and the guest
 // binary, sets the hostname, brings up lo, pivots into the new root, drops
