@@ -20,8 +20,9 @@ import (
 //   - layers/<ws>.img.new created (mkfs.ext4 begins), layers/<ws>.img
 //     renamed in (the layer is made and fsync'd);
 //   - exec/.<ws>.json.tmp* created (a state file write begins; the runtime
-//     writes three during a start: before the cgroup, after the init shim
-//     was started, after the guest answered);
+//     writes two during a start: before the cgroup and after the guest
+//     answered; runtimes that migrated the init shim into its cgroup wrote
+//     a third after starting it);
 //   - run/<ws> created (after the cgroup);
 //   - run/<ws>/sock/guest.sock created (kibotos-guest listens: inotify
 //     reports the creation through the execution's bind mount).
@@ -137,7 +138,12 @@ func (t *fsTracer) loop() {
 			case rel == "layers":
 				if ws, ok := strings.CutSuffix(name, ".img.new"); ok && raw.Mask&unix.IN_CREATE != 0 {
 					e := t.ev(ws)
-					*e = fsEvents{LayerNew: now} // a new start of this workspace
+					if !e.LayerNew.IsZero() {
+						*e = fsEvents{} // a new start of this workspace
+					}
+					// The runtime may have begun its first state file
+					// write already (it makes the layer meanwhile).
+					e.LayerNew = now
 				} else if ws, ok := strings.CutSuffix(name, ".img"); ok && raw.Mask&unix.IN_MOVED_TO != 0 {
 					t.ev(ws).LayerReady = now
 				}
