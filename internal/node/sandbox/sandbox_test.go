@@ -277,6 +277,14 @@ func TestIsolation(t *testing.T) {
 	if _, _, code, _ := r.Exec(ctx, ws, []string{"sh", "-c", "echo 1 > /proc/sys/vm/drop_caches"}); code == 0 {
 		t.Error("host sysctl writable inside the workspace")
 	}
+	// Every process runs under the system call filter; new user namespaces
+	// are refused (they would hand it capabilities of its own).
+	if got := strings.TrimSpace(sh(t, r, ws, "grep '^Seccomp:' /proc/self/status")); !strings.HasSuffix(got, "2") {
+		t.Errorf("/proc/self/status says %q, want filter mode 2", got)
+	}
+	if out, _, code, _ := r.Exec(ctx, ws, []string{"unshare", "-U", "true"}); code == 0 {
+		t.Errorf("unshare -U succeeded inside the workspace: %s", out)
+	}
 	// /dev is minimal and works.
 	sh(t, r, ws, "head -c 16 /dev/urandom | wc -c | grep -q 16 && echo x > /dev/null && test -c /dev/zero && test -d /dev/pts")
 	// The root filesystem is the overlay; /sys is read-only.

@@ -1,9 +1,9 @@
 // Package initshim is the sandbox runtime's init shim: the process that
 // starts as PID 1 in an execution's new namespaces, sets up its mounts and
 // root, and execs kibotos-guest. It is small on purpose (the standard
-// library, x/sys/unix and the guest protocol only) so that kibotos-guest
-// itself can be the shim: the runtime then starts a binary of a few MB
-// instead of re-executing the whole node. Any binary whose main calls
+// library, x/sys/unix, the guest protocol and the seccomp filter only) so
+// that kibotos-guest itself can be the shim: the runtime then starts a
+// binary of a few MB instead of re-executing the whole node. Any binary whose main calls
 // MaybeRun first (kibotos-guest, and through sandbox.MaybeRunInit the
 // binaries that embed the runtime) can serve as the shim.
 package initshim
@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/internal/guest/protocol"
+	"github.com/kibotos/kibotos/internal/node/sandbox/seccomp"
 )
 
 // Arg0 is argv[0] of the init shim: the runtime executes its init binary
@@ -130,6 +131,12 @@ func runInit() error {
 	// PID 1 protects itself from the OOM killer (its commands reset theirs
 	// through the guest's exec trampoline).
 	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-998"), 0)
+	// The system call filter goes on while this process still holds
+	// CAP_SYS_ADMIN (so no_new_privs is not needed), and stays across the
+	// exec of the guest and in everything it starts.
+	if err := seccomp.Install(); err != nil {
+		return fmt.Errorf("init: %w", err)
+	}
 	if err := dropCapabilities(); err != nil {
 		return err
 	}
