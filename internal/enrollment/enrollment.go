@@ -174,7 +174,9 @@ func (s *Service) checkToken(token string) (string, bool) {
 	if len(parts) != 3 || parts[0] != tokenPrefix || !strings.HasPrefix(parts[1], idPrefix) || len(parts[1]) > 64 {
 		return "", false
 	}
-	got, err := base64.RawURLEncoding.DecodeString(parts[2])
+	// Strict: one token per secret (no slack in the last character's
+	// unused bits).
+	got, err := base64.RawURLEncoding.Strict().DecodeString(parts[2])
 	if err != nil {
 		return "", false
 	}
