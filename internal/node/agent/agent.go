@@ -86,7 +86,7 @@ type Agent struct {
 	cfg    Config
 	client nodev1connect.NodeServiceClient
 
-	reports chan *nodev1.ExecutionReport
+	reports *outbox
 
 	mu      sync.Mutex
 	desired map[string]*nodev1.DesiredWorkspace
@@ -102,7 +102,7 @@ func New(cfg Config) *Agent {
 	return &Agent{
 		cfg:     cfg,
 		client:  nodev1connect.NewNodeServiceClient(cfg.HTTP, cfg.Endpoint),
-		reports: make(chan *nodev1.ExecutionReport, 1024),
+		reports: newOutbox(),
 		desired: map[string]*nodev1.DesiredWorkspace{},
 		busy:    map[string]bool{},
 		dirty:   map[string]bool{},
@@ -175,26 +175,21 @@ func (a *Agent) session(parent context.Context) error {
 			return ctx.Err()
 		case err := <-errc:
 			return err
-		case rep := <-a.reports:
+		case <-a.reports.ready:
+			rep, ok := a.reports.take()
+			if !ok {
+				continue
+			}
 			msg = &nodev1.ConnectRequest{Body: &nodev1.ConnectRequest_Report{Report: rep}}
 		case <-hb.C:
 			msg = &nodev1.ConnectRequest{Body: &nodev1.ConnectRequest_Heartbeat{Heartbeat: &nodev1.Heartbeat{SentAt: timestamppb.Now()}}}
 		}
 		if err := stream.Send(msg); err != nil {
 			if rep := msg.GetReport(); rep != nil {
-				a.requeue(rep)
+				a.reports.putBack(rep)
 			}
 			return err
 		}
-	}
-}
-
-// requeue keeps a report that could not be sent for the next stream; the
-// full desired state on reconnect makes workers report again anyway.
-func (a *Agent) requeue(rep *nodev1.ExecutionReport) {
-	select {
-	case a.reports <- rep:
-	default:
 	}
 }
 
@@ -327,13 +322,7 @@ func (a *Agent) statusReport(st Status, gen uint64) *nodev1.ExecutionReport {
 	return rep
 }
 
-func (a *Agent) report(rep *nodev1.ExecutionReport) {
-	select {
-	case a.reports <- rep:
-	default:
-		a.cfg.Log.Warn("report queue full; dropping a report (the next full state repeats it)", "workspace_id", rep.GetWorkspaceId())
-	}
-}
+func (a *Agent) report(rep *nodev1.ExecutionReport) { a.reports.put(rep) }
 
 // watchEvents turns runtime events into reports for the current desired
 // generation.
