@@ -10,6 +10,8 @@ import (
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/node/v1/nodev1connect"
 	"github.com/kibotos/kibotos/internal/enrollment"
+	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/nodepeer"
 )
 
 // Enrollments serves EnrollmentService (Operator API) and the node-facing
@@ -19,8 +21,9 @@ type Enrollments struct {
 }
 
 var (
-	_ ctrlv1connect.EnrollmentServiceHandler = (*Enrollments)(nil)
-	_ nodev1connect.BootstrapServiceHandler  = (*Enrollments)(nil)
+	_ ctrlv1connect.EnrollmentServiceHandler  = (*Enrollments)(nil)
+	_ nodev1connect.BootstrapServiceHandler   = (*Enrollments)(nil)
+	_ nodev1connect.CertificateServiceHandler = (*Enrollments)(nil)
 )
 
 // NewEnrollments returns the handler.
@@ -74,6 +77,19 @@ func (h *Enrollments) RevokeEnrollment(ctx context.Context, req *connect.Request
 // Enroll exchanges a token for a node certificate.
 func (h *Enrollments) Enroll(ctx context.Context, req *connect.Request[nodev1.EnrollRequest]) (*connect.Response[nodev1.EnrollResponse], error) {
 	out, err := h.svc.Enroll(ctx, req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(out), nil
+}
+
+// RenewCertificate issues a fresh certificate for the calling node's key.
+func (h *Enrollments) RenewCertificate(ctx context.Context, req *connect.Request[nodev1.RenewCertificateRequest]) (*connect.Response[nodev1.RenewCertificateResponse], error) {
+	p, ok := nodepeer.From(ctx)
+	if !ok {
+		return nil, &fault.Error{Kind: fault.KindUnauthenticated, Reason: fault.ReasonPermissionDenied, Message: "a node certificate is required"}
+	}
+	out, err := h.svc.Renew(ctx, p.NodeID, p.KeyHash, req.Msg.GetCsr())
 	if err != nil {
 		return nil, err
 	}

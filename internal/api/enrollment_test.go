@@ -433,6 +433,59 @@ func TestEnrolledNodeRunsWorkspaces(t *testing.T) {
 	if err := hello(cert2, key2); err != nil {
 		t.Errorf("the new certificate: %v", err)
 	}
+
+	// Renewal: the node asks for a fresh certificate for the same key.
+	hc, renewer, err := enroll.Client(e.URL, e.PKI.CA, cert2, key2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := renewer.Holder.Current().Leaf
+	if renewer.Due() {
+		t.Error("a fresh certificate is due for renewal")
+	}
+	renewer.Now = func() time.Time { return before.NotAfter.Add(-time.Hour) }
+	if !renewer.Due() {
+		t.Error("a certificate an hour from expiry is not due")
+	}
+	if err := renewer.Renew(t.Context()); err != nil {
+		t.Fatalf("Renew = %v", err)
+	}
+	after := renewer.Holder.Current().Leaf
+	onDisk, _ := pki.LoadLeaf(cert2)
+	if after.SerialNumber.Cmp(before.SerialNumber) == 0 || after.NotAfter.Before(before.NotAfter) ||
+		!onDisk.Equal(after) || after.Subject.CommonName != "node-e" {
+		t.Errorf("renewed certificate: serial %v → %v, not after %v → %v, on disk the same: %v", before.SerialNumber, after.SerialNumber, before.NotAfter, after.NotAfter, onDisk.Equal(after))
+	}
+	if h1, _ := pki.PublicKeyHash(before.PublicKey); true {
+		if h2, _ := pki.PublicKeyHash(after.PublicKey); h1 != h2 {
+			t.Error("renewal changed the key")
+		}
+	}
+	if err := hello(cert2, key2); err != nil {
+		t.Errorf("the renewed certificate: %v", err)
+	}
+	// A renewal request signed by another key is refused.
+	certs := nodev1connect.NewCertificateServiceClient(hc, e.URL)
+	_, err = certs.RenewCertificate(t.Context(), connect.NewRequest(&nodev1.RenewCertificateRequest{Csr: csr(t, t.TempDir())}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("renewal for another key = %v", err)
+	}
+	// The superseded machine cannot renew.
+	old, _, err := enroll.Client(e.URL, e.PKI.CA, cert, key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldKey, _ := pki.EnsureKey(key)
+	oldCSR, _ := pki.CreateCSR(oldKey)
+	_, err = nodev1connect.NewCertificateServiceClient(old, e.URL).RenewCertificate(t.Context(), connect.NewRequest(&nodev1.RenewCertificateRequest{Csr: oldCSR}))
+	if connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Errorf("renewal by the superseded certificate = %v", err)
+	}
+	// An operator certificate cannot call CertificateService.
+	_, err = nodev1connect.NewCertificateServiceClient(e.HTTP, e.URL).RenewCertificate(t.Context(), connect.NewRequest(&nodev1.RenewCertificateRequest{Csr: oldCSR}))
+	if connect.CodeOf(err) != connect.CodeUnauthenticated {
+		t.Errorf("renewal with an operator certificate = %v", err)
+	}
 }
 
 func parseCert(t *testing.T, b []byte) *x509.Certificate {

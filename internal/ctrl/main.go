@@ -18,7 +18,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"golang.org/x/net/http2"
 
 	"github.com/kibotos/kibotos/internal/buildinfo"
 	"github.com/kibotos/kibotos/internal/netguard"
@@ -230,10 +229,12 @@ func runEmbeddedNode(ctx context.Context, o Options, srv *Server, addr string, l
 	if err != nil {
 		return err
 	}
-	tlsc, err := pki.ClientConfig(p.CA, cert, key)
+	nlog := log.With("component", "node")
+	hc, renewer, err := enroll.Client(endpoint, p.CA, cert, key, nlog)
 	if err != nil {
 		return err
 	}
+	go renewer.Run(ctx)
 	guest := o.GuestBinary
 	if guest == "" {
 		exe, err := os.Executable()
@@ -243,9 +244,8 @@ func runEmbeddedNode(ctx context.Context, o Options, srv *Server, addr string, l
 		guest = filepath.Join(filepath.Dir(exe), "kibotos-guest")
 	}
 	return daemon.Run(ctx, daemon.Config{
-		NodeID: "local", Endpoint: endpoint,
-		HTTP:     &http.Client{Transport: &http2.Transport{TLSClientConfig: tlsc}},
-		StateDir: stateDir, GuestBinary: guest, Log: log.With("component", "node"),
+		NodeID: "local", Endpoint: endpoint, HTTP: hc,
+		StateDir: stateDir, GuestBinary: guest, Log: nlog,
 	})
 }
 

@@ -30,6 +30,7 @@ import (
 	"github.com/kibotos/kibotos/internal/command"
 	"github.com/kibotos/kibotos/internal/enrollment"
 	"github.com/kibotos/kibotos/internal/netguard"
+	"github.com/kibotos/kibotos/internal/nodepeer"
 	"github.com/kibotos/kibotos/internal/paging"
 	"github.com/kibotos/kibotos/internal/pki"
 	"github.com/kibotos/kibotos/internal/reconciler"
@@ -136,6 +137,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	enrollments := api.NewEnrollments(s.enroll)
 	mux.Handle(ctrlv1connect.NewEnrollmentServiceHandler(enrollments, opts))
 	mux.Handle(nodev1connect.NewBootstrapServiceHandler(enrollments, opts))
+	mux.Handle(nodev1connect.NewCertificateServiceHandler(enrollments, opts))
 
 	services := []string{
 		ctrlv1connect.ServerInfoServiceName, ctrlv1connect.WorkspaceServiceName,
@@ -183,14 +185,15 @@ func (s *Server) authenticate(api, health http.Handler) http.Handler {
 			return
 		}
 		role := pki.RoleOperator
-		if strings.HasPrefix(r.URL.Path, "/"+nodev1connect.NodeServiceName+"/") {
+		if strings.HasPrefix(r.URL.Path, "/"+nodev1connect.NodeServiceName+"/") ||
+			strings.HasPrefix(r.URL.Path, "/"+nodev1connect.CertificateServiceName+"/") {
 			role = pki.RoleNode
 		}
 		id, err := s.verifyPeer(r, role)
 		if err == nil && role == pki.RoleNode {
 			var h [32]byte
 			if h, err = pki.PublicKeyHash(r.TLS.PeerCertificates[0].PublicKey); err == nil {
-				r = r.WithContext(reconciler.WithNodeIdentity(r.Context(), id, h[:]))
+				r = r.WithContext(nodepeer.With(r.Context(), nodepeer.Peer{NodeID: id, KeyHash: h[:]}))
 			}
 		}
 		if err != nil {

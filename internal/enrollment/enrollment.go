@@ -447,6 +447,54 @@ func (s *Service) Enroll(ctx context.Context, req *nodev1.EnrollRequest) (*nodev
 	return out, nil
 }
 
+// Renew serves CertificateService/RenewCertificate for node nodeID, whose
+// verified certificate has the key keyHash: it issues a new certificate for
+// the same key. Keys are not rotated here, so a renewal that is lost on the
+// way (a crash before the node saved it) costs nothing: the old certificate
+// stays valid and the next attempt renews again.
+func (s *Service) Renew(ctx context.Context, nodeID string, keyHash []byte, csr []byte) (*nodev1.RenewCertificateResponse, error) {
+	if err := s.Served(); err != nil {
+		return nil, err
+	}
+	pub, h, err := pki.ParseCSR(csr)
+	if err != nil {
+		return nil, fault.Invalid("csr", "%v", err)
+	}
+	if !hmac.Equal(h[:], keyHash) {
+		return nil, fault.Invalid("csr", "a renewal keeps the key: sign the request with the key of the certificate you call with")
+	}
+	var out []byte
+	err = s.Store.InTx(ctx, func(tx store.Tx) error {
+		n, err := tx.GetNode(ctx, nodeID)
+		if errors.Is(err, store.ErrNotFound) {
+			return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied, Message: "node " + nodeID + " is not registered"}
+		} else if err != nil {
+			return err
+		}
+		if len(n.CertKeyHash) > 0 && !hmac.Equal(n.CertKeyHash, keyHash) {
+			return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
+				Message: "this certificate of node " + nodeID + " was superseded by a later enrollment"}
+		}
+		if len(n.CertKeyHash) == 0 {
+			// A certificate issued by hand: from now on its key is the
+			// node's.
+			n.CertKeyHash = keyHash
+			if err := tx.UpsertNode(ctx, n); err != nil {
+				return err
+			}
+		}
+		out, _, err = s.Issuer.IssueNode(pub, nodeID, s.CertValidity, s.now())
+		if err != nil {
+			return fault.Internal("issue node certificate: %v", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &nodev1.RenewCertificateResponse{Certificate: out}, nil
+}
+
 // hostNodeID turns a host name into a node ID candidate: lower case, up to
 // the first dot.
 func hostNodeID(host string) string {

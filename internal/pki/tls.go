@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 )
 
 // Roles carried in the first organizational unit of client certificates.
@@ -196,4 +197,44 @@ func LoadLeaf(certFile string) (*x509.Certificate, error) {
 			return x509.ParseCertificate(b.Bytes)
 		}
 	}
+}
+
+// ClientCertificate is a client certificate that can be replaced while a
+// tls.Config built by ClientConfigWith uses it: new handshakes present the
+// latest one. Node agents renew theirs this way without restarting.
+type ClientCertificate struct {
+	p atomic.Pointer[tls.Certificate]
+}
+
+// LoadClientCertificate reads a certificate (chain) and its key.
+func LoadClientCertificate(certFile, keyFile string) (*ClientCertificate, error) {
+	c := &ClientCertificate{}
+	if err := c.Reload(certFile, keyFile); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Reload reads the files again and makes them the certificate presented
+// from now on; on error the previous one stays.
+func (c *ClientCertificate) Reload(certFile, keyFile string) error {
+	cert, err := loadKeyPair(certFile, keyFile)
+	if err != nil {
+		return err
+	}
+	c.p.Store(&cert)
+	return nil
+}
+
+// Current returns the certificate presented now.
+func (c *ClientCertificate) Current() *tls.Certificate { return c.p.Load() }
+
+// ClientConfigWith is ClientConfig with a replaceable client certificate.
+func ClientConfigWith(caFile string, c *ClientCertificate) (*tls.Config, error) {
+	cfg, err := ClientConfig(caFile, "", "")
+	if err != nil {
+		return nil, err
+	}
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return c.Current(), nil }
+	return cfg, nil
 }

@@ -24,6 +24,7 @@ import (
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/node/v1/nodev1connect"
 	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/nodepeer"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
@@ -453,8 +454,8 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 		return fault.Invalid("hello", "the stream must open with a Hello naming the node")
 	}
 	id := hello.GetNodeId()
-	peer := nodeIdentity(ctx)
-	if peer.node != "" && peer.node != id {
+	peer, _ := nodepeer.From(ctx)
+	if peer.NodeID != "" && peer.NodeID != id {
 		return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
 			Message: "the node certificate does not name node " + id}
 	}
@@ -469,7 +470,7 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 		}
 		// After an enrollment only its certificate's key may speak for the
 		// node: re-enrolling a node ID shuts out the machine it replaced.
-		if len(n.CertKeyHash) > 0 && peer.keyHash != nil && !bytes.Equal(n.CertKeyHash, peer.keyHash) {
+		if len(n.CertKeyHash) > 0 && peer.KeyHash != nil && !bytes.Equal(n.CertKeyHash, peer.KeyHash) {
 			return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
 				Message: "this certificate of node " + id + " was superseded by a later enrollment"}
 		}

@@ -7,14 +7,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
-
-	"golang.org/x/net/http2"
 
 	"github.com/kibotos/kibotos/internal/node/enroll"
 	"github.com/kibotos/kibotos/internal/pki"
@@ -85,7 +82,7 @@ func Main(args []string, stderr io.Writer) int {
 			return 1
 		}
 	}
-	tlsc, err := pki.ClientConfig(ca, cert, key)
+	hc, renewer, err := enroll.Client(cfg.Endpoint, ca, cert, key, cfg.Log)
 	if err != nil {
 		cfg.Log.Error("load certificates", "error", err.Error())
 		return 1
@@ -106,7 +103,8 @@ func Main(args []string, stderr io.Writer) int {
 		}
 		cfg.GuestBinary = filepath.Join(filepath.Dir(exe), "kibotos-guest")
 	}
-	cfg.HTTP = &http.Client{Transport: &http2.Transport{TLSClientConfig: tlsc}}
+	cfg.HTTP = hc
+	go renewer.Run(ctx)
 	if err := Run(ctx, cfg); err != nil {
 		cfg.Log.Error("kibotos-node failed", "error", err.Error())
 		return 1

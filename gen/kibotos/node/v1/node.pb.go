@@ -145,6 +145,98 @@ func (Power) EnumDescriptor() ([]byte, []int) {
 	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{1}
 }
 
+// RenewCertificateRequest asks for a fresh certificate.
+type RenewCertificateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// csr is a PKCS#10 request (DER) signed by the node's current key.
+	Csr           []byte `protobuf:"bytes,1,opt,name=csr,proto3" json:"csr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewCertificateRequest) Reset() {
+	*x = RenewCertificateRequest{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewCertificateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewCertificateRequest) ProtoMessage() {}
+
+func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
+func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *RenewCertificateRequest) GetCsr() []byte {
+	if x != nil {
+		return x.Csr
+	}
+	return nil
+}
+
+// RenewCertificateResponse carries the new certificate.
+type RenewCertificateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// certificate is the node certificate (PEM).
+	Certificate   []byte `protobuf:"bytes,1,opt,name=certificate,proto3" json:"certificate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewCertificateResponse) Reset() {
+	*x = RenewCertificateResponse{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewCertificateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewCertificateResponse) ProtoMessage() {}
+
+func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
+func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RenewCertificateResponse) GetCertificate() []byte {
+	if x != nil {
+		return x.Certificate
+	}
+	return nil
+}
+
 // EnrollRequest presents a token.
 type EnrollRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -164,7 +256,7 @@ type EnrollRequest struct {
 
 func (x *EnrollRequest) Reset() {
 	*x = EnrollRequest{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[0]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -176,7 +268,7 @@ func (x *EnrollRequest) String() string {
 func (*EnrollRequest) ProtoMessage() {}
 
 func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[0]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -189,7 +281,7 @@ func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollRequest.ProtoReflect.Descriptor instead.
 func (*EnrollRequest) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{0}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *EnrollRequest) GetToken() string {
@@ -233,7 +325,7 @@ type EnrollResponse struct {
 
 func (x *EnrollResponse) Reset() {
 	*x = EnrollResponse{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[1]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -245,7 +337,7 @@ func (x *EnrollResponse) String() string {
 func (*EnrollResponse) ProtoMessage() {}
 
 func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[1]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -258,7 +350,7 @@ func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollResponse.ProtoReflect.Descriptor instead.
 func (*EnrollResponse) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{1}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *EnrollResponse) GetNodeId() string {
@@ -292,7 +384,7 @@ type ConnectRequest struct {
 
 func (x *ConnectRequest) Reset() {
 	*x = ConnectRequest{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[2]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -304,7 +396,7 @@ func (x *ConnectRequest) String() string {
 func (*ConnectRequest) ProtoMessage() {}
 
 func (x *ConnectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[2]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -317,7 +409,7 @@ func (x *ConnectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectRequest.ProtoReflect.Descriptor instead.
 func (*ConnectRequest) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{2}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ConnectRequest) GetBody() isConnectRequest_Body {
@@ -396,7 +488,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[3]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -408,7 +500,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[3]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -421,7 +513,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{3}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Hello) GetNodeId() string {
@@ -465,7 +557,7 @@ type TemplateInfo struct {
 
 func (x *TemplateInfo) Reset() {
 	*x = TemplateInfo{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[4]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -477,7 +569,7 @@ func (x *TemplateInfo) String() string {
 func (*TemplateInfo) ProtoMessage() {}
 
 func (x *TemplateInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[4]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -490,7 +582,7 @@ func (x *TemplateInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TemplateInfo.ProtoReflect.Descriptor instead.
 func (*TemplateInfo) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{4}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *TemplateInfo) GetTemplateId() string {
@@ -524,7 +616,7 @@ type Capacity struct {
 
 func (x *Capacity) Reset() {
 	*x = Capacity{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[5]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -536,7 +628,7 @@ func (x *Capacity) String() string {
 func (*Capacity) ProtoMessage() {}
 
 func (x *Capacity) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[5]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -549,7 +641,7 @@ func (x *Capacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capacity.ProtoReflect.Descriptor instead.
 func (*Capacity) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{5}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Capacity) GetMemoryMib() uint64 {
@@ -591,7 +683,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[6]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -603,7 +695,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[6]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -616,7 +708,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{6}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Heartbeat) GetSentAt() *timestamppb.Timestamp {
@@ -658,7 +750,7 @@ type ExecutionReport struct {
 
 func (x *ExecutionReport) Reset() {
 	*x = ExecutionReport{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[7]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -670,7 +762,7 @@ func (x *ExecutionReport) String() string {
 func (*ExecutionReport) ProtoMessage() {}
 
 func (x *ExecutionReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[7]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -683,7 +775,7 @@ func (x *ExecutionReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecutionReport.ProtoReflect.Descriptor instead.
 func (*ExecutionReport) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{7}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExecutionReport) GetWorkspaceId() string {
@@ -775,7 +867,7 @@ type ConnectResponse struct {
 
 func (x *ConnectResponse) Reset() {
 	*x = ConnectResponse{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[8]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -787,7 +879,7 @@ func (x *ConnectResponse) String() string {
 func (*ConnectResponse) ProtoMessage() {}
 
 func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[8]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -800,7 +892,7 @@ func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
 func (*ConnectResponse) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{8}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ConnectResponse) GetDesired() *DesiredState {
@@ -824,7 +916,7 @@ type DesiredState struct {
 
 func (x *DesiredState) Reset() {
 	*x = DesiredState{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[9]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +928,7 @@ func (x *DesiredState) String() string {
 func (*DesiredState) ProtoMessage() {}
 
 func (x *DesiredState) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[9]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +941,7 @@ func (x *DesiredState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredState.ProtoReflect.Descriptor instead.
 func (*DesiredState) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DesiredState) GetFull() bool {
@@ -891,7 +983,7 @@ type DesiredWorkspace struct {
 
 func (x *DesiredWorkspace) Reset() {
 	*x = DesiredWorkspace{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -903,7 +995,7 @@ func (x *DesiredWorkspace) String() string {
 func (*DesiredWorkspace) ProtoMessage() {}
 
 func (x *DesiredWorkspace) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -916,7 +1008,7 @@ func (x *DesiredWorkspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredWorkspace.ProtoReflect.Descriptor instead.
 func (*DesiredWorkspace) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{10}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DesiredWorkspace) GetWorkspaceId() string {
@@ -979,7 +1071,11 @@ var File_kibotos_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1akibotos/node/v1/node.proto\x12\x0fkibotos.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n" +
+	"\x1akibotos/node/v1/node.proto\x12\x0fkibotos.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"+\n" +
+	"\x17RenewCertificateRequest\x12\x10\n" +
+	"\x03csr\x18\x01 \x01(\fR\x03csr\"<\n" +
+	"\x18RenewCertificateResponse\x12 \n" +
+	"\vcertificate\x18\x01 \x01(\fR\vcertificate\"l\n" +
 	"\rEnrollRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1a\n" +
@@ -1063,7 +1159,9 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\rPOWER_STOPPED\x10\x02\x12\x11\n" +
 	"\rPOWER_DELETED\x10\x032_\n" +
 	"\vNodeService\x12P\n" +
-	"\aConnect\x12\x1f.kibotos.node.v1.ConnectRequest\x1a .kibotos.node.v1.ConnectResponse(\x010\x012]\n" +
+	"\aConnect\x12\x1f.kibotos.node.v1.ConnectRequest\x1a .kibotos.node.v1.ConnectResponse(\x010\x012}\n" +
+	"\x12CertificateService\x12g\n" +
+	"\x10RenewCertificate\x12(.kibotos.node.v1.RenewCertificateRequest\x1a).kibotos.node.v1.RenewCertificateResponse2]\n" +
 	"\x10BootstrapService\x12I\n" +
 	"\x06Enroll\x12\x1e.kibotos.node.v1.EnrollRequest\x1a\x1f.kibotos.node.v1.EnrollResponseB7Z5github.com/kibotos/kibotos/gen/kibotos/node/v1;nodev1b\x06proto3"
 
@@ -1080,42 +1178,46 @@ func file_kibotos_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_kibotos_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_kibotos_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_kibotos_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_kibotos_node_v1_node_proto_goTypes = []any{
-	(ExecState)(0),                // 0: kibotos.node.v1.ExecState
-	(Power)(0),                    // 1: kibotos.node.v1.Power
-	(*EnrollRequest)(nil),         // 2: kibotos.node.v1.EnrollRequest
-	(*EnrollResponse)(nil),        // 3: kibotos.node.v1.EnrollResponse
-	(*ConnectRequest)(nil),        // 4: kibotos.node.v1.ConnectRequest
-	(*Hello)(nil),                 // 5: kibotos.node.v1.Hello
-	(*TemplateInfo)(nil),          // 6: kibotos.node.v1.TemplateInfo
-	(*Capacity)(nil),              // 7: kibotos.node.v1.Capacity
-	(*Heartbeat)(nil),             // 8: kibotos.node.v1.Heartbeat
-	(*ExecutionReport)(nil),       // 9: kibotos.node.v1.ExecutionReport
-	(*ConnectResponse)(nil),       // 10: kibotos.node.v1.ConnectResponse
-	(*DesiredState)(nil),          // 11: kibotos.node.v1.DesiredState
-	(*DesiredWorkspace)(nil),      // 12: kibotos.node.v1.DesiredWorkspace
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(ExecState)(0),                   // 0: kibotos.node.v1.ExecState
+	(Power)(0),                       // 1: kibotos.node.v1.Power
+	(*RenewCertificateRequest)(nil),  // 2: kibotos.node.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil), // 3: kibotos.node.v1.RenewCertificateResponse
+	(*EnrollRequest)(nil),            // 4: kibotos.node.v1.EnrollRequest
+	(*EnrollResponse)(nil),           // 5: kibotos.node.v1.EnrollResponse
+	(*ConnectRequest)(nil),           // 6: kibotos.node.v1.ConnectRequest
+	(*Hello)(nil),                    // 7: kibotos.node.v1.Hello
+	(*TemplateInfo)(nil),             // 8: kibotos.node.v1.TemplateInfo
+	(*Capacity)(nil),                 // 9: kibotos.node.v1.Capacity
+	(*Heartbeat)(nil),                // 10: kibotos.node.v1.Heartbeat
+	(*ExecutionReport)(nil),          // 11: kibotos.node.v1.ExecutionReport
+	(*ConnectResponse)(nil),          // 12: kibotos.node.v1.ConnectResponse
+	(*DesiredState)(nil),             // 13: kibotos.node.v1.DesiredState
+	(*DesiredWorkspace)(nil),         // 14: kibotos.node.v1.DesiredWorkspace
+	(*timestamppb.Timestamp)(nil),    // 15: google.protobuf.Timestamp
 }
 var file_kibotos_node_v1_node_proto_depIdxs = []int32{
-	5,  // 0: kibotos.node.v1.ConnectRequest.hello:type_name -> kibotos.node.v1.Hello
-	9,  // 1: kibotos.node.v1.ConnectRequest.report:type_name -> kibotos.node.v1.ExecutionReport
-	8,  // 2: kibotos.node.v1.ConnectRequest.heartbeat:type_name -> kibotos.node.v1.Heartbeat
-	7,  // 3: kibotos.node.v1.Hello.capacity:type_name -> kibotos.node.v1.Capacity
-	9,  // 4: kibotos.node.v1.Hello.executions:type_name -> kibotos.node.v1.ExecutionReport
-	6,  // 5: kibotos.node.v1.Hello.templates:type_name -> kibotos.node.v1.TemplateInfo
-	13, // 6: kibotos.node.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	7,  // 0: kibotos.node.v1.ConnectRequest.hello:type_name -> kibotos.node.v1.Hello
+	11, // 1: kibotos.node.v1.ConnectRequest.report:type_name -> kibotos.node.v1.ExecutionReport
+	10, // 2: kibotos.node.v1.ConnectRequest.heartbeat:type_name -> kibotos.node.v1.Heartbeat
+	9,  // 3: kibotos.node.v1.Hello.capacity:type_name -> kibotos.node.v1.Capacity
+	11, // 4: kibotos.node.v1.Hello.executions:type_name -> kibotos.node.v1.ExecutionReport
+	8,  // 5: kibotos.node.v1.Hello.templates:type_name -> kibotos.node.v1.TemplateInfo
+	15, // 6: kibotos.node.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
 	0,  // 7: kibotos.node.v1.ExecutionReport.state:type_name -> kibotos.node.v1.ExecState
-	13, // 8: kibotos.node.v1.ExecutionReport.observed_at:type_name -> google.protobuf.Timestamp
-	11, // 9: kibotos.node.v1.ConnectResponse.desired:type_name -> kibotos.node.v1.DesiredState
-	12, // 10: kibotos.node.v1.DesiredState.workspaces:type_name -> kibotos.node.v1.DesiredWorkspace
+	15, // 8: kibotos.node.v1.ExecutionReport.observed_at:type_name -> google.protobuf.Timestamp
+	13, // 9: kibotos.node.v1.ConnectResponse.desired:type_name -> kibotos.node.v1.DesiredState
+	14, // 10: kibotos.node.v1.DesiredState.workspaces:type_name -> kibotos.node.v1.DesiredWorkspace
 	1,  // 11: kibotos.node.v1.DesiredWorkspace.power:type_name -> kibotos.node.v1.Power
-	4,  // 12: kibotos.node.v1.NodeService.Connect:input_type -> kibotos.node.v1.ConnectRequest
-	2,  // 13: kibotos.node.v1.BootstrapService.Enroll:input_type -> kibotos.node.v1.EnrollRequest
-	10, // 14: kibotos.node.v1.NodeService.Connect:output_type -> kibotos.node.v1.ConnectResponse
-	3,  // 15: kibotos.node.v1.BootstrapService.Enroll:output_type -> kibotos.node.v1.EnrollResponse
-	14, // [14:16] is the sub-list for method output_type
-	12, // [12:14] is the sub-list for method input_type
+	6,  // 12: kibotos.node.v1.NodeService.Connect:input_type -> kibotos.node.v1.ConnectRequest
+	2,  // 13: kibotos.node.v1.CertificateService.RenewCertificate:input_type -> kibotos.node.v1.RenewCertificateRequest
+	4,  // 14: kibotos.node.v1.BootstrapService.Enroll:input_type -> kibotos.node.v1.EnrollRequest
+	12, // 15: kibotos.node.v1.NodeService.Connect:output_type -> kibotos.node.v1.ConnectResponse
+	3,  // 16: kibotos.node.v1.CertificateService.RenewCertificate:output_type -> kibotos.node.v1.RenewCertificateResponse
+	5,  // 17: kibotos.node.v1.BootstrapService.Enroll:output_type -> kibotos.node.v1.EnrollResponse
+	15, // [15:18] is the sub-list for method output_type
+	12, // [12:15] is the sub-list for method input_type
 	12, // [12:12] is the sub-list for extension type_name
 	12, // [12:12] is the sub-list for extension extendee
 	0,  // [0:12] is the sub-list for field type_name
@@ -1126,7 +1228,7 @@ func file_kibotos_node_v1_node_proto_init() {
 	if File_kibotos_node_v1_node_proto != nil {
 		return
 	}
-	file_kibotos_node_v1_node_proto_msgTypes[2].OneofWrappers = []any{
+	file_kibotos_node_v1_node_proto_msgTypes[4].OneofWrappers = []any{
 		(*ConnectRequest_Hello)(nil),
 		(*ConnectRequest_Report)(nil),
 		(*ConnectRequest_Heartbeat)(nil),
@@ -1137,9 +1239,9 @@ func file_kibotos_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kibotos_node_v1_node_proto_rawDesc), len(file_kibotos_node_v1_node_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_kibotos_node_v1_node_proto_goTypes,
 		DependencyIndexes: file_kibotos_node_v1_node_proto_depIdxs,

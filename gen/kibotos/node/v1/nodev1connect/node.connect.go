@@ -23,6 +23,8 @@ const _ = connect.IsAtLeastVersion1_13_0
 const (
 	// NodeServiceName is the fully-qualified name of the NodeService service.
 	NodeServiceName = "kibotos.node.v1.NodeService"
+	// CertificateServiceName is the fully-qualified name of the CertificateService service.
+	CertificateServiceName = "kibotos.node.v1.CertificateService"
 	// BootstrapServiceName is the fully-qualified name of the BootstrapService service.
 	BootstrapServiceName = "kibotos.node.v1.BootstrapService"
 )
@@ -37,6 +39,9 @@ const (
 const (
 	// NodeServiceConnectProcedure is the fully-qualified name of the NodeService's Connect RPC.
 	NodeServiceConnectProcedure = "/kibotos.node.v1.NodeService/Connect"
+	// CertificateServiceRenewCertificateProcedure is the fully-qualified name of the
+	// CertificateService's RenewCertificate RPC.
+	CertificateServiceRenewCertificateProcedure = "/kibotos.node.v1.CertificateService/RenewCertificate"
 	// BootstrapServiceEnrollProcedure is the fully-qualified name of the BootstrapService's Enroll RPC.
 	BootstrapServiceEnrollProcedure = "/kibotos.node.v1.BootstrapService/Enroll"
 )
@@ -115,6 +120,82 @@ type UnimplementedNodeServiceHandler struct{}
 
 func (UnimplementedNodeServiceHandler) Connect(context.Context, *connect.BidiStream[v1.ConnectRequest, v1.ConnectResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("kibotos.node.v1.NodeService.Connect is not implemented"))
+}
+
+// CertificateServiceClient is a client for the kibotos.node.v1.CertificateService service.
+type CertificateServiceClient interface {
+	// RenewCertificate issues a new certificate for the caller's node and
+	// key, valid from now. The key stays the same: the request must be signed
+	// by the key of the certificate the call came with.
+	RenewCertificate(context.Context, *connect.Request[v1.RenewCertificateRequest]) (*connect.Response[v1.RenewCertificateResponse], error)
+}
+
+// NewCertificateServiceClient constructs a client for the kibotos.node.v1.CertificateService
+// service. By default, it uses the Connect protocol with the binary Protobuf Codec, asks for
+// gzipped responses, and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply
+// the connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewCertificateServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) CertificateServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	certificateServiceMethods := v1.File_kibotos_node_v1_node_proto.Services().ByName("CertificateService").Methods()
+	return &certificateServiceClient{
+		renewCertificate: connect.NewClient[v1.RenewCertificateRequest, v1.RenewCertificateResponse](
+			httpClient,
+			baseURL+CertificateServiceRenewCertificateProcedure,
+			connect.WithSchema(certificateServiceMethods.ByName("RenewCertificate")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// certificateServiceClient implements CertificateServiceClient.
+type certificateServiceClient struct {
+	renewCertificate *connect.Client[v1.RenewCertificateRequest, v1.RenewCertificateResponse]
+}
+
+// RenewCertificate calls kibotos.node.v1.CertificateService.RenewCertificate.
+func (c *certificateServiceClient) RenewCertificate(ctx context.Context, req *connect.Request[v1.RenewCertificateRequest]) (*connect.Response[v1.RenewCertificateResponse], error) {
+	return c.renewCertificate.CallUnary(ctx, req)
+}
+
+// CertificateServiceHandler is an implementation of the kibotos.node.v1.CertificateService service.
+type CertificateServiceHandler interface {
+	// RenewCertificate issues a new certificate for the caller's node and
+	// key, valid from now. The key stays the same: the request must be signed
+	// by the key of the certificate the call came with.
+	RenewCertificate(context.Context, *connect.Request[v1.RenewCertificateRequest]) (*connect.Response[v1.RenewCertificateResponse], error)
+}
+
+// NewCertificateServiceHandler builds an HTTP handler from the service implementation. It returns
+// the path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewCertificateServiceHandler(svc CertificateServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	certificateServiceMethods := v1.File_kibotos_node_v1_node_proto.Services().ByName("CertificateService").Methods()
+	certificateServiceRenewCertificateHandler := connect.NewUnaryHandler(
+		CertificateServiceRenewCertificateProcedure,
+		svc.RenewCertificate,
+		connect.WithSchema(certificateServiceMethods.ByName("RenewCertificate")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/kibotos.node.v1.CertificateService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case CertificateServiceRenewCertificateProcedure:
+			certificateServiceRenewCertificateHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedCertificateServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedCertificateServiceHandler struct{}
+
+func (UnimplementedCertificateServiceHandler) RenewCertificate(context.Context, *connect.Request[v1.RenewCertificateRequest]) (*connect.Response[v1.RenewCertificateResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("kibotos.node.v1.CertificateService.RenewCertificate is not implemented"))
 }
 
 // BootstrapServiceClient is a client for the kibotos.node.v1.BootstrapService service.

@@ -1,0 +1,27 @@
+// Package nodepeer carries the identity of a verified node certificate
+// through a request's context: ctrl's authentication sets it, the handlers
+// of the node-facing services read it.
+package nodepeer
+
+import "context"
+
+// Peer is who a verified node certificate names.
+type Peer struct {
+	// NodeID is the certificate's common name.
+	NodeID string
+	// KeyHash is the SHA-256 of the certificate's public key (PKIX), as
+	// pki.PublicKeyHash computes it.
+	KeyHash []byte
+}
+
+type key struct{}
+
+// With records p in ctx.
+func With(ctx context.Context, p Peer) context.Context { return context.WithValue(ctx, key{}, p) }
+
+// From returns the peer of ctx; ok is false for calls without a node
+// certificate.
+func From(ctx context.Context) (p Peer, ok bool) {
+	p, ok = ctx.Value(key{}).(Peer)
+	return p, ok
+}
