@@ -42,6 +42,14 @@ import (
 // before they are parsed.
 const MaxRequestBytes = 4 << 20
 
+// CompressMinBytes is the smallest response that is gzip-compressed for a
+// client that accepts it. Compressing every answer cost a sixth of the
+// server's CPU on lists of 100 objects (a page of about 30 KB takes ~0.15 ms
+// to deflate); below this size the bytes saved are not worth it on the
+// networks a control plane runs on. Pages of up to 1000 objects and other
+// large answers are still compressed.
+const CompressMinBytes = 64 << 10
+
 // Config configures a Server.
 type Config struct {
 	// Store is the opened store.
@@ -114,6 +122,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	opts := connect.WithHandlerOptions(append(codecs(),
 		connect.WithInterceptors(s.metrics.interceptor(log), apierr.NewInterceptor(log), decodeInterceptor()),
 		connect.WithReadMaxBytes(MaxRequestBytes),
+		connect.WithCompressMinBytes(CompressMinBytes),
 	)...)
 
 	mux := http.NewServeMux()
