@@ -620,93 +620,61 @@ func TestAdoptAfterAgentRestart(t *testing.T) {
 	assertNoLeaks(t, root)
 }
 
+// TestAdoptReleasesHalfStartedExecution: the agent died before a start
+// completed, with the pid in the record or (before the guest answered, the
+// running record being the first with one) without it; the new agent
+// releases the execution either way, the second through the cgroup the
+// shim was born in.
 func TestAdoptReleasesHalfStartedExecution(t *testing.T) {
-	r1, root := newRuntime(t)
-	ctx := context.Background()
-	const ws = "ws-half"
-	start(t, r1, testSpec(ws))
-	st, _ := r1.Status(ws)
-	r1.Close()
-	// Pretend the agent died before the start completed.
-	rec, err := r1.readState(ws)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec.Phase = phaseStarting
-	if err := r1.writeState(rec); err != nil {
-		t.Fatal(err)
-	}
-	r2, err := New(Config{Root: root, GuestBinary: testGuest, Log: r1.cfg.Log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r2.Close()
-	if err := r2.Adopt(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if len(r2.Executions()) != 0 {
-		t.Fatalf("half-started execution adopted: %+v", r2.Executions())
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for processAlive(st.PID) && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if processAlive(st.PID) {
-		// The test process is its parent; a zombie is not alive for us.
-		if s, err := procStartTime(st.PID); err == nil && s == rec.PIDStart {
-			t.Fatal("half-started execution still running")
-		}
-	}
-	assertNoLeaks(t, root)
-	if err := r2.Delete(ctx, ws); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// TestAdoptReleasesStartWithoutPID: the agent died after the init shim was
-// started but before the guest answered. The record then holds no pid (the
-// running record is the first with one); the shim is released through its
-// cgroup, which it was born in.
-func TestAdoptReleasesStartWithoutPID(t *testing.T) {
-	r1, root := newRuntime(t)
-	ctx := context.Background()
-	const ws = "ws-nopid"
-	start(t, r1, testSpec(ws))
-	st, _ := r1.Status(ws)
-	r1.Close()
-	rec, err := r1.readState(ws)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pidStart := rec.PIDStart
-	rec.Phase, rec.PID, rec.PIDStart = phaseStarting, 0, 0
-	if err := r1.writeState(rec); err != nil {
-		t.Fatal(err)
-	}
-	r2, err := New(Config{Root: root, GuestBinary: testGuest, Log: r1.cfg.Log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r2.Close()
-	if err := r2.Adopt(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if len(r2.Executions()) != 0 {
-		t.Fatalf("half-started execution adopted: %+v", r2.Executions())
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for processAlive(st.PID) && time.Now().Before(deadline) {
-		if s, err := procStartTime(st.PID); err != nil || s != pidStart {
-			break // gone, or a zombie of the test process
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if s, err := procStartTime(st.PID); err == nil && s == pidStart {
-		t.Fatal("half-started execution without a recorded pid still running")
-	}
-	assertNoLeaks(t, root)
-	if err := r2.Delete(ctx, ws); err != nil {
-		t.Fatal(err)
+	for _, keepPID := range []bool{true, false} {
+		t.Run(map[bool]string{true: "with pid", false: "without pid"}[keepPID], func(t *testing.T) {
+			r1, root := newRuntime(t)
+			ctx := context.Background()
+			const ws = "ws-half"
+			start(t, r1, testSpec(ws))
+			st, _ := r1.Status(ws)
+			r1.Close()
+			rec, err := r1.readState(ws)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pidStart := rec.PIDStart
+			rec.Phase = phaseStarting
+			if !keepPID {
+				rec.PID, rec.PIDStart = 0, 0
+			}
+			if err := r1.writeState(rec); err != nil {
+				t.Fatal(err)
+			}
+			r2, err := New(Config{Root: root, GuestBinary: testGuest, Log: r1.cfg.Log})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r2.Close()
+			if err := r2.Adopt(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if len(r2.Executions()) != 0 {
+				t.Fatalf("half-started execution adopted: %+v", r2.Executions())
+			}
+			// The test process is the shim's parent: a zombie of it is gone
+			// for us, so compare start times, not mere existence.
+			running := func() bool {
+				s, err := procStartTime(st.PID)
+				return err == nil && s == pidStart && processAlive(st.PID)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for running() && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if running() {
+				t.Fatal("half-started execution still running")
+			}
+			assertNoLeaks(t, root)
+			if err := r2.Delete(ctx, ws); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 
