@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kibotos/kibotos/internal/mountinfo"
 	"io"
 	"log/slog"
 	"net"
@@ -369,15 +370,15 @@ var storageFS = map[string]bool{
 // skipped: flushing them would flush the host's filesystem.
 func (a *Agent) Writeback() ([]string, error) {
 	targets := []string{a.cfg.DiskPath}
-	if mounts, err := readMountInfo("/proc/self/mountinfo"); err == nil {
+	if mounts, err := mountinfo.ReadSelf(); err == nil {
 		for _, m := range mounts {
-			if m.mountPoint == a.cfg.DiskPath || m.root != "/" || !storageFS[m.fsType] {
+			if m.MountPoint == a.cfg.DiskPath || m.Root != "/" || !storageFS[m.FSType] {
 				continue
 			}
-			if m.mountPoint == protocol.GuestDir || strings.HasPrefix(m.mountPoint, protocol.GuestDir+"/") {
+			if m.MountPoint == protocol.GuestDir || strings.HasPrefix(m.MountPoint, protocol.GuestDir+"/") {
 				continue
 			}
-			targets = append(targets, m.mountPoint)
+			targets = append(targets, m.MountPoint)
 		}
 	}
 	var synced []string
@@ -399,59 +400,4 @@ func syncfs(path string) error {
 	}
 	defer unix.Close(fd)
 	return unix.Syncfs(fd)
-}
-
-type mountInfo struct {
-	root, mountPoint, fsType string
-}
-
-func readMountInfo(path string) ([]mountInfo, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	var out []mountInfo
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		sep := -1
-		for i, x := range f {
-			if x == "-" && i >= 6 {
-				sep = i
-				break
-			}
-		}
-		if sep < 0 || sep+1 >= len(f) {
-			continue
-		}
-		out = append(out, mountInfo{root: unescapeMount(f[3]), mountPoint: unescapeMount(f[4]), fsType: f[sep+1]})
-	}
-	return out, nil
-}
-
-// unescapeMount undoes the octal escapes (\040 …) of /proc/self/mountinfo.
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			v := 0
-			ok := true
-			for _, c := range s[i+1 : i+4] {
-				if c < '0' || c > '7' {
-					ok = false
-					break
-				}
-				v = v*8 + int(c-'0')
-			}
-			if ok {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

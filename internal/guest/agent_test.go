@@ -283,21 +283,6 @@ func TestDiskPressureMeasurable(t *testing.T) {
 	}
 }
 
-func TestMountInfo(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "mountinfo")
-	writeFiles(t, filepath.Dir(p), map[string]string{"mountinfo": "" +
-		"1 0 0:1 / / rw - overlay overlay rw,lowerdir=/a\n" +
-		"2 1 8:1 /srv/sock /run/kibotos/sock rw - ext4 /dev/vda rw\n" +
-		"3 1 7:1 / /mnt/vol\\040a rw,relatime - ext4 /dev/loop1 rw\n"})
-	m, err := readMountInfo(p)
-	if err != nil || len(m) != 3 {
-		t.Fatalf("%+v %v", m, err)
-	}
-	if m[1].root != "/srv/sock" || m[2].mountPoint != "/mnt/vol a" || m[0].fsType != "overlay" {
-		t.Errorf("%+v", m)
-	}
-}
-
 // TestReadySignal: the agent writes protocol.ReadyByte to its ready
 // descriptor and closes it once it listens; ReadyFromEnv takes the
 // descriptor from the environment and removes the variable.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"github.com/kibotos/kibotos/internal/mountinfo"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -117,18 +118,18 @@ func detectCgroups() (cgroups, error) {
 
 // v1Mounts maps each v1 controller to its hierarchy's mount point.
 func v1Mounts() (map[string]string, error) {
-	mi, err := readMountInfo()
+	mi, err := mountinfo.ReadSelf()
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]string{}
 	for _, m := range mi {
-		if m.fsType != "cgroup" {
+		if m.FSType != "cgroup" {
 			continue
 		}
-		for _, opt := range strings.Split(m.superOpts, ",") {
+		for _, opt := range strings.Split(m.SuperOptions, ",") {
 			if _, seen := out[opt]; !seen {
-				out[opt] = m.mountPoint
+				out[opt] = m.MountPoint
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"github.com/kibotos/kibotos/internal/mountinfo"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -90,13 +91,13 @@ func TestCgroupV2Limits(t *testing.T) {
 func TestCgroupV2Processes(t *testing.T) {
 	requireSandbox(t)
 	root := ""
-	mounts, err := readMountInfo()
+	mounts, err := mountinfo.ReadSelf()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range mounts {
-		if m.fsType == "cgroup2" && m.root == "/" {
-			root = m.mountPoint
+		if m.FSType == "cgroup2" && m.Root == "/" {
+			root = m.MountPoint
 			break
 		}
 	}
@@ -149,26 +150,6 @@ func TestCgroupV2Processes(t *testing.T) {
 	}
 	if c.exists(rel) {
 		t.Error("cgroup still exists")
-	}
-}
-
-func TestMountInfoParsing(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "mountinfo")
-	content := "36 35 98:0 /mnt1 /mnt/with\\040space rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n" +
-		"40 30 0:35 / /sys/fs/cgroup/memory rw,relatime shared:17 - cgroup cgroup rw,memory\n" +
-		"41 30 0:36 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n"
-	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	m, err := readMountInfoFile(p)
-	if err != nil || len(m) != 3 {
-		t.Fatalf("%v %v", m, err)
-	}
-	if m[0].mountPoint != "/mnt/with space" || m[0].root != "/mnt1" || m[0].fsType != "ext3" || m[0].source != "/dev/root" {
-		t.Errorf("entry 0: %+v", m[0])
-	}
-	if m[2].superOpts != "rw,cpu,cpuacct" || m[2].mountPoint != "/sys/fs/cgroup/cpu,cpuacct" {
-		t.Errorf("entry 2: %+v", m[2])
 	}
 }
 

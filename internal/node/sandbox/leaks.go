@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kibotos/kibotos/internal/mountinfo"
 	"os"
 	"path"
 	"path/filepath"
@@ -70,13 +71,13 @@ func Leaks(root string) ([]string, error) {
 			out = append(out, fmt.Sprintf("process %d (%s) in cgroup %s", p, procComm(p), rel))
 		}
 	}
-	mounts, err := readMountInfo()
+	mounts, err := mountinfo.ReadSelf()
 	if err != nil {
 		return nil, err
 	}
 	for _, m := range mounts {
-		if under(m.mountPoint, s.root) || under(m.source, s.root) {
-			out = append(out, fmt.Sprintf("mount %s on %s (%s)", m.source, m.mountPoint, m.fsType))
+		if under(m.MountPoint, s.root) || under(m.Source, s.root) {
+			out = append(out, fmt.Sprintf("mount %s on %s (%s)", m.Source, m.MountPoint, m.FSType))
 		}
 	}
 	loops, err := attachedLoops(s.root, true)
@@ -135,12 +136,12 @@ func Cleanup(root string) error {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	if mounts, err := readMountInfo(); err == nil {
+	if mounts, err := mountinfo.ReadSelf(); err == nil {
 		for i := len(mounts) - 1; i >= 0; i-- {
 			m := mounts[i]
-			if under(m.mountPoint, s.root) {
-				if err := unix.Unmount(m.mountPoint, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-					errs = append(errs, fmt.Errorf("unmount %s: %w", m.mountPoint, err))
+			if under(m.MountPoint, s.root) {
+				if err := unix.Unmount(m.MountPoint, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+					errs = append(errs, fmt.Errorf("unmount %s: %w", m.MountPoint, err))
 				}
 			}
 		}

@@ -51,6 +51,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kibotos/kibotos/internal/mountinfo"
 	"io"
 	"log/slog"
 	"os"
@@ -1035,11 +1036,11 @@ func (r *Runtime) pruneCgroupBase() {
 // never walks into a mount.
 func (r *Runtime) removeRunDir(ws string) error {
 	dir := r.runDir(ws)
-	if mounts, err := readMountInfo(); err == nil {
+	if mounts, err := mountinfo.ReadSelf(); err == nil {
 		for i := len(mounts) - 1; i >= 0; i-- {
-			if under(mounts[i].mountPoint, dir) {
-				if err := unix.Unmount(mounts[i].mountPoint, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-					return fmt.Errorf("unmount %s: %w", mounts[i].mountPoint, err)
+			if under(mounts[i].MountPoint, dir) {
+				if err := unix.Unmount(mounts[i].MountPoint, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+					return fmt.Errorf("unmount %s: %w", mounts[i].MountPoint, err)
 				}
 			}
 		}
