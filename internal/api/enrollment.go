@@ -40,9 +40,6 @@ func (h *Enrollments) CreateEnrollment(ctx context.Context, req *connect.Request
 
 // GetEnrollment reads an enrollment.
 func (h *Enrollments) GetEnrollment(ctx context.Context, req *connect.Request[ctrlv1.GetEnrollmentRequest]) (*connect.Response[ctrlv1.GetEnrollmentResponse], error) {
-	if err := h.svc.Served(); err != nil {
-		return nil, err
-	}
 	e, err := h.svc.Get(ctx, req.Msg.GetEnrollmentId())
 	if err != nil {
 		return nil, err
@@ -52,9 +49,6 @@ func (h *Enrollments) GetEnrollment(ctx context.Context, req *connect.Request[ct
 
 // ListEnrollments pages through enrollments.
 func (h *Enrollments) ListEnrollments(ctx context.Context, req *connect.Request[ctrlv1.ListEnrollmentsRequest]) (*connect.Response[ctrlv1.ListEnrollmentsResponse], error) {
-	if err := h.svc.Served(); err != nil {
-		return nil, err
-	}
 	list, next, err := h.svc.List(ctx, req.Msg.GetPageSize(), req.Msg.GetPageToken())
 	if err != nil {
 		return nil, err
@@ -64,9 +58,6 @@ func (h *Enrollments) ListEnrollments(ctx context.Context, req *connect.Request[
 
 // RevokeEnrollment revokes an unused token.
 func (h *Enrollments) RevokeEnrollment(ctx context.Context, req *connect.Request[ctrlv1.RevokeEnrollmentRequest]) (*connect.Response[ctrlv1.RevokeEnrollmentResponse], error) {
-	if err := h.svc.Served(); err != nil {
-		return nil, err
-	}
 	e, err := h.svc.Revoke(ctx, req.Msg.GetEnrollmentId())
 	if err != nil {
 		return nil, err
@@ -89,7 +80,7 @@ func (h *Enrollments) RenewCertificate(ctx context.Context, req *connect.Request
 	if !ok {
 		return nil, &fault.Error{Kind: fault.KindUnauthenticated, Reason: fault.ReasonPermissionDenied, Message: "a node certificate is required"}
 	}
-	out, err := h.svc.Renew(ctx, p.NodeID, p.KeyHash, req.Msg.GetCsr())
+	out, err := h.svc.Renew(ctx, p, req.Msg.GetCsr())
 	if err != nil {
 		return nil, err
 	}

@@ -72,6 +72,10 @@ func TestEnrollmentNotServedWithoutCAKey(t *testing.T) {
 	wantErr(t, err, connect.CodeUnimplemented, ctrlv1.FailureReason_FAILURE_REASON_CAPABILITY_UNAVAILABLE, false)
 	_, err = c.Enrollment.ListEnrollments(t.Context(), connect.NewRequest(&ctrlv1.ListEnrollmentsRequest{}))
 	wantErr(t, err, connect.CodeUnimplemented, ctrlv1.FailureReason_FAILURE_REASON_CAPABILITY_UNAVAILABLE, false)
+	_, err = c.Enrollment.GetEnrollment(t.Context(), connect.NewRequest(&ctrlv1.GetEnrollmentRequest{EnrollmentId: "en-x"}))
+	wantErr(t, err, connect.CodeUnimplemented, ctrlv1.FailureReason_FAILURE_REASON_CAPABILITY_UNAVAILABLE, false)
+	_, err = c.Enrollment.RevokeEnrollment(t.Context(), connect.NewRequest(&ctrlv1.RevokeEnrollmentRequest{EnrollmentId: "en-x"}))
+	wantErr(t, err, connect.CodeUnimplemented, ctrlv1.FailureReason_FAILURE_REASON_CAPABILITY_UNAVAILABLE, false)
 	_, err = bootstrap(t, e).Enroll(t.Context(), connect.NewRequest(&nodev1.EnrollRequest{Token: "kbe1.en-x.y", Csr: csr(t, t.TempDir())}))
 	wantErr(t, err, connect.CodeUnimplemented, ctrlv1.FailureReason_FAILURE_REASON_CAPABILITY_UNAVAILABLE, false)
 }
@@ -456,10 +460,10 @@ func TestEnrolledNodeRunsWorkspaces(t *testing.T) {
 		!onDisk.Equal(after) || after.Subject.CommonName != "node-e" {
 		t.Errorf("renewed certificate: serial %v → %v, not after %v → %v, on disk the same: %v", before.SerialNumber, after.SerialNumber, before.NotAfter, after.NotAfter, onDisk.Equal(after))
 	}
-	if h1, _ := pki.PublicKeyHash(before.PublicKey); true {
-		if h2, _ := pki.PublicKeyHash(after.PublicKey); h1 != h2 {
-			t.Error("renewal changed the key")
-		}
+	h1, _ := pki.PublicKeyHash(before.PublicKey)
+	h2, _ := pki.PublicKeyHash(after.PublicKey)
+	if h1 != h2 {
+		t.Error("renewal changed the key")
 	}
 	if err := hello(cert2, key2); err != nil {
 		t.Errorf("the renewed certificate: %v", err)

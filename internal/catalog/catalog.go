@@ -84,16 +84,24 @@ func (s *Service[S]) load(ctx context.Context, tx store.Tx, id string) (*store.R
 }
 
 func (s *Service[S]) validateID(id string) error {
+	return ValidateID(s.Kind.IDField, s.Kind.IDPrefix, s.Kind.Noun, id)
+}
+
+// ValidateID checks an object ID given in field: required (invalid_argument);
+// one that cannot exist — another kind's prefix, too long — is not_found
+// without a look-up.
+func ValidateID(field, prefix, noun, id string) error {
 	if id == "" {
-		return fault.Invalid(s.Kind.IDField, "%s is required", s.Kind.IDField)
+		return fault.Invalid(field, "%s is required", field)
 	}
-	if !strings.HasPrefix(id, s.Kind.IDPrefix) || len(id) > 64 {
-		return fault.NotFound(s.Kind.Noun, truncate(id))
+	if !strings.HasPrefix(id, prefix) || len(id) > 64 {
+		return fault.NotFound(noun, Truncate(id))
 	}
 	return nil
 }
 
-func truncate(s string) string {
+// Truncate shortens a caller's string for an error message.
+func Truncate(s string) string {
 	if len(s) > 64 {
 		return s[:64] + "…"
 	}
@@ -171,6 +179,27 @@ func (s *Service[S]) Get(ctx context.Context, id string) (*Object[S], error) {
 // List returns one page of objects in creation order, and the token of the
 // next page ("" on the last).
 func (s *Service[S]) List(ctx context.Context, pageSize uint32, token string, selector map[string]string) ([]*Object[S], string, error) {
+	rows, next, err := ListPage(ctx, s.Store, s.Pages, s.Kind.Store, pageSize, token, selector)
+	if err != nil {
+		return nil, "", err
+	}
+	out := make([]*Object[S], 0, len(rows))
+	for _, r := range rows {
+		o, err := s.decode(r)
+		if err != nil {
+			return nil, "", err
+		}
+		out = append(out, o)
+	}
+	return out, next, nil
+}
+
+// ListPage returns one page of the stored resources of kind that carry
+// every selector entry as a label, in creation order, and the token of the
+// next page ("" on the last). It applies the listing rules: page_size
+// limits, selector syntax, page tokens bound to kind and selector.
+func ListPage(ctx context.Context, st store.Store, pages *paging.Codec, kind store.Kind,
+	pageSize uint32, token string, selector map[string]string) ([]*store.Resource, string, error) {
 	n, err := paging.PageSize("page_size", pageSize)
 	if err != nil {
 		return nil, "", err
@@ -179,16 +208,16 @@ func (s *Service[S]) List(ctx context.Context, pageSize uint32, token string, se
 		return nil, "", err
 	}
 	filter := paging.Filter(labels.Canonical(selector))
-	cur, ok, err := s.Pages.Decode(string(s.Kind.Store), filter, token)
+	cur, ok, err := pages.Decode(string(kind), filter, token)
 	if err != nil {
 		return nil, "", err
 	}
-	q := store.ListQuery{Kind: s.Kind.Store, Selector: selector, Limit: n + 1}
+	q := store.ListQuery{Kind: kind, Selector: selector, Limit: n + 1}
 	if ok {
 		q.After = &store.Cursor{CreatedAt: cur.CreatedAt, ID: cur.ID}
 	}
 	var rows []*store.Resource
-	err = s.Store.View(ctx, func(tx store.Tx) error {
+	err = st.View(ctx, func(tx store.Tx) error {
 		var err error
 		rows, err = tx.ListResources(ctx, q)
 		return err
@@ -200,17 +229,9 @@ func (s *Service[S]) List(ctx context.Context, pageSize uint32, token string, se
 	if len(rows) > n {
 		rows = rows[:n]
 		last := rows[n-1]
-		next = s.Pages.Encode(string(s.Kind.Store), filter, paging.Cursor{CreatedAt: last.CreatedAt, ID: last.ID})
+		next = pages.Encode(string(kind), filter, paging.Cursor{CreatedAt: last.CreatedAt, ID: last.ID})
 	}
-	out := make([]*Object[S], 0, len(rows))
-	for _, r := range rows {
-		o, err := s.decode(r)
-		if err != nil {
-			return nil, "", err
-		}
-		out = append(out, o)
-	}
-	return out, next, nil
+	return rows, next, nil
 }
 
 // Update replaces an object's spec under CAS on its revision. Equal content

@@ -30,6 +30,7 @@ import (
 	"github.com/kibotos/kibotos/internal/catalog"
 	"github.com/kibotos/kibotos/internal/command"
 	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/nodepeer"
 	"github.com/kibotos/kibotos/internal/paging"
 	"github.com/kibotos/kibotos/internal/pki"
 	"github.com/kibotos/kibotos/internal/store"
@@ -61,7 +62,7 @@ var nodeIDPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 // digits and '-', starting and ending with a letter or digit.
 func ValidateNodeID(field, id string) error {
 	if !nodeIDPattern.MatchString(id) {
-		return fault.Invalid(field, "node ID %q must be 1 to 63 lower-case letters, digits or '-', starting and ending with a letter or digit", truncate(id))
+		return fault.Invalid(field, "node ID %q must be 1 to 63 lower-case letters, digits or '-', starting and ending with a letter or digit", catalog.Truncate(id))
 	}
 	return nil
 }
@@ -102,16 +103,15 @@ func (s *Service) Served() error {
 }
 
 // record is what the store keeps of an enrollment (Resource.Spec, JSON).
+// A used token has UsedAt, a revoked one RevokedAt.
 type record struct {
 	NodeID         string    `json:"node_id,omitempty"`
 	ExpireTime     time.Time `json:"expire_time"`
-	Used           bool      `json:"used,omitempty"`
 	UsedAt         time.Time `json:"used_at,omitzero"`
 	EnrolledNodeID string    `json:"enrolled_node_id,omitempty"`
 	KeyHash        []byte    `json:"key_hash,omitempty"`
 	Certificate    []byte    `json:"certificate,omitempty"`
 	CertNotAfter   time.Time `json:"cert_not_after,omitzero"`
-	Revoked        bool      `json:"revoked,omitempty"`
 	RevokedAt      time.Time `json:"revoked_at,omitzero"`
 }
 
@@ -125,9 +125,9 @@ func decode(r *store.Resource) (*record, error) {
 
 func (rec *record) state(now time.Time) ctrlv1.EnrollmentState {
 	switch {
-	case rec.Used:
+	case !rec.UsedAt.IsZero():
 		return ctrlv1.EnrollmentState_ENROLLMENT_STATE_USED
-	case rec.Revoked:
+	case !rec.RevokedAt.IsZero():
 		return ctrlv1.EnrollmentState_ENROLLMENT_STATE_REVOKED
 	case !now.Before(rec.ExpireTime):
 		return ctrlv1.EnrollmentState_ENROLLMENT_STATE_EXPIRED
@@ -236,7 +236,7 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateEnrollmentReques
 func (s *Service) load(ctx context.Context, tx store.Tx, id string) (*store.Resource, *record, error) {
 	r, err := tx.GetResource(ctx, Kind, id)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, nil, fault.NotFound("enrollment", truncate(id))
+		return nil, nil, fault.NotFound("enrollment", catalog.Truncate(id))
 	} else if err != nil {
 		return nil, nil, err
 	}
@@ -245,17 +245,14 @@ func (s *Service) load(ctx context.Context, tx store.Tx, id string) (*store.Reso
 }
 
 func validateID(id string) error {
-	if id == "" {
-		return fault.Invalid("enrollment_id", "enrollment_id is required")
-	}
-	if !strings.HasPrefix(id, idPrefix) || len(id) > 64 {
-		return fault.NotFound("enrollment", truncate(id))
-	}
-	return nil
+	return catalog.ValidateID("enrollment_id", idPrefix, "enrollment", id)
 }
 
 // Get serves GetEnrollment.
 func (s *Service) Get(ctx context.Context, id string) (*ctrlv1.Enrollment, error) {
+	if err := s.Served(); err != nil {
+		return nil, err
+	}
 	if err := validateID(id); err != nil {
 		return nil, err
 	}
@@ -273,31 +270,12 @@ func (s *Service) Get(ctx context.Context, id string) (*ctrlv1.Enrollment, error
 
 // List serves ListEnrollments.
 func (s *Service) List(ctx context.Context, pageSize uint32, token string) ([]*ctrlv1.Enrollment, string, error) {
-	n, err := paging.PageSize("page_size", pageSize)
+	if err := s.Served(); err != nil {
+		return nil, "", err
+	}
+	rows, next, err := catalog.ListPage(ctx, s.Store, s.Pages, Kind, pageSize, token, nil)
 	if err != nil {
 		return nil, "", err
-	}
-	cur, ok, err := s.Pages.Decode(string(Kind), nil, token)
-	if err != nil {
-		return nil, "", err
-	}
-	q := store.ListQuery{Kind: Kind, Limit: n + 1}
-	if ok {
-		q.After = &store.Cursor{CreatedAt: cur.CreatedAt, ID: cur.ID}
-	}
-	var rows []*store.Resource
-	if err := s.Store.View(ctx, func(tx store.Tx) error {
-		var err error
-		rows, err = tx.ListResources(ctx, q)
-		return err
-	}); err != nil {
-		return nil, "", err
-	}
-	next := ""
-	if len(rows) > n {
-		rows = rows[:n]
-		last := rows[n-1]
-		next = s.Pages.Encode(string(Kind), nil, paging.Cursor{CreatedAt: last.CreatedAt, ID: last.ID})
 	}
 	out := make([]*ctrlv1.Enrollment, 0, len(rows))
 	for _, r := range rows {
@@ -314,6 +292,9 @@ func (s *Service) List(ctx context.Context, pageSize uint32, token string) ([]*c
 // becomes REVOKED; revoking a revoked one changes nothing; a used one is
 // failed_precondition.
 func (s *Service) Revoke(ctx context.Context, id string) (*ctrlv1.Enrollment, error) {
+	if err := s.Served(); err != nil {
+		return nil, err
+	}
 	if err := validateID(id); err != nil {
 		return nil, err
 	}
@@ -324,12 +305,12 @@ func (s *Service) Revoke(ctx context.Context, id string) (*ctrlv1.Enrollment, er
 			return err
 		}
 		switch {
-		case rec.Used:
+		case !rec.UsedAt.IsZero():
 			return fault.Precondition(fault.ReasonStateConflict,
 				"enrollment %s was used by node %s; its certificate stays valid until it expires", id, rec.EnrolledNodeID)
-		case !rec.Revoked:
+		case rec.RevokedAt.IsZero():
 			now := s.now()
-			rec.Revoked, rec.RevokedAt = true, now
+			rec.RevokedAt = now
 			if r.Spec, err = json.Marshal(rec); err != nil {
 				return fault.Internal("encode enrollment: %v", err)
 			}
@@ -406,7 +387,7 @@ func (s *Service) Enroll(ctx context.Context, req *nodev1.EnrollRequest) (*nodev
 		case nodeID == "":
 			nodeID = hostNodeID(req.GetHostname())
 			if err := ValidateNodeID("hostname", nodeID); err != nil {
-				return fault.Invalid("node_id", "the host name %q is not a usable node ID; start kibotos-node with --node-id", truncate(req.GetHostname()))
+				return fault.Invalid("node_id", "the host name %q is not a usable node ID; start kibotos-node with --node-id", catalog.Truncate(req.GetHostname()))
 			}
 		}
 		n, err := tx.GetNode(ctx, nodeID)
@@ -428,7 +409,7 @@ func (s *Service) Enroll(ctx context.Context, req *nodev1.EnrollRequest) (*nodev
 		if err != nil {
 			return fault.Internal("issue node certificate: %v", err)
 		}
-		rec.Used, rec.UsedAt, rec.EnrolledNodeID = true, now, nodeID
+		rec.UsedAt, rec.EnrolledNodeID = now, nodeID
 		rec.KeyHash, rec.Certificate, rec.CertNotAfter = keyHash[:], certPEM, notAfter
 		if r.Spec, err = json.Marshal(rec); err != nil {
 			return fault.Internal("encode enrollment: %v", err)
@@ -452,7 +433,8 @@ func (s *Service) Enroll(ctx context.Context, req *nodev1.EnrollRequest) (*nodev
 // the same key. Keys are not rotated here, so a renewal that is lost on the
 // way (a crash before the node saved it) costs nothing: the old certificate
 // stays valid and the next attempt renews again.
-func (s *Service) Renew(ctx context.Context, nodeID string, keyHash []byte, csr []byte) (*nodev1.RenewCertificateResponse, error) {
+func (s *Service) Renew(ctx context.Context, peer nodepeer.Peer, csr []byte) (*nodev1.RenewCertificateResponse, error) {
+	nodeID, keyHash := peer.NodeID, peer.KeyHash
 	if err := s.Served(); err != nil {
 		return nil, err
 	}
@@ -471,9 +453,8 @@ func (s *Service) Renew(ctx context.Context, nodeID string, keyHash []byte, csr 
 		} else if err != nil {
 			return err
 		}
-		if len(n.CertKeyHash) > 0 && !hmac.Equal(n.CertKeyHash, keyHash) {
-			return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
-				Message: "this certificate of node " + nodeID + " was superseded by a later enrollment"}
+		if err := peer.MayConnect(n.CertKeyHash); err != nil {
+			return err
 		}
 		if len(n.CertKeyHash) == 0 {
 			// A certificate issued by hand: from now on its key is the
@@ -503,11 +484,4 @@ func hostNodeID(host string) string {
 		host = host[:i]
 	}
 	return host
-}
-
-func truncate(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }

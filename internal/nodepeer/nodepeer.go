@@ -3,7 +3,12 @@
 // of the node-facing services read it.
 package nodepeer
 
-import "context"
+import (
+	"bytes"
+	"context"
+
+	"github.com/kibotos/kibotos/internal/fault"
+)
 
 // Peer is who a verified node certificate names.
 type Peer struct {
@@ -24,4 +29,15 @@ func With(ctx context.Context, p Peer) context.Context { return context.WithValu
 func From(ctx context.Context) (p Peer, ok bool) {
 	p, ok = ctx.Value(key{}).(Peer)
 	return p, ok
+}
+
+// MayConnect checks p against the key registered for its node at the
+// node's latest enrollment (nil when none was: a certificate issued by
+// hand): only that key may speak for the node.
+func (p Peer) MayConnect(registered []byte) error {
+	if len(registered) > 0 && !bytes.Equal(registered, p.KeyHash) {
+		return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
+			Message: "this certificate of node " + p.NodeID + " was superseded by a later enrollment"}
+	}
+	return nil
 }

@@ -9,7 +9,6 @@
 package reconciler
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -454,8 +453,8 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 		return fault.Invalid("hello", "the stream must open with a Hello naming the node")
 	}
 	id := hello.GetNodeId()
-	peer, _ := nodepeer.From(ctx)
-	if peer.NodeID != "" && peer.NodeID != id {
+	peer, hasPeer := nodepeer.From(ctx)
+	if hasPeer && peer.NodeID != id {
 		return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
 			Message: "the node certificate does not name node " + id}
 	}
@@ -470,9 +469,10 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 		}
 		// After an enrollment only its certificate's key may speak for the
 		// node: re-enrolling a node ID shuts out the machine it replaced.
-		if len(n.CertKeyHash) > 0 && peer.KeyHash != nil && !bytes.Equal(n.CertKeyHash, peer.KeyHash) {
-			return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
-				Message: "this certificate of node " + id + " was superseded by a later enrollment"}
+		if hasPeer {
+			if err := peer.MayConnect(n.CertKeyHash); err != nil {
+				return err
+			}
 		}
 		n.LastSeen, n.MemoryMiB, n.CPUMillis, n.StorageBytes = now, c.GetMemoryMib(), c.GetCpuMillis(), c.GetStorageBytes()
 		if n.Doc, err = proto.Marshal(&nodev1.Hello{NodeId: id, Capacity: c, Templates: hello.GetTemplates()}); err != nil {

@@ -14,7 +14,6 @@ import (
 	"syscall"
 
 	"github.com/kibotos/kibotos/internal/node/enroll"
-	"github.com/kibotos/kibotos/internal/pki"
 )
 
 // Main runs kibotos-node with args (without the program name) and returns
@@ -88,12 +87,7 @@ func Main(args []string, stderr io.Writer) int {
 		return 1
 	}
 	if cfg.NodeID == "" {
-		leaf, err := pki.LoadLeaf(cert)
-		if err != nil {
-			cfg.Log.Error("read certificate", "error", err.Error())
-			return 1
-		}
-		cfg.NodeID = leaf.Subject.CommonName
+		cfg.NodeID = renewer.Holder.Current().Leaf.Subject.CommonName
 	}
 	if cfg.GuestBinary == "" {
 		exe, err := os.Executable()

@@ -2,6 +2,8 @@ package enroll
 
 import (
 	"context"
+	"crypto"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -86,9 +88,10 @@ func (r *Renewer) log() *slog.Logger {
 
 // Renew gets a new certificate for the same key now.
 func (r *Renewer) Renew(ctx context.Context) error {
-	key, err := pki.EnsureKey(r.Key)
-	if err != nil {
-		return err
+	// The key in use, not the file: a renewal never makes a new key.
+	key, ok := r.Holder.Current().PrivateKey.(crypto.Signer)
+	if !ok {
+		return errors.New("renew: the node key cannot sign")
 	}
 	csr, err := pki.CreateCSR(key)
 	if err != nil {
