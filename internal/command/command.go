@@ -173,24 +173,11 @@ func Execute[Req proto.Message, Resp proto.Message](ctx context.Context, e *Engi
 		replayed *store.Command
 	)
 	err = e.Store.InTx(ctx, func(tx store.Tx) error {
-		replayed = nil
-		if err := tx.LockCommand(ctx, id); err != nil {
+		var err error
+		if replayed, err = claim(ctx, tx, id); err != nil || replayed != nil {
 			return err
 		}
-		prior, err := tx.GetCommand(ctx, id)
-		if err == nil {
-			replayed = prior
-			return nil
-		} else if !errors.Is(err, store.ErrNotFound) {
-			return err
-		}
-		now := e.now()
-		rec := &store.Command{
-			ID: id, Method: s.Method, Fingerprint: fp,
-			ObjectKind: s.ObjectKind, ObjectID: s.ObjectID, Kind: s.Kind,
-			Initiator: int(ctrlv1.CommandInitiator_COMMAND_INITIATOR_CALLER),
-			Status:    store.CommandCompleted, CreatedAt: now, CompletedAt: now,
-		}
+		rec := s.record(id, fp, e.now())
 		out, err := s.Decide(ctx, tx, rec)
 		if err != nil {
 			if apierr.Settled(err) {
@@ -232,25 +219,13 @@ func recordFailure[Req proto.Message, Resp proto.Message](ctx context.Context, e
 	}
 	var replayed *store.Command
 	err = e.Store.InTx(ctx, func(tx store.Tx) error {
-		replayed = nil
-		if err := tx.LockCommand(ctx, id); err != nil {
+		var err error
+		if replayed, err = claim(ctx, tx, id); err != nil || replayed != nil {
 			return err
 		}
-		prior, err := tx.GetCommand(ctx, id)
-		if err == nil {
-			replayed = prior
-			return nil
-		} else if !errors.Is(err, store.ErrNotFound) {
-			return err
-		}
-		now := e.now()
-		return tx.InsertCommand(ctx, &store.Command{
-			ID: id, Method: s.Method, Fingerprint: fp,
-			ObjectKind: s.ObjectKind, ObjectID: s.ObjectID, Kind: s.Kind,
-			Initiator: int(ctrlv1.CommandInitiator_COMMAND_INITIATOR_CALLER),
-			Status:    store.CommandCompleted, ErrorCode: code, ErrorDetail: detail,
-			CreatedAt: now, CompletedAt: now,
-		})
+		rec := s.record(id, fp, e.now())
+		rec.ErrorCode, rec.ErrorDetail = code, detail
+		return tx.InsertCommand(ctx, rec)
 	})
 	if err != nil {
 		return zero, storeErr(err)
@@ -259,6 +234,29 @@ func recordFailure[Req proto.Message, Resp proto.Message](ctx context.Context, e
 		return replay(s, replayed, fp, field)
 	}
 	return zero, apierr.FromFault(fe, true)
+}
+
+// claim locks a command ID inside a write transaction and returns the
+// command already recorded under it, or nil when the ID is free.
+func claim(ctx context.Context, tx store.Tx, id string) (*store.Command, error) {
+	if err := tx.LockCommand(ctx, id); err != nil {
+		return nil, err
+	}
+	prior, err := tx.GetCommand(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	return prior, err
+}
+
+// record is the completed record of a caller's command at now.
+func (s Spec[Req, Resp]) record(id string, fp []byte, now time.Time) *store.Command {
+	return &store.Command{
+		ID: id, Method: s.Method, Fingerprint: fp,
+		ObjectKind: s.ObjectKind, ObjectID: s.ObjectID, Kind: s.Kind,
+		Initiator: int(ctrlv1.CommandInitiator_COMMAND_INITIATOR_CALLER),
+		Status:    store.CommandCompleted, CreatedAt: now, CompletedAt: now,
+	}
 }
 
 // replay answers with a recorded result.
