@@ -20,10 +20,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -34,6 +32,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/kibotos/kibotos/bench/internal/benchkit"
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 )
 
@@ -202,10 +201,10 @@ type bench struct {
 }
 
 func newBench(ctx context.Context, cfg config) (*bench, error) {
-	b := &bench{cfg: cfg, started: time.Now(), loadStart: loadAvg()}
+	b := &bench{cfg: cfg, started: time.Now(), loadStart: benchkit.LoadAvg()}
 	logf("load average: %s", b.loadStart)
 	b.runID = fmt.Sprintf("%08x", rand.Uint32())
-	gomod, err := output(ctx, "", "go", "env", "GOMOD")
+	gomod, err := benchkit.Output(ctx, "", "go", "env", "GOMOD")
 	if err != nil || gomod == "" || gomod == os.DevNull {
 		return nil, fmt.Errorf("not inside the kibotos module (go env GOMOD: %q, %v)", gomod, err)
 	}
@@ -214,7 +213,7 @@ func newBench(ctx context.Context, cfg config) (*bench, error) {
 	if err != nil {
 		return nil, err
 	}
-	if fs := fsType(b.tmp); fs == "tmpfs" {
+	if fs := benchkit.FSType(b.tmp); fs == "tmpfs" {
 		logf("WARNING: %s is on tmpfs: fsync is free there, SQLite results will be optimistic (set TMPDIR to a disk)", b.tmp)
 	}
 	logf("building kibotos-ctrl into %s", b.tmp)
@@ -290,7 +289,14 @@ func (b *bench) runStore(ctx context.Context, name string) (err error) {
 				return err
 			}
 		}
-		srv, err := startServer(ctx, b.bin, dataDir, serverStore, filepath.Join(dataDir, fmt.Sprintf("server-%d.log", i)), profile)
+		o := benchkit.DevOptions{Bin: b.bin, DataDir: dataDir, LogPath: filepath.Join(dataDir, fmt.Sprintf("server-%d.log", i))}
+		if serverStore != "" {
+			o.Args = []string{"--store", serverStore}
+		}
+		if profile != "" {
+			o.Env = []string{"CTRLBENCH_CPUPROFILE=" + profile}
+		}
+		srv, err := benchkit.StartDev(ctx, o)
 		if err != nil {
 			return err
 		}
@@ -300,7 +306,7 @@ func (b *bench) runStore(ctx context.Context, name string) (err error) {
 		if err == nil && i == len(pops)-1 && b.cfg.ops["create"] {
 			err = b.createBenchmarks(ctx, name, srv, pop)
 		}
-		if serr := srv.stop(); serr != nil {
+		if serr := srv.Stop(); serr != nil {
 			err = errors.Join(err, serr)
 		}
 		if err != nil {
@@ -312,12 +318,12 @@ func (b *bench) runStore(ctx context.Context, name string) (err error) {
 
 func (b *bench) maxConc() int { return slices.Max(b.cfg.conc) }
 
-func (b *bench) record(ctx context.Context, srv *server, store, op, pop string, conc int, fn opFunc) {
+func (b *bench) record(ctx context.Context, srv *benchkit.DevServer, store, op, pop string, conc int, fn opFunc) {
 	logf("%s: %s, population %s, concurrency %d ...", store, op, pop, conc)
-	pid := srv.cmd.Process.Pid
-	r := measure(ctx, conc, b.cfg.warmup, b.cfg.duration, fn, func() cpuSample { return sampleCPU(pid) })
+	pid := srv.PID()
+	r := measure(ctx, conc, b.cfg.warmup, b.cfg.duration, fn, func() benchkit.CPUSample { return benchkit.SampleCPU(pid) })
 	r.Store, r.Op, r.Population = store, op, pop
-	msg := fmt.Sprintf("    %.0f ops/s, p50 %.2f ms, p99 %.2f ms, n=%d", r.OpsPerS, ms(r.P50), ms(r.P99), r.N)
+	msg := fmt.Sprintf("    %.0f ops/s, p50 %.2f ms, p99 %.2f ms, n=%d", r.OpsPerS, benchkit.MS(r.P50), benchkit.MS(r.P99), r.N)
 	if r.CPUOK {
 		msg += fmt.Sprintf("; CPU/op client %dµs server %dµs other %dµs; machine %.0f%% busy",
 			r.ClientCPU.Microseconds(), r.ServerCPU.Microseconds(), r.OtherCPU.Microseconds(), 100*r.MachineBusy)
@@ -331,7 +337,7 @@ func (b *bench) record(ctx context.Context, srv *server, store, op, pop string, 
 
 // readBenchmarks checks the seeded data through the API, then measures
 // GetEgress and ListEgresses at every concurrency.
-func (b *bench) readBenchmarks(ctx context.Context, name string, srv *server, sd *seeder, pop int) error {
+func (b *bench) readBenchmarks(ctx context.Context, name string, srv *benchkit.DevServer, sd *seeder, pop int) error {
 	ec, err := newEgressClients(srv, b.maxConc(), false)
 	if err != nil {
 		return err
@@ -407,7 +413,7 @@ func listPage(ctx context.Context, cl interface {
 // createBenchmarks measures CreateEgress with a fresh command ID per call,
 // first with one shared client, then (with -compare-clients) with one client
 // and connection per worker.
-func (b *bench) createBenchmarks(ctx context.Context, name string, srv *server, pop int) error {
+func (b *bench) createBenchmarks(ctx context.Context, name string, srv *benchkit.DevServer, pop int) error {
 	pl := popLabel(pop) + "+"
 	variants := []struct {
 		op        string
@@ -457,19 +463,4 @@ func popLabel(n int) string {
 
 func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
-}
-
-// output runs a command and returns its trimmed standard output.
-func output(ctx context.Context, dir, name string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir = dir
-	out, err := cmd.Output()
-	return strings.TrimSpace(string(out)), err
-}
-
-func nproc() string {
-	if out, err := output(context.Background(), "", "nproc"); err == nil && out != "" {
-		return out
-	}
-	return strconv.Itoa(runtime.NumCPU())
 }

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/kibotos/kibotos/bench/internal/benchkit"
 )
 
 // opFunc issues one request as worker w. It returns an error when the call
@@ -47,11 +49,11 @@ type result struct {
 // of the window are recorded even when they finish after it.
 // sample, when not nil, reads CPU counters at the start of the window and
 // after the last call.
-func measure(ctx context.Context, conc int, warmup, dur time.Duration, op opFunc, sample func() cpuSample) result {
+func measure(ctx context.Context, conc int, warmup, dur time.Duration, op opFunc, sample func() benchkit.CPUSample) result {
 	start := time.Now()
 	from := start.Add(warmup)
 	end := from.Add(dur)
-	cpu0 := make(chan cpuSample, 1)
+	cpu0 := make(chan benchkit.CPUSample, 1)
 	if sample != nil {
 		go func() {
 			select {
@@ -112,12 +114,12 @@ func measure(ctx context.Context, conc int, warmup, dur time.Duration, op opFunc
 		for w := range conc {
 			ops += len(lats[w]) + errs[w]
 		}
-		if c0.ok && c1.ok && ops > 0 && c1.machineTotal > c0.machineTotal {
+		if c0.OK && c1.OK && ops > 0 && c1.MachineTotal > c0.MachineTotal {
 			r.CPUOK = true
-			r.ClientCPU = (c1.client - c0.client) / time.Duration(ops)
-			r.ServerCPU = (c1.server - c0.server) / time.Duration(ops)
-			r.MachineBusy = float64(c1.machineBusy-c0.machineBusy) / float64(c1.machineTotal-c0.machineTotal)
-			other := (c1.machineBusy - c0.machineBusy) - (c1.client - c0.client) - (c1.server - c0.server)
+			r.ClientCPU = (c1.Self - c0.Self) / time.Duration(ops)
+			r.ServerCPU = (c1.Server - c0.Server) / time.Duration(ops)
+			r.MachineBusy = float64(c1.MachineBusy-c0.MachineBusy) / float64(c1.MachineTotal-c0.MachineTotal)
+			other := (c1.MachineBusy - c0.MachineBusy) - (c1.Self - c0.Self) - (c1.Server - c0.Server)
 			r.OtherCPU = max(0, other) / time.Duration(ops)
 		}
 	}
@@ -150,5 +152,3 @@ func percentile(sorted []time.Duration, q float64) time.Duration {
 	i := int(math.Ceil(q*float64(len(sorted)))) - 1
 	return sorted[max(0, min(i, len(sorted)-1))]
 }
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -7,6 +7,8 @@ import (
 	"runtime"
 	"strings"
 	"time"
+
+	"github.com/kibotos/kibotos/bench/internal/benchkit"
 )
 
 // Targets of the issue.
@@ -50,7 +52,7 @@ func (b *bench) verdict(r *result) string {
 			fails = append(fails, fmt.Sprintf("%.0f ops/s < %.0f", r.OpsPerS, createMinOpsPerS))
 		}
 		if r.P99 > createMaxP99 {
-			fails = append(fails, fmt.Sprintf("p99 %.1f > %.0f ms", ms(r.P99), ms(createMaxP99)))
+			fails = append(fails, fmt.Sprintf("p99 %.1f > %.0f ms", benchkit.MS(r.P99), benchkit.MS(createMaxP99)))
 		}
 		if len(fails) == 0 && r.Conc == 1 {
 			return "yes (p99 only at c=1)"
@@ -61,7 +63,7 @@ func (b *bench) verdict(r *result) string {
 			return "— (baseline)"
 		}
 		if r.P99 > listMaxP99 {
-			fails = append(fails, fmt.Sprintf("p99 %.1f > %.0f ms", ms(r.P99), ms(listMaxP99)))
+			fails = append(fails, fmt.Sprintf("p99 %.1f > %.0f ms", benchkit.MS(r.P99), benchkit.MS(listMaxP99)))
 		}
 		if p50r > listMaxRatio {
 			fails = append(fails, fmt.Sprintf("p50 ×%.2f", p50r))
@@ -83,14 +85,14 @@ func (b *bench) report() string {
 	p := func(format string, args ...any) { fmt.Fprintf(&w, format, args...) }
 	ctx := context.Background()
 
-	goVersion, err := output(ctx, b.modRoot, "go", "version")
+	goVersion, err := benchkit.Output(ctx, b.modRoot, "go", "version")
 	if err != nil {
 		goVersion = runtime.Version()
 	}
-	rev, err := output(ctx, b.modRoot, "git", "rev-parse", "HEAD")
+	rev, err := benchkit.Output(ctx, b.modRoot, "git", "rev-parse", "HEAD")
 	if err != nil {
 		rev = "unknown (not a git checkout)"
-	} else if st, err := output(ctx, b.modRoot, "git", "status", "--porcelain"); err == nil && st != "" {
+	} else if st, err := benchkit.Output(ctx, b.modRoot, "git", "status", "--porcelain"); err == nil && st != "" {
 		rev += " (with uncommitted changes)"
 	}
 	host, _ := os.Hostname()
@@ -98,8 +100,8 @@ func (b *bench) report() string {
 	p("# kibotos-ctrl benchmark\n\n")
 	p("- Date: %s\n", b.started.UTC().Format("2006-01-02 15:04:05 UTC"))
 	p("- Go: `%s`\n", goVersion)
-	p("- nproc: %s (%s)\n", nproc(), cpuModel())
-	p("- Host: %s, %s/%s; load average at start %s, at end %s\n", host, runtime.GOOS, runtime.GOARCH, b.loadStart, loadAvg())
+	p("- nproc: %s (%s)\n", benchkit.NProc(), benchkit.CPUModel())
+	p("- Host: %s, %s/%s; load average at start %s, at end %s\n", host, runtime.GOOS, runtime.GOARCH, b.loadStart, benchkit.LoadAvg())
 	p("- Git revision: `%s`\n", rev)
 	if b.revision != "" && b.revision != "unknown" {
 		p("- Server reports source revision: `%s`\n", b.revision)
@@ -108,14 +110,14 @@ func (b *bench) report() string {
 	p("- Each measurement: %v warm-up (not recorded), then %v measured; concurrency = client goroutines\n", b.cfg.warmup, b.cfg.duration)
 	p("- Client: connect-go (Connect protocol, binary proto) over golang.org/x/net/http2 with mutual TLS (dev operator certificate); one shared client, i.e. one HTTP/2 connection, unless the operation says otherwise\n")
 	if b.cfg.serverProfile != "" {
-		p("- Server: bench/ctrlprof (ctrl.Main, as kibotos-ctrl, with a CPU profile: expect a few %% overhead) as a subprocess on 127.0.0.1, sharing the %s CPUs with the client\n", nproc())
+		p("- Server: bench/ctrlprof (ctrl.Main, as kibotos-ctrl, with a CPU profile: expect a few %% overhead) as a subprocess on 127.0.0.1, sharing the %s CPUs with the client\n", benchkit.NProc())
 	} else {
-		p("- Server: the real `kibotos-ctrl --dev` binary as a subprocess on 127.0.0.1, sharing the %s CPUs with the client\n", nproc())
+		p("- Server: the real `kibotos-ctrl --dev` binary as a subprocess on 127.0.0.1, sharing the %s CPUs with the client\n", benchkit.NProc())
 	}
 	for _, s := range b.cfg.stores {
 		switch s {
 		case "sqlite":
-			p("- SQLite: data directory on %s (%s)\n", fsType(b.tmp), b.tmp)
+			p("- SQLite: data directory on %s (%s)\n", benchkit.FSType(b.tmp), b.tmp)
 		case "postgres":
 			p("- PostgreSQL: %s, server %s, fresh database per run\n", b.pgInfo, redact(b.cfg.postgresURL))
 		}
@@ -130,7 +132,7 @@ func (b *bench) report() string {
 	for i := range b.results {
 		r := &b.results[i]
 		r.Target = b.verdict(r)
-		p("| %s | %s | %s | %d | %.0f | %.2f | %.2f | %s |\n", r.Store, r.Op, r.Population, r.Conc, r.OpsPerS, ms(r.P50), ms(r.P99), r.Target)
+		p("| %s | %s | %s | %d | %.0f | %.2f | %.2f | %s |\n", r.Store, r.Op, r.Population, r.Conc, r.OpsPerS, benchkit.MS(r.P50), benchkit.MS(r.P99), r.Target)
 	}
 
 	p("\n## List latency, %s vs %s Egresses\n\n", popLabel(b.cfg.large), popLabel(b.cfg.small))
@@ -153,11 +155,11 @@ func (b *bench) report() string {
 			okStr = "no"
 		}
 		p("| %s | %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s |\n", r.Store, r.Op, r.Conc,
-			ms(base.P50), ms(r.P50), p50r, ms(base.P99), ms(r.P99), p99r, okStr)
+			benchkit.MS(base.P50), benchkit.MS(r.P50), p50r, benchkit.MS(base.P99), benchkit.MS(r.P99), p99r, okStr)
 	}
 
 	p("\n## CPU per operation\n\n")
-	p("CPU time over each measured window divided by the operations started in it: the benchmark client (this process: TLS, HTTP/2, proto), the kibotos-ctrl process, and the rest of the machine (the PostgreSQL backends, and anything else that ran). Machine busy is the share of all %s CPUs in use; near 100%% the latencies above are dominated by CPU queueing rather than by the store.\n\n", nproc())
+	p("CPU time over each measured window divided by the operations started in it: the benchmark client (this process: TLS, HTTP/2, proto), the kibotos-ctrl process, and the rest of the machine (the PostgreSQL backends, and anything else that ran). Machine busy is the share of all %s CPUs in use; near 100%% the latencies above are dominated by CPU queueing rather than by the store.\n\n", benchkit.NProc())
 	p("| store | operation | population | concurrency | client CPU µs/op | server CPU µs/op | other CPU µs/op | machine busy |\n")
 	p("|---|---|---|---:|---:|---:|---:|---:|\n")
 	for _, r := range b.results {
@@ -179,36 +181,9 @@ func (b *bench) report() string {
 	}
 
 	p("\n## Targets\n\n")
-	p("- SQLite CreateEgress (durable, fresh command ID): p99 ≤ %.0f ms at every concurrency, and ≥ %.0f ops/s at concurrency > 1 (at concurrency 1 throughput is just 1/latency, so only p99 is judged). PostgreSQL creates have no target.\n", ms(createMaxP99), createMinOpsPerS)
-	p("- ListEgresses page of %d at %s (both stores, every concurrency): p99 ≤ %.0f ms, and p50 and p99 at most %.1f× the %s first page at the same concurrency.\n", pageSize, popLabel(b.cfg.large), ms(listMaxP99), listMaxRatio, popLabel(b.cfg.small))
+	p("- SQLite CreateEgress (durable, fresh command ID): p99 ≤ %.0f ms at every concurrency, and ≥ %.0f ops/s at concurrency > 1 (at concurrency 1 throughput is just 1/latency, so only p99 is judged). PostgreSQL creates have no target.\n", benchkit.MS(createMaxP99), createMinOpsPerS)
+	p("- ListEgresses page of %d at %s (both stores, every concurrency): p99 ≤ %.0f ms, and p50 and p99 at most %.1f× the %s first page at the same concurrency.\n", pageSize, popLabel(b.cfg.large), benchkit.MS(listMaxP99), listMaxRatio, popLabel(b.cfg.small))
 	p("- GetEgress has no target; %s rows are the baseline of the ratios.\n", popLabel(b.cfg.small))
 	p("- Population `%s+` for creates: the store held %s seeded Egresses when creates began, plus those created by earlier create measurements.\n", popLabel(b.cfg.large), popLabel(b.cfg.large))
 	return w.String()
-}
-
-// loadAvg returns the 1, 5 and 15 minute load averages.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
-}
-
-// cpuModel returns the first "model name" of /proc/cpuinfo.
-func cpuModel() string {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return "unknown CPU"
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "unknown CPU"
 }

@@ -13,6 +13,7 @@ import (
 	"connectrpc.com/connect"
 	"golang.org/x/net/http2"
 
+	"github.com/kibotos/kibotos/bench/internal/benchkit"
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
 )
@@ -41,7 +42,7 @@ type api struct {
 }
 
 func newAPI(s *server, runID string) (*api, error) {
-	hc, tr, err := newHTTPClient(s.PKI)
+	hc, tr, err := benchkit.NewHTTPClient(s.PKI)
 	if err != nil {
 		return nil, err
 	}

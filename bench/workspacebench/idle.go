@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/kibotos/kibotos/bench/internal/benchkit"
 )
 
 // memReading is one reading of the memory the idle phase reports.
@@ -22,7 +24,7 @@ type memReading struct {
 }
 
 func (b *bench) readMemory(ctx context.Context) memReading {
-	st := procStatus(b.srv.pid())
+	st := procStatus(b.srv.PID())
 	mi := memInfo()
 	r := memReading{At: time.Now(), RSS: st["VmRSS"], RssAnon: st["RssAnon"], Threads: st["Threads"],
 		MemAvailable: mi["MemAvailable"], Slab: mi["Slab"]}
@@ -61,11 +63,11 @@ func (b *bench) idlePhase(ctx context.Context) error {
 		return err
 	}
 	res.Before = b.readMemory(ctx)
-	c0 := sampleCPU(b.srv.pid())
+	c0 := benchkit.SampleCPU(b.srv.PID())
 	t0 := time.Now()
 	samples, err := b.api.createBatch(ctx, n, idleSpec, 50*time.Millisecond, 4*time.Minute)
 	res.Makespan = time.Since(t0)
-	c1 := sampleCPU(b.srv.pid())
+	c1 := benchkit.SampleCPU(b.srv.PID())
 	res.CPUCreate = cpuBetween(c0, c1)
 	res.Samples = samples
 	for i := range samples {
@@ -83,7 +85,7 @@ func (b *bench) idlePhase(ctx context.Context) error {
 		return err
 	}
 	res.After = b.readMemory(ctx)
-	res.CPUIdle = cpuBetween(c1, sampleCPU(b.srv.pid()))
+	res.CPUIdle = cpuBetween(c1, benchkit.SampleCPU(b.srv.PID()))
 	logf("idle: kibotos-ctrl RSS %d → %d MiB, MemAvailable %d → %d MiB; deleting all at once",
 		res.Before.RSS>>10, res.After.RSS>>10, res.Before.MemAvailable>>10, res.After.MemAvailable>>10)
 	lats, span, errs := b.api.removeAll(ctx, b.api.liveWorkspaces())

@@ -39,6 +39,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kibotos/kibotos/bench/internal/benchkit"
 	"github.com/kibotos/kibotos/internal/node/sandbox"
 )
 
@@ -194,10 +195,10 @@ type bench struct {
 }
 
 func newBench(ctx context.Context, cfg config) (*bench, error) {
-	b := &bench{cfg: cfg, started: time.Now(), loadStart: loadAvg(), runID: fmt.Sprintf("%06x", rand.Uint32()>>8)}
+	b := &bench{cfg: cfg, started: time.Now(), loadStart: benchkit.LoadAvg(), runID: fmt.Sprintf("%06x", rand.Uint32()>>8)}
 	logf("load average: %s", b.loadStart)
 	b.busyStart = otherBusyProcesses(os.Getpid(), 0)
-	gomod, err := output(ctx, "", "go", "env", "GOMOD")
+	gomod, err := benchkit.Output(ctx, "", "go", "env", "GOMOD")
 	if err != nil || gomod == "" || gomod == os.DevNull {
 		return nil, fmt.Errorf("not inside the kibotos module (go env GOMOD: %q, %v)", gomod, err)
 	}
@@ -229,7 +230,7 @@ func newBench(ctx context.Context, cfg config) (*bench, error) {
 		os.RemoveAll(b.tmp)
 		return nil, fmt.Errorf("temporary directory %q contains ',' or ':' (overlayfs options): set TMPDIR", b.tmp)
 	}
-	b.tmpFS = fsType(b.tmp)
+	b.tmpFS = benchkit.FSType(b.tmp)
 	if fs := b.tmpFS; fs == "tmpfs" || fs == "overlayfs" {
 		logf("WARNING: %s is on %s: fsyncs are free or overlayfs upper dirs may not nest; set TMPDIR to a disk", b.tmp, fs)
 	}
@@ -294,12 +295,12 @@ func (b *bench) runAll(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	b.rssStart = procStatus(b.srv.pid())
+	b.rssStart = procStatus(b.srv.PID())
 	if b.api, err = newAPI(b.srv, b.runID); err != nil {
 		return err
 	}
 	if b.rootfs, err = waitTemplate(ctx, filepath.Join(b.nodeRoot, "templates"), 60*time.Second); err != nil {
-		return fmt.Errorf("%w\n--- server log (tail) ---\n%s", err, tail(b.srv.logPath, 3000))
+		return fmt.Errorf("%w\n--- server log (tail) ---\n%s", err, benchkit.Tail(b.srv.LogPath, 3000))
 	}
 	logf("default template: %s", b.rootfs)
 	if b.tracer, err = startTracer(b.nodeRoot); err != nil {
@@ -342,7 +343,7 @@ func (b *bench) runAll(ctx context.Context) error {
 // recordSource notes the git revision of the tree the binaries are built
 // from and the files changed outside bench/ at that moment.
 func (b *bench) recordSource(ctx context.Context) {
-	rev, err := output(ctx, b.srcDir, "git", "rev-parse", "HEAD")
+	rev, err := benchkit.Output(ctx, b.srcDir, "git", "rev-parse", "HEAD")
 	if err != nil {
 		return
 	}
@@ -416,7 +417,7 @@ func (b *bench) warmUp(ctx context.Context) error {
 				return fmt.Errorf("reference: %w", r.Err)
 			}
 		}
-		logf("warm-up %d/%d: create→AVAILABLE %.1f ms", i+1, b.cfg.warmup, ms(s.observed()))
+		logf("warm-up %d/%d: create→AVAILABLE %.1f ms", i+1, b.cfg.warmup, benchkit.MS(s.observed()))
 	}
 	return nil
 }
@@ -426,7 +427,7 @@ func (b *bench) warmUp(ctx context.Context) error {
 // goes first, so that both see the same background).
 func (b *bench) sequential(ctx context.Context) error {
 	logf("sequential: %d workspaces (%s), each stopped and deleted after; reference interleaved: %v", b.cfg.seq, createSpec, b.ref != nil)
-	c0 := sampleCPU(b.srv.pid())
+	c0 := benchkit.SampleCPU(b.srv.PID())
 	fails := 0
 	for i := range b.cfg.seq {
 		if err := ctx.Err(); err != nil {
@@ -470,8 +471,8 @@ func (b *bench) sequential(ctx context.Context) error {
 			logf("sequential: %d/%d done", i+1, b.cfg.seq)
 		}
 	}
-	b.cpuSeq = cpuBetween(c0, sampleCPU(b.srv.pid()))
-	b.loadSeq = loadAvg()
+	b.cpuSeq = cpuBetween(c0, benchkit.SampleCPU(b.srv.PID()))
+	b.loadSeq = benchkit.LoadAvg()
 	return nil
 }
 
@@ -502,11 +503,11 @@ func (b *bench) forceRemove(ctx context.Context, id string) {
 func (b *bench) concurrent(ctx context.Context) error {
 	n := b.cfg.conc
 	logf("at once: %d workspaces (%s)", n, createSpec)
-	c0 := sampleCPU(b.srv.pid())
+	c0 := benchkit.SampleCPU(b.srv.PID())
 	t0 := time.Now()
 	samples, err := b.api.createBatch(ctx, n, createSpec, b.cfg.batchPoll, 3*time.Minute)
 	b.concMakespan = time.Since(t0)
-	b.cpuConc = cpuBetween(c0, sampleCPU(b.srv.pid()))
+	b.cpuConc = cpuBetween(c0, benchkit.SampleCPU(b.srv.PID()))
 	b.conc = samples
 	for i := range samples {
 		if samples[i].Err != nil {
@@ -516,7 +517,7 @@ func (b *bench) concurrent(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("at once: %w", err)
 	}
-	logf("at once: all left CREATING in %.0f ms (%d failed); deleting them at once", ms(b.concMakespan), len(b.concErrs))
+	logf("at once: all left CREATING in %.0f ms (%d failed); deleting them at once", benchkit.MS(b.concMakespan), len(b.concErrs))
 	lats, span, errs := b.api.removeAll(ctx, b.api.liveWorkspaces())
 	b.concDelete, b.concDeleteSpan = lats, span
 	for _, e := range errs {
@@ -575,7 +576,7 @@ func (b *bench) cleanup() error {
 	var errs []error
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if b.srv != nil && b.srv.alive() && b.api != nil {
+	if b.srv != nil && b.srv.Alive() && b.api != nil {
 		if live := b.api.liveWorkspaces(); len(live) > 0 {
 			logf("cleanup: deleting %d workspaces left", len(live))
 			if _, _, derrs := b.api.removeAll(ctx, live); len(derrs) > 0 {
@@ -590,10 +591,10 @@ func (b *bench) cleanup() error {
 		b.tracer.stop()
 	}
 	if b.srv != nil {
-		if err := b.srv.stop(); err != nil {
+		if err := b.srv.Stop(); err != nil {
 			errs = append(errs, err)
 		}
-		if l, err := readServerLog(b.srv.logPath); err == nil {
+		if l, err := readServerLog(b.srv.LogPath); err == nil {
 			b.slog = l
 		}
 	}
@@ -639,23 +640,10 @@ func (b *bench) cleanup() error {
 			}
 		}
 	}
-	b.loadEnd = loadAvg()
+	b.loadEnd = benchkit.LoadAvg()
 	return errors.Join(errs...)
 }
 
 func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
 }
-
-// output runs a command and returns its trimmed standard output.
-func output(ctx context.Context, dir, name string, args ...string) (string, error) {
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir = dir
-	out, err := cmd.Output()
-	return strings.TrimSpace(string(out)), err
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kibotos/kibotos/bench/internal/benchkit"
 	"github.com/kibotos/kibotos/internal/guest/protocol"
 )
 
@@ -185,7 +186,7 @@ func ensureCrun(ctx context.Context, install bool) (string, string, error) {
 }
 
 func crunVersion(ctx context.Context, p string) string {
-	out, err := output(ctx, "", p, "--version")
+	out, err := benchkit.Output(ctx, "", p, "--version")
 	if err != nil {
 		return "unknown"
 	}
@@ -344,7 +345,7 @@ func (r *refEnv) runLocked(ctx context.Context, name string) (s refSample) {
 	}
 	logFile.Close()
 	if err != nil {
-		s.Err = fmt.Errorf("crun run: %v: %s", err, tail(run.base+".log", 1500))
+		s.Err = fmt.Errorf("crun run: %v: %s", err, benchkit.Tail(run.base+".log", 1500))
 		return s
 	}
 	// PID 1 protects itself from the OOM killer as in the runtime. crun
@@ -354,7 +355,7 @@ func (r *refEnv) runLocked(ctx context.Context, name string) (s refSample) {
 	r.oomAdjErr = protectPID1(pidFile)
 	t3 := time.Now()
 	if err := pingUntilReady(ctx, filepath.Join(run.sock, protocol.SocketName), 30*time.Second); err != nil {
-		s.Err = fmt.Errorf("reference guest: %v; log: %s", err, tail(run.base+".log", 1500))
+		s.Err = fmt.Errorf("reference guest: %v; log: %s", err, benchkit.Tail(run.base+".log", 1500))
 		return s
 	}
 	t4 := time.Now()

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kibotos/kibotos/bench/internal/benchkit"
 )
 
 // Targets of the issue.
@@ -73,7 +75,7 @@ func refDist(rs []refSample, f func(*refSample) time.Duration) dist {
 	return newDist(out)
 }
 
-func f1(d time.Duration) string { return fmt.Sprintf("%.1f", ms(d)) }
+func f1(d time.Duration) string { return fmt.Sprintf("%.1f", benchkit.MS(d)) }
 
 func verdict(ok bool, why string) string {
 	if ok {
@@ -87,7 +89,7 @@ func (b *bench) report() string {
 	p := func(format string, args ...any) { fmt.Fprintf(&w, format, args...) }
 	ctx := context.Background()
 
-	goVersion, err := output(ctx, b.modRoot, "go", "version")
+	goVersion, err := benchkit.Output(ctx, b.modRoot, "go", "version")
 	if err != nil {
 		goVersion = runtime.Version()
 	}
@@ -111,7 +113,7 @@ func (b *bench) report() string {
 		p("; uncommitted changes outside bench/ when the binaries were built: %s%s", strings.Join(d, ", "), more)
 	}
 	p("\n")
-	p("- Host: %s, %s/%s, kernel %s, nproc %s (%s), cgroup v%d\n", host, runtime.GOOS, runtime.GOARCH, kernelRelease(), nproc(), cpuModel(), cgroupVersion())
+	p("- Host: %s, %s/%s, kernel %s, nproc %s (%s), cgroup v%d\n", host, runtime.GOOS, runtime.GOARCH, kernelRelease(), benchkit.NProc(), benchkit.CPUModel(), cgroupVersion())
 	p("- Load average at start %s", b.loadStart)
 	if b.loadSeq != "" {
 		p(", after the sequential phase %s", b.loadSeq)
@@ -144,13 +146,13 @@ func (b *bench) report() string {
 		v := verdict(len(seqObs) > 0 && seqObs.p50() <= seqP50Max && seqObs.p99() <= seqP99Max && len(b.seqErrs) == 0,
 			fmt.Sprintf("p50 %s, p99 %s ms; %d errors", f1(seqObs.p50()), f1(seqObs.p99()), len(b.seqErrs)))
 		p("| 1 | CreateWorkspace → AVAILABLE, one after another (%s); client-observed, GetWorkspaceCommand every %v | %d | %s | %s | p50 ≤ %.0f ms, p99 ≤ %.0f ms | %s |\n",
-			createSpec, b.cfg.poll, len(seqObs), f1(seqObs.p50()), f1(seqObs.p99()), ms(seqP50Max), ms(seqP99Max), v)
+			createSpec, b.cfg.poll, len(seqObs), f1(seqObs.p50()), f1(seqObs.p99()), benchkit.MS(seqP50Max), benchkit.MS(seqP99Max), v)
 		p("| 1′ | same, CreateWorkspace sent → command `completed_at` (server clock, same host; no polling error) | %d | %s | %s | (lower bound of 1) | — |\n",
 			len(seqSrv), f1(seqSrv.p50()), f1(seqSrv.p99()))
 	}
 	if b.cfg.conc > 0 {
 		p("| 1b | CreateWorkspace → AVAILABLE, %d sent at once; client-observed, ListWorkspaces(CREATING) every %v | %d | %s | %s | — (no target; all %d AVAILABLE after %.0f ms; %d errors) | — |\n",
-			b.cfg.conc, b.cfg.batchPoll, len(concObs), f1(concObs.p50()), f1(concObs.p99()), b.cfg.conc, ms(b.concMakespan), len(b.concErrs))
+			b.cfg.conc, b.cfg.batchPoll, len(concObs), f1(concObs.p50()), f1(concObs.p99()), b.cfg.conc, benchkit.MS(b.concMakespan), len(b.concErrs))
 		p("| 1b′ | same, → command `completed_at` | %d | %s | %s | — | — |\n", len(concSrv), f1(concSrv.p50()), f1(concSrv.p99()))
 	}
 	if b.ref != nil && len(refTot) > 0 {
@@ -167,7 +169,7 @@ func (b *bench) report() string {
 	}
 	if len(stops) > 0 {
 		p("| 3 | StopWorkspace (normal, guest writeback confirmed), idle workspace, until STOPPED | %d | %s | %s | p50 ≤ %.0f ms | %s |\n",
-			len(stops), f1(stops.p50()), f1(stops.p99()), ms(stopP50Max), verdict(stops.p50() <= stopP50Max, f1(stops.p50())+" ms"))
+			len(stops), f1(stops.p50()), f1(stops.p99()), benchkit.MS(stopP50Max), verdict(stops.p50() <= stopP50Max, f1(stops.p50())+" ms"))
 	}
 	if r := b.idle; r != nil {
 		idleObs := sampleDist(r.Samples, (*createSample).observed)
@@ -466,7 +468,7 @@ func (b *bench) reportCPU(p printer) {
 		row(fmt.Sprintf("%d idle, creation", b.idle.N), b.idle.CPUCreate)
 		row(fmt.Sprintf("%d idle, idle", b.idle.N), b.idle.CPUIdle)
 	}
-	p("\nThe machine has %s CPUs; the benchmark client, kibotos-ctrl, the executions and anything else on the machine share them. kibotos-ctrl's CPU excludes the init shims and guests (their own processes).\n", nproc())
+	p("\nThe machine has %s CPUs; the benchmark client, kibotos-ctrl, the executions and anything else on the machine share them. kibotos-ctrl's CPU excludes the init shims and guests (their own processes).\n", benchkit.NProc())
 }
 
 func (b *bench) reportErrors(p printer) {
@@ -507,11 +509,4 @@ func (b *bench) reportMethod(p printer) {
 	p("- Stop (row 3): `StopWorkspace` waits for completion; latency from send to answer.\n")
 	p("- Memory (rows 4m, 4h): VmRSS of the kibotos-ctrl process (one process: API, store, reconciler and the embedded node agent; the init shims exec into kibotos-guest, which runs in the executions' own cgroups and is not part of it). Host memory: the decrease of MemAvailable (page cache, kernel memory of namespaces, mounts, loop devices and ext4 included) divided by the number of workspaces; anything else running on the machine skews it, see the load average.\n")
 	p("- Percentiles are nearest-rank: for n ≤ 100, p99 is the largest or second-largest value.\n")
-}
-
-func nproc() string {
-	if out, err := output(context.Background(), "", "nproc"); err == nil && out != "" {
-		return out
-	}
-	return fmt.Sprint(runtime.NumCPU())
 }

@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,30 +10,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
-)
 
-// fsType names the file system of path when it matters to the benchmark.
-func fsType(path string) string {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(path, &st); err != nil {
-		return "unknown"
-	}
-	switch st.Type {
-	case 0x01021994:
-		return "tmpfs"
-	case 0xEF53:
-		return "ext2/3/4"
-	case 0x58465342:
-		return "xfs"
-	case 0x9123683E:
-		return "btrfs"
-	case 0x794c7630:
-		return "overlayfs"
-	}
-	return "other"
-}
+	"github.com/kibotos/kibotos/bench/internal/benchkit"
+)
 
 // procStatus returns the fields of /proc/<pid>/status in KiB (VmRSS,
 // RssAnon, RssFile, ...).
@@ -120,62 +99,6 @@ func nodeCgroupMemory(root string) (uint64, int, error) {
 	return n, kids, nil
 }
 
-// cpuSample is a reading of CPU time: the server process and the whole
-// machine.
-type cpuSample struct {
-	ok           bool
-	at           time.Time
-	self         time.Duration
-	server       time.Duration
-	machineBusy  time.Duration
-	machineTotal time.Duration
-}
-
-// clkTck is USER_HZ, the unit of /proc times.
-const clkTck = 100
-
-func sampleCPU(serverPID int) cpuSample {
-	s := cpuSample{at: time.Now()}
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
-		s.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	}
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", serverPID)); err == nil {
-		if i := bytes.LastIndexByte(b, ')'); i >= 0 {
-			f := strings.Fields(string(b[i+1:]))
-			if len(f) > 12 {
-				u, _ := strconv.ParseInt(f[11], 10, 64)
-				st, _ := strconv.ParseInt(f[12], 10, 64)
-				s.server = time.Duration(u+st) * time.Second / clkTck
-			}
-		}
-	}
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return s
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	if len(f) < 8 || f[0] != "cpu" {
-		return s
-	}
-	var total, idle int64
-	for i, v := range f[1:] {
-		if i >= 8 {
-			break
-		}
-		n, _ := strconv.ParseInt(v, 10, 64)
-		total += n
-		if i == 3 || i == 4 {
-			idle += n
-		}
-	}
-	s.machineTotal = time.Duration(total) * time.Second / clkTck
-	s.machineBusy = time.Duration(total-idle) * time.Second / clkTck
-	s.ok = true
-	return s
-}
-
 // cpuUse summarizes CPU use between two samples.
 type cpuUse struct {
 	Wall        time.Duration
@@ -184,39 +107,12 @@ type cpuUse struct {
 	MachineBusy float64       // share of all CPUs busy
 }
 
-func cpuBetween(a, b cpuSample) cpuUse {
-	u := cpuUse{Wall: b.at.Sub(a.at), Server: b.server - a.server, Self: b.self - a.self}
-	if a.ok && b.ok && b.machineTotal > a.machineTotal {
-		u.MachineBusy = float64(b.machineBusy-a.machineBusy) / float64(b.machineTotal-a.machineTotal)
+func cpuBetween(a, b benchkit.CPUSample) cpuUse {
+	u := cpuUse{Wall: b.At.Sub(a.At), Server: b.Server - a.Server, Self: b.Self - a.Self}
+	if a.OK && b.OK && b.MachineTotal > a.MachineTotal {
+		u.MachineBusy = float64(b.MachineBusy-a.MachineBusy) / float64(b.MachineTotal-a.MachineTotal)
 	}
 	return u
-}
-
-// loadAvg returns the 1, 5 and 15 minute load averages.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
-}
-
-// cpuModel returns the first "model name" of /proc/cpuinfo.
-func cpuModel() string {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return "unknown CPU"
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "unknown CPU"
 }
 
 // cgroupVersion reports 2 on a unified hierarchy, else 1.
@@ -238,7 +134,7 @@ func kernelRelease() string {
 // busyProcesses lists the processes other than ours that used the most CPU
 // recently (by ps), for the report's caveats.
 func otherBusyProcesses(self, server int) string {
-	out, err := output(context.Background(), "", "ps", "-eo", "pid,pcpu,etime,comm", "--sort=-pcpu", "--no-headers")
+	out, err := benchkit.Output(context.Background(), "", "ps", "-eo", "pid,pcpu,etime,comm", "--sort=-pcpu", "--no-headers")
 	if err != nil {
 		return ""
 	}

@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package benchkit
 
 import (
 	"bytes"
@@ -12,8 +12,8 @@ import (
 	"time"
 )
 
-// fsType names the file system of path when it matters to the benchmark.
-func fsType(path string) string {
+// FSType names the file system of path when it matters to a benchmark.
+func FSType(path string) string {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(path, &st); err != nil {
 		return "unknown"
@@ -33,30 +33,19 @@ func fsType(path string) string {
 	return "other"
 }
 
-// cpuSample is a point-in-time reading of CPU time: this process, the
-// kibotos-ctrl process, and the whole machine.
-type cpuSample struct {
-	ok            bool
-	client        time.Duration
-	server        time.Duration
-	machineBusy   time.Duration
-	machineTotal  time.Duration
-	serverMissing bool
-}
-
 // clkTck is USER_HZ, the unit of /proc times; 100 on every Linux
 // architecture Go supports.
 const clkTck = 100
 
-func sampleCPU(serverPID int) cpuSample {
-	var s cpuSample
+// SampleCPU reads the CPU times of this process, of serverPID and of the
+// machine.
+func SampleCPU(serverPID int) CPUSample {
+	s := CPUSample{At: time.Now()}
 	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return s
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
+		s.Self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
-	s.client = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", serverPID))
-	if err == nil {
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", serverPID)); err == nil {
 		// Fields after the parenthesized command name; utime and stime are
 		// fields 14 and 15 of the whole line.
 		if i := bytes.LastIndexByte(b, ')'); i >= 0 {
@@ -64,13 +53,11 @@ func sampleCPU(serverPID int) cpuSample {
 			if len(f) > 12 {
 				u, _ := strconv.ParseInt(f[11], 10, 64)
 				st, _ := strconv.ParseInt(f[12], 10, 64)
-				s.server = time.Duration(u+st) * time.Second / clkTck
+				s.Server = time.Duration(u+st) * time.Second / clkTck
 			}
 		}
-	} else {
-		s.serverMissing = true
 	}
-	b, err = os.ReadFile("/proc/stat")
+	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		return s
 	}
@@ -90,8 +77,8 @@ func sampleCPU(serverPID int) cpuSample {
 			idle += n
 		}
 	}
-	s.machineTotal = time.Duration(total) * time.Second / clkTck
-	s.machineBusy = time.Duration(total-idle) * time.Second / clkTck
-	s.ok = true
+	s.MachineTotal = time.Duration(total) * time.Second / clkTck
+	s.MachineBusy = time.Duration(total-idle) * time.Second / clkTck
+	s.OK = true
 	return s
 }
