@@ -5,11 +5,9 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
-	"sort"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/kibotos/kibotos/internal/store/migration"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -23,44 +21,8 @@ var migrationFS embed.FS
 // its own, apart from LockCommand's one-key locks.
 const migrationLockClass = 0x6b69626f // "kibo"
 
-// migration is one embedded migrations/NNNN_name.sql file.
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
 // migrations returns the embedded migrations in version order.
-func migrations() ([]migration, error) {
-	entries, err := fs.ReadDir(migrationFS, "migrations")
-	if err != nil {
-		return nil, err
-	}
-	var ms []migration
-	seen := map[int]string{}
-	for _, e := range entries {
-		name := e.Name()
-		if e.IsDir() || !strings.HasSuffix(name, ".sql") {
-			continue
-		}
-		prefix, _, ok := strings.Cut(name, "_")
-		v, err := strconv.Atoi(prefix)
-		if !ok || err != nil || v <= 0 {
-			return nil, fmt.Errorf("migration %s: name must start with a positive version and '_'", name)
-		}
-		if other, dup := seen[v]; dup {
-			return nil, fmt.Errorf("migrations %s and %s share version %d", other, name, v)
-		}
-		seen[v] = name
-		b, err := migrationFS.ReadFile("migrations/" + name)
-		if err != nil {
-			return nil, err
-		}
-		ms = append(ms, migration{version: v, name: name, sql: string(b)})
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
-	return ms, nil
-}
+func migrations() ([]migration.Migration, error) { return migration.Load(migrationFS, "migrations") }
 
 // migrate applies the migrations not yet recorded in schema_migrations, each
 // in its own transaction, on a dedicated connection holding a session
@@ -109,21 +71,21 @@ func migrate(ctx context.Context, cfg *pgx.ConnConfig) (err error) {
 		applied[int(v)] = true
 	}
 	for _, m := range ms {
-		if applied[m.version] {
+		if applied[m.Version] {
 			continue
 		}
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			// Without arguments Exec uses the simple protocol, which runs a
 			// file of several statements.
-			if _, err := tx.Exec(ctx, m.sql); err != nil {
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
 				return err
 			}
 			_, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)`,
-				m.version, m.name, time.Now().UnixMicro())
+				m.Version, m.Name, time.Now().UnixMicro())
 			return err
 		})
 		if err != nil {
-			return fmt.Errorf("%s: %w", m.name, err)
+			return fmt.Errorf("%s: %w", m.Name, err)
 		}
 	}
 	return nil

@@ -31,7 +31,7 @@ func createAtVersion(t *testing.T, path string, version int, stmts ...string) {
 	defer db.Close()
 	all := []string{`CREATE TABLE schema_migrations (version INTEGER NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL) STRICT`}
 	for _, m := range ms[:version] {
-		all = append(all, m.sql, fmt.Sprintf(`INSERT INTO schema_migrations VALUES (%d, '%s', 0)`, m.version, m.name))
+		all = append(all, m.SQL, fmt.Sprintf(`INSERT INTO schema_migrations VALUES (%d, '%s', 0)`, m.Version, m.Name))
 	}
 	for _, stmt := range append(all, stmts...) {
 		if _, err := db.ExecContext(ctx, stmt); err != nil {

@@ -160,8 +160,8 @@ func TestMigrateLabelsKept(t *testing.T) {
 	}
 	for _, stmt := range []string{
 		`CREATE TABLE schema_migrations (version INTEGER NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL) STRICT`,
-		ms[0].sql,
-		`INSERT INTO schema_migrations VALUES (1, '` + ms[0].name + `', 0)`,
+		ms[0].SQL,
+		`INSERT INTO schema_migrations VALUES (1, '` + ms[0].Name + `', 0)`,
 		`INSERT INTO resources VALUES ('egress', 'e1', 5, 5, 1, x'', 1, '{}', 1)`,
 		`INSERT INTO labels VALUES ('egress', 'e1', 'app', 'web', 5), ('egress', 'e1', 'tier', 'front', 5)`,
 	} {
