@@ -210,7 +210,7 @@ func newBench(ctx context.Context, cfg config) (*bench, error) {
 			return nil, errors.New("no /bin/busybox: the default template needs Debian's busybox-static (apt-get install -y busybox-static)")
 		}
 	}
-	if mkfsPath, err = findSbin("mkfs.ext4"); err != nil {
+	if _, err := findSbin("mkfs.ext4"); err != nil {
 		return nil, errors.New("mkfs.ext4 not found: apt-get install -y e2fsprogs")
 	}
 	if cfg.ref && cfg.seq > 0 {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/kibotos/kibotos/bench/internal/benchkit"
 	"github.com/kibotos/kibotos/internal/guest/protocol"
+	"github.com/kibotos/kibotos/internal/node/sandbox"
 )
 
 // The reference: the same template rootfs, the same kibotos-guest as PID 1
@@ -308,7 +309,9 @@ func (r *refEnv) runLocked(ctx context.Context, name string) (s refSample) {
 			return s
 		}
 	}
-	if err := makeLayer(ctx, run.img, r.spec.LayerBytes); err != nil {
+	// The layer is made by the runtime's own code (a clone of a formatted
+	// seed, mkfs.ext4 the first time), so both sides do the same work.
+	if err := sandbox.CreateLayerImage(ctx, filepath.Join(r.dir, "seeds"), run.img, r.spec.LayerBytes); err != nil {
 		s.Err = err
 		return s
 	}
@@ -370,43 +373,6 @@ func protectPID1(pidFile string) error {
 	}
 	return os.WriteFile("/proc/"+strings.TrimSpace(string(b))+"/oom_score_adj", []byte("-998"), 0)
 }
-
-// makeLayer makes the writable layer image exactly as the sandbox runtime's
-// ensureLayer does: sparse file, mkfs.ext4 with the same options, fsync,
-// rename, fsync of the directory.
-func makeLayer(ctx context.Context, path string, capacity uint64) error {
-	tmp := path + ".new"
-	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return err
-	}
-	if err := f.Truncate(int64(capacity)); err != nil {
-		f.Close()
-		return err
-	}
-	f.Close()
-	cmd := exec.CommandContext(ctx, mkfsPath, "-q", "-F", "-b", "4096", "-i", "8192", "-m", "0",
-		"-L", "kibotos-layer", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", tmp)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("mkfs.ext4 %s: %v: %s", tmp, err, bytes.TrimSpace(out))
-	}
-	if f, err := os.Open(tmp); err == nil {
-		_ = f.Sync()
-		f.Close()
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
-
-// mkfsPath is mkfs.ext4 (found at start-up).
-var mkfsPath = "mkfs.ext4"
 
 // mountRoot attaches the image to a loop device (autoclear), mounts it and
 // the overlay root.

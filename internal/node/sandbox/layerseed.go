@@ -87,6 +87,14 @@ func mkfsLayer(ctx context.Context, path string, capacity uint64) error {
 	return f.Sync()
 }
 
+// CreateLayerImage makes a writable layer image exactly as the runtime does
+// on a workspace's first start (see createLayerImage), with the seeds kept in
+// seedDir. Benchmarks use it to give a reference runtime the same layer.
+func CreateLayerImage(ctx context.Context, seedDir, path string, capacity uint64) error {
+	_, _, err := createLayerImage(ctx, seedDir, path, capacity)
+	return err
+}
+
 // createLayerImage creates the layer image path of capacity bytes: built
 // aside (path.new), fsync'd and renamed in, so path is never a half image.
 // With seedDir it clones the seed of capacity (made on first use), falling
