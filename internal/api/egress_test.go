@@ -14,8 +14,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	"github.com/kibotos/kibotos"
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
-	"github.com/kibotos/kibotos/internal/apierr"
 	"github.com/kibotos/kibotos/internal/ctrltest"
 	"github.com/kibotos/kibotos/internal/store"
 )
@@ -42,7 +42,7 @@ func wantErr(t *testing.T, err error, code connect.Code, reason ctrlv1.FailureRe
 	if !errors.As(err, &ce) {
 		t.Fatalf("err = %v, not a Connect error", err)
 	}
-	d, ok := apierr.DetailOf(ce)
+	d, ok := kibotos.Detail(ce)
 	if !ok {
 		t.Fatalf("err = %v carries no ErrorDetail", err)
 	}

@@ -8,8 +8,8 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/kibotos/kibotos"
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
-	"github.com/kibotos/kibotos/internal/apierr"
 	"github.com/kibotos/kibotos/internal/ctrltest"
 	"github.com/kibotos/kibotos/internal/node/agent/agenttest"
 )
@@ -385,7 +385,7 @@ func wantDetail(t *testing.T, err error) *ctrlv1.ErrorDetail {
 	if !ok {
 		t.Fatalf("%v is not a Connect error", err)
 	}
-	d, ok := apierr.DetailOf(ce)
+	d, ok := kibotos.Detail(ce)
 	if !ok {
 		t.Fatalf("%v has no ErrorDetail", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kibotos/kibotos"
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/internal/fault"
 )
@@ -102,20 +103,6 @@ func FromDetail(code connect.Code, d *ctrlv1.ErrorDetail) *connect.Error {
 	return ce
 }
 
-// DetailOf returns the ErrorDetail attached to a Connect error.
-func DetailOf(ce *connect.Error) (*ctrlv1.ErrorDetail, bool) {
-	for _, d := range ce.Details() {
-		v, err := d.Value()
-		if err != nil {
-			continue
-		}
-		if ed, ok := v.(*ctrlv1.ErrorDetail); ok {
-			return ed, true
-		}
-	}
-	return nil, false
-}
-
 // Encode returns the stored form of a settled failure: its code name and
 // encoded ErrorDetail (with command_settled set).
 func Encode(fe *fault.Error) (code string, detail []byte, err error) {
@@ -174,7 +161,7 @@ func Convert(ctx context.Context, log *slog.Logger, procedure string, err error)
 	}
 	var ce *connect.Error
 	if errors.As(err, &ce) && ce.Code() != connect.CodeInternal && ce.Code() != connect.CodeUnknown {
-		if _, ok := DetailOf(ce); ok {
+		if _, ok := kibotos.Detail(ce); ok {
 			return ce
 		}
 		reason, ok := defaultReasons[ce.Code()]

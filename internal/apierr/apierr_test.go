@@ -9,6 +9,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/kibotos/kibotos"
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/internal/fault"
 )
@@ -90,7 +91,7 @@ func TestConvertMasksInternal(t *testing.T) {
 	var logs strings.Builder
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	ce := Convert(t.Context(), log, "/p", errors.New("pq: password authentication failed for secret-thing"))
-	d, ok := DetailOf(ce)
+	d, ok := kibotos.Detail(ce)
 	if !ok || ce.Code() != connect.CodeInternal || strings.Contains(ce.Message(), "secret-thing") {
 		t.Fatalf("Convert(internal) = %v (%v)", ce, d)
 	}
@@ -99,13 +100,13 @@ func TestConvertMasksInternal(t *testing.T) {
 	}
 	// Faults keep their message and field.
 	ce = Convert(t.Context(), log, "/p", fault.Invalid("spec.socks5.address", "bad address"))
-	d, _ = DetailOf(ce)
+	d, _ = kibotos.Detail(ce)
 	if ce.Code() != connect.CodeInvalidArgument || d.GetField() != "spec.socks5.address" || d.GetMessage() != "bad address" {
 		t.Fatalf("Convert(fault) = %v %v", ce, d)
 	}
 	// Framework errors get a detail.
 	ce = Convert(t.Context(), log, "/p", connect.NewError(connect.CodeUnimplemented, errors.New("nope")))
-	d, _ = DetailOf(ce)
+	d, _ = kibotos.Detail(ce)
 	if d.GetReason() != ctrlv1.FailureReason_FAILURE_REASON_CAPABILITY_UNAVAILABLE {
 		t.Fatalf("unimplemented reason = %v", d.GetReason())
 	}
@@ -118,7 +119,7 @@ func TestEncodeDecode(t *testing.T) {
 		t.Fatal(err)
 	}
 	ce := Decode(code, b)
-	d, _ := DetailOf(ce)
+	d, _ := kibotos.Detail(ce)
 	if ce.Code() != connect.CodeAborted || !d.GetCommandSettled() || d.GetReason() != ctrlv1.FailureReason_FAILURE_REASON_REVISION_MISMATCH {
 		t.Fatalf("Decode(Encode) = %v %v", ce, d)
 	}

@@ -24,7 +24,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kibotos/kibotos/internal/mountinfo"
 	"io"
 	"log/slog"
 	"net"
@@ -36,6 +35,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kibotos/kibotos/internal/mountinfo"
 
 	"golang.org/x/sys/unix"
 

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"github.com/kibotos/kibotos/internal/mountinfo"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/kibotos/kibotos/internal/mountinfo"
 
 	"golang.org/x/sys/unix"
 )

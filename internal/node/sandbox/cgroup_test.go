@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"github.com/kibotos/kibotos/internal/mountinfo"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kibotos/kibotos/internal/mountinfo"
 )
 
 func TestVCPUs(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/kibotos/kibotos/internal/mountinfo"
 	"os"
 	"path"
 	"path/filepath"
@@ -12,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kibotos/kibotos/internal/mountinfo"
 
 	"golang.org/x/sys/unix"
 )

@@ -51,7 +51,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/kibotos/kibotos/internal/mountinfo"
 	"io"
 	"log/slog"
 	"os"
@@ -64,6 +63,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kibotos/kibotos/internal/mountinfo"
 
 	"golang.org/x/sys/unix"
 
