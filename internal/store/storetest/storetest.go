@@ -135,21 +135,32 @@ func list(t *testing.T, s store.Store, q store.ListQuery) []*store.Resource {
 // pages are full until the last one.
 func listAll(t *testing.T, s store.Store, q store.ListQuery) []*store.Resource {
 	t.Helper()
-	var all []*store.Resource
+	return pageAll(t, q.Limit, func(after *store.Cursor) []*store.Resource {
+		q.After = after
+		return list(t, s, q)
+	}, func(r *store.Resource) store.Cursor { return store.Cursor{CreatedAt: r.CreatedAt, ID: r.ID} })
+}
+
+// pageAll fetches pages of up to limit items, each after the cursor of the
+// previous page's last item, until a page is not full, and returns them all.
+func pageAll[T any](t *testing.T, limit int, fetch func(after *store.Cursor) []T, cursor func(T) store.Cursor) []T {
+	t.Helper()
+	var all []T
+	var after *store.Cursor
 	for i := 0; ; i++ {
 		if i > 10000 {
-			t.Fatal("listAll: paging does not end")
+			t.Fatal("paging does not end")
 		}
-		page := list(t, s, q)
-		if len(page) > q.Limit {
-			t.Fatalf("page of %d items over the limit %d", len(page), q.Limit)
+		page := fetch(after)
+		if len(page) > limit {
+			t.Fatalf("page of %d items over the limit %d", len(page), limit)
 		}
 		all = append(all, page...)
-		if len(page) < q.Limit {
+		if len(page) < limit {
 			return all
 		}
-		last := page[len(page)-1]
-		q.After = &store.Cursor{CreatedAt: last.CreatedAt, ID: last.ID}
+		c := cursor(page[len(page)-1])
+		after = &c
 	}
 }
 

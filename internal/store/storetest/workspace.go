@@ -108,22 +108,10 @@ func listWorkspaces(t *testing.T, s store.Store, q store.WorkspaceQuery) []*stor
 // checking that pages are full until the last one.
 func listAllWorkspaces(t *testing.T, s store.Store, q store.WorkspaceQuery) []*store.Workspace {
 	t.Helper()
-	var all []*store.Workspace
-	for i := 0; ; i++ {
-		if i > 10000 {
-			t.Fatal("listAllWorkspaces: paging does not end")
-		}
-		page := listWorkspaces(t, s, q)
-		if len(page) > q.Limit {
-			t.Fatalf("page of %d items over the limit %d", len(page), q.Limit)
-		}
-		all = append(all, page...)
-		if len(page) < q.Limit {
-			return all
-		}
-		last := page[len(page)-1]
-		q.After = &store.Cursor{CreatedAt: last.CreatedAt, ID: last.ID}
-	}
+	return pageAll(t, q.Limit, func(after *store.Cursor) []*store.Workspace {
+		q.After = after
+		return listWorkspaces(t, s, q)
+	}, func(w *store.Workspace) store.Cursor { return store.Cursor{CreatedAt: w.CreatedAt, ID: w.ID} })
 }
 
 func workspaceIDs(ws []*store.Workspace) []string {
