@@ -17,6 +17,7 @@ import (
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
+	"github.com/kibotos/kibotos/internal/node/sandbox"
 	"github.com/kibotos/kibotos/internal/pki"
 )
 
@@ -83,6 +84,13 @@ func TestNodeEnrollment(t *testing.T) {
 	}
 
 	stateDir := t.TempDir()
+	// Runs after the node is killed (cleanups run last first): a failed
+	// test leaves no execution behind.
+	t.Cleanup(func() {
+		if err := sandbox.Cleanup(stateDir); err != nil {
+			t.Logf("sandbox.Cleanup: %v", err)
+		}
+	})
 	startNode := func(extra ...string) (*exec.Cmd, *bytes.Buffer) {
 		args := append([]string{"--ctrl", p.url, "--ca", paths.CA, "--state-dir", stateDir,
 			"--guest-binary", filepath.Join(binDir, "kibotos-guest")}, extra...)
