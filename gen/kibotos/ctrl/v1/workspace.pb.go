@@ -9,6 +9,7 @@ package ctrlv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -774,7 +775,15 @@ type GetWorkspaceCommandRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// command_id is the command's ID. It is not checked against the command ID
 	// rules: it reads an existing command.
-	CommandId     string `protobuf:"bytes,1,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	CommandId string `protobuf:"bytes,1,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	// wait_timeout, when set, makes the call wait on the server until the
+	// command is COMPLETED or the duration passes, whichever is first, and then
+	// answer the command as it is (still PROCESSING when the time ran out,
+	// which is not an error). From 1 ms to 60 s; anything else is
+	// invalid_argument. The call also ends with the request's own deadline.
+	// Served with the capability workspace.command.wait; a server without it
+	// answers unimplemented with CAPABILITY_UNAVAILABLE.
+	WaitTimeout   *durationpb.Duration `protobuf:"bytes,2,opt,name=wait_timeout,json=waitTimeout,proto3" json:"wait_timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -814,6 +823,13 @@ func (x *GetWorkspaceCommandRequest) GetCommandId() string {
 		return x.CommandId
 	}
 	return ""
+}
+
+func (x *GetWorkspaceCommandRequest) GetWaitTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.WaitTimeout
+	}
+	return nil
 }
 
 // GetWorkspaceCommandResponse carries the command.
@@ -2342,7 +2358,7 @@ var File_kibotos_ctrl_v1_workspace_proto protoreflect.FileDescriptor
 
 const file_kibotos_ctrl_v1_workspace_proto_rawDesc = "" +
 	"\n" +
-	"\x1fkibotos/ctrl/v1/workspace.proto\x12\x0fkibotos.ctrl.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bkibotos/ctrl/v1/types.proto\"\xe7\x05\n" +
+	"\x1fkibotos/ctrl/v1/workspace.proto\x12\x0fkibotos.ctrl.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bkibotos/ctrl/v1/types.proto\"\xe7\x05\n" +
 	"\x16CreateWorkspaceRequest\x12<\n" +
 	"\bmetadata\x18\x01 \x01(\v2 .kibotos.ctrl.v1.CommandMetadataR\bmetadata\x12\x1f\n" +
 	"\vtemplate_id\x18\x02 \x01(\tR\n" +
@@ -2393,10 +2409,11 @@ const file_kibotos_ctrl_v1_workspace_proto_rawDesc = "" +
 	"expiration\x18\x04 \x01(\v2\x1f.kibotos.ctrl.v1.ExpirationSpecR\n" +
 	"expiration\"]\n" +
 	"!UpdateWorkspaceExpirationResponse\x128\n" +
-	"\tworkspace\x18\x01 \x01(\v2\x1a.kibotos.ctrl.v1.WorkspaceR\tworkspace\";\n" +
+	"\tworkspace\x18\x01 \x01(\v2\x1a.kibotos.ctrl.v1.WorkspaceR\tworkspace\"y\n" +
 	"\x1aGetWorkspaceCommandRequest\x12\x1d\n" +
 	"\n" +
-	"command_id\x18\x01 \x01(\tR\tcommandId\"Z\n" +
+	"command_id\x18\x01 \x01(\tR\tcommandId\x12<\n" +
+	"\fwait_timeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\vwaitTimeout\"Z\n" +
 	"\x1bGetWorkspaceCommandResponse\x12;\n" +
 	"\acommand\x18\x01 \x01(\v2!.kibotos.ctrl.v1.WorkspaceCommandR\acommand\"\xc0\x03\n" +
 	"\x10WorkspaceCommand\x12\x1d\n" +
@@ -2606,9 +2623,10 @@ var file_kibotos_ctrl_v1_workspace_proto_goTypes = []any{
 	(*Workspace)(nil),             // 46: kibotos.ctrl.v1.Workspace
 	(WorkspaceState)(0),           // 47: kibotos.ctrl.v1.WorkspaceState
 	(GuestCondition)(0),           // 48: kibotos.ctrl.v1.GuestCondition
-	(CommandInitiator)(0),         // 49: kibotos.ctrl.v1.CommandInitiator
-	(*CommandError)(nil),          // 50: kibotos.ctrl.v1.CommandError
-	(*timestamppb.Timestamp)(nil), // 51: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 49: google.protobuf.Duration
+	(CommandInitiator)(0),         // 50: kibotos.ctrl.v1.CommandInitiator
+	(*CommandError)(nil),          // 51: kibotos.ctrl.v1.CommandError
+	(*timestamppb.Timestamp)(nil), // 52: google.protobuf.Timestamp
 }
 var file_kibotos_ctrl_v1_workspace_proto_depIdxs = []int32{
 	41, // 0: kibotos.ctrl.v1.CreateWorkspaceRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
@@ -2628,84 +2646,85 @@ var file_kibotos_ctrl_v1_workspace_proto_depIdxs = []int32{
 	41, // 14: kibotos.ctrl.v1.UpdateWorkspaceExpirationRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
 	45, // 15: kibotos.ctrl.v1.UpdateWorkspaceExpirationRequest.expiration:type_name -> kibotos.ctrl.v1.ExpirationSpec
 	46, // 16: kibotos.ctrl.v1.UpdateWorkspaceExpirationResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
-	13, // 17: kibotos.ctrl.v1.GetWorkspaceCommandResponse.command:type_name -> kibotos.ctrl.v1.WorkspaceCommand
-	1,  // 18: kibotos.ctrl.v1.WorkspaceCommand.kind:type_name -> kibotos.ctrl.v1.WorkspaceCommandKind
-	49, // 19: kibotos.ctrl.v1.WorkspaceCommand.initiator:type_name -> kibotos.ctrl.v1.CommandInitiator
-	0,  // 20: kibotos.ctrl.v1.WorkspaceCommand.status:type_name -> kibotos.ctrl.v1.WorkspaceCommandStatus
-	50, // 21: kibotos.ctrl.v1.WorkspaceCommand.error:type_name -> kibotos.ctrl.v1.CommandError
-	51, // 22: kibotos.ctrl.v1.WorkspaceCommand.created_at:type_name -> google.protobuf.Timestamp
-	51, // 23: kibotos.ctrl.v1.WorkspaceCommand.completed_at:type_name -> google.protobuf.Timestamp
-	41, // 24: kibotos.ctrl.v1.StopWorkspaceRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
-	45, // 25: kibotos.ctrl.v1.StopWorkspaceRequest.expiration:type_name -> kibotos.ctrl.v1.ExpirationSpec
-	2,  // 26: kibotos.ctrl.v1.StopWorkspaceRequest.mode:type_name -> kibotos.ctrl.v1.StopMode
-	46, // 27: kibotos.ctrl.v1.StopWorkspaceResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
-	13, // 28: kibotos.ctrl.v1.StopWorkspaceResponse.command:type_name -> kibotos.ctrl.v1.WorkspaceCommand
-	41, // 29: kibotos.ctrl.v1.StartWorkspaceRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
-	46, // 30: kibotos.ctrl.v1.StartWorkspaceResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
-	13, // 31: kibotos.ctrl.v1.StartWorkspaceResponse.command:type_name -> kibotos.ctrl.v1.WorkspaceCommand
-	41, // 32: kibotos.ctrl.v1.UpdateWorkspaceNetworkPolicyRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
-	44, // 33: kibotos.ctrl.v1.UpdateWorkspaceNetworkPolicyRequest.network_policy:type_name -> kibotos.ctrl.v1.NetworkPolicy
-	46, // 34: kibotos.ctrl.v1.UpdateWorkspaceNetworkPolicyResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
-	13, // 35: kibotos.ctrl.v1.UpdateWorkspaceNetworkPolicyResponse.command:type_name -> kibotos.ctrl.v1.WorkspaceCommand
-	41, // 36: kibotos.ctrl.v1.UpdateWorkspaceMemoryRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
-	46, // 37: kibotos.ctrl.v1.UpdateWorkspaceMemoryResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
-	41, // 38: kibotos.ctrl.v1.UpdateWorkspaceCpuRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
-	46, // 39: kibotos.ctrl.v1.UpdateWorkspaceCpuResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
-	41, // 40: kibotos.ctrl.v1.ResizeWorkspaceWritableLayerRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
-	46, // 41: kibotos.ctrl.v1.ResizeWorkspaceWritableLayerResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
-	13, // 42: kibotos.ctrl.v1.ResizeWorkspaceWritableLayerResponse.command:type_name -> kibotos.ctrl.v1.WorkspaceCommand
-	41, // 43: kibotos.ctrl.v1.UpdateWorkspaceVolumeBindingRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
-	43, // 44: kibotos.ctrl.v1.UpdateWorkspaceVolumeBindingRequest.volume_binding:type_name -> kibotos.ctrl.v1.VolumeBinding
-	46, // 45: kibotos.ctrl.v1.UpdateWorkspaceVolumeBindingResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
-	41, // 46: kibotos.ctrl.v1.RevokeWorkspaceDataPlaneRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
-	46, // 47: kibotos.ctrl.v1.RevokeWorkspaceDataPlaneResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
-	13, // 48: kibotos.ctrl.v1.RevokeWorkspaceDataPlaneResponse.command:type_name -> kibotos.ctrl.v1.WorkspaceCommand
-	41, // 49: kibotos.ctrl.v1.DeleteWorkspaceRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
-	46, // 50: kibotos.ctrl.v1.DeleteWorkspaceResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
-	13, // 51: kibotos.ctrl.v1.DeleteWorkspaceResponse.command:type_name -> kibotos.ctrl.v1.WorkspaceCommand
-	41, // 52: kibotos.ctrl.v1.UpdateWorkspaceLabelsRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
-	39, // 53: kibotos.ctrl.v1.UpdateWorkspaceLabelsRequest.labels:type_name -> kibotos.ctrl.v1.UpdateWorkspaceLabelsRequest.LabelsEntry
-	46, // 54: kibotos.ctrl.v1.UpdateWorkspaceLabelsResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
-	41, // 55: kibotos.ctrl.v1.UpdateWorkspaceAnnotationsRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
-	40, // 56: kibotos.ctrl.v1.UpdateWorkspaceAnnotationsRequest.annotations:type_name -> kibotos.ctrl.v1.UpdateWorkspaceAnnotationsRequest.AnnotationsEntry
-	46, // 57: kibotos.ctrl.v1.UpdateWorkspaceAnnotationsResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
-	3,  // 58: kibotos.ctrl.v1.WorkspaceService.CreateWorkspace:input_type -> kibotos.ctrl.v1.CreateWorkspaceRequest
-	5,  // 59: kibotos.ctrl.v1.WorkspaceService.GetWorkspace:input_type -> kibotos.ctrl.v1.GetWorkspaceRequest
-	7,  // 60: kibotos.ctrl.v1.WorkspaceService.ListWorkspaces:input_type -> kibotos.ctrl.v1.ListWorkspacesRequest
-	9,  // 61: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceExpiration:input_type -> kibotos.ctrl.v1.UpdateWorkspaceExpirationRequest
-	11, // 62: kibotos.ctrl.v1.WorkspaceService.GetWorkspaceCommand:input_type -> kibotos.ctrl.v1.GetWorkspaceCommandRequest
-	14, // 63: kibotos.ctrl.v1.WorkspaceService.StopWorkspace:input_type -> kibotos.ctrl.v1.StopWorkspaceRequest
-	16, // 64: kibotos.ctrl.v1.WorkspaceService.StartWorkspace:input_type -> kibotos.ctrl.v1.StartWorkspaceRequest
-	18, // 65: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceNetworkPolicy:input_type -> kibotos.ctrl.v1.UpdateWorkspaceNetworkPolicyRequest
-	20, // 66: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceMemory:input_type -> kibotos.ctrl.v1.UpdateWorkspaceMemoryRequest
-	22, // 67: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceCpu:input_type -> kibotos.ctrl.v1.UpdateWorkspaceCpuRequest
-	24, // 68: kibotos.ctrl.v1.WorkspaceService.ResizeWorkspaceWritableLayer:input_type -> kibotos.ctrl.v1.ResizeWorkspaceWritableLayerRequest
-	26, // 69: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceVolumeBinding:input_type -> kibotos.ctrl.v1.UpdateWorkspaceVolumeBindingRequest
-	28, // 70: kibotos.ctrl.v1.WorkspaceService.RevokeWorkspaceDataPlane:input_type -> kibotos.ctrl.v1.RevokeWorkspaceDataPlaneRequest
-	30, // 71: kibotos.ctrl.v1.WorkspaceService.DeleteWorkspace:input_type -> kibotos.ctrl.v1.DeleteWorkspaceRequest
-	32, // 72: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceLabels:input_type -> kibotos.ctrl.v1.UpdateWorkspaceLabelsRequest
-	34, // 73: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceAnnotations:input_type -> kibotos.ctrl.v1.UpdateWorkspaceAnnotationsRequest
-	4,  // 74: kibotos.ctrl.v1.WorkspaceService.CreateWorkspace:output_type -> kibotos.ctrl.v1.CreateWorkspaceResponse
-	6,  // 75: kibotos.ctrl.v1.WorkspaceService.GetWorkspace:output_type -> kibotos.ctrl.v1.GetWorkspaceResponse
-	8,  // 76: kibotos.ctrl.v1.WorkspaceService.ListWorkspaces:output_type -> kibotos.ctrl.v1.ListWorkspacesResponse
-	10, // 77: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceExpiration:output_type -> kibotos.ctrl.v1.UpdateWorkspaceExpirationResponse
-	12, // 78: kibotos.ctrl.v1.WorkspaceService.GetWorkspaceCommand:output_type -> kibotos.ctrl.v1.GetWorkspaceCommandResponse
-	15, // 79: kibotos.ctrl.v1.WorkspaceService.StopWorkspace:output_type -> kibotos.ctrl.v1.StopWorkspaceResponse
-	17, // 80: kibotos.ctrl.v1.WorkspaceService.StartWorkspace:output_type -> kibotos.ctrl.v1.StartWorkspaceResponse
-	19, // 81: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceNetworkPolicy:output_type -> kibotos.ctrl.v1.UpdateWorkspaceNetworkPolicyResponse
-	21, // 82: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceMemory:output_type -> kibotos.ctrl.v1.UpdateWorkspaceMemoryResponse
-	23, // 83: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceCpu:output_type -> kibotos.ctrl.v1.UpdateWorkspaceCpuResponse
-	25, // 84: kibotos.ctrl.v1.WorkspaceService.ResizeWorkspaceWritableLayer:output_type -> kibotos.ctrl.v1.ResizeWorkspaceWritableLayerResponse
-	27, // 85: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceVolumeBinding:output_type -> kibotos.ctrl.v1.UpdateWorkspaceVolumeBindingResponse
-	29, // 86: kibotos.ctrl.v1.WorkspaceService.RevokeWorkspaceDataPlane:output_type -> kibotos.ctrl.v1.RevokeWorkspaceDataPlaneResponse
-	31, // 87: kibotos.ctrl.v1.WorkspaceService.DeleteWorkspace:output_type -> kibotos.ctrl.v1.DeleteWorkspaceResponse
-	33, // 88: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceLabels:output_type -> kibotos.ctrl.v1.UpdateWorkspaceLabelsResponse
-	35, // 89: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceAnnotations:output_type -> kibotos.ctrl.v1.UpdateWorkspaceAnnotationsResponse
-	74, // [74:90] is the sub-list for method output_type
-	58, // [58:74] is the sub-list for method input_type
-	58, // [58:58] is the sub-list for extension type_name
-	58, // [58:58] is the sub-list for extension extendee
-	0,  // [0:58] is the sub-list for field type_name
+	49, // 17: kibotos.ctrl.v1.GetWorkspaceCommandRequest.wait_timeout:type_name -> google.protobuf.Duration
+	13, // 18: kibotos.ctrl.v1.GetWorkspaceCommandResponse.command:type_name -> kibotos.ctrl.v1.WorkspaceCommand
+	1,  // 19: kibotos.ctrl.v1.WorkspaceCommand.kind:type_name -> kibotos.ctrl.v1.WorkspaceCommandKind
+	50, // 20: kibotos.ctrl.v1.WorkspaceCommand.initiator:type_name -> kibotos.ctrl.v1.CommandInitiator
+	0,  // 21: kibotos.ctrl.v1.WorkspaceCommand.status:type_name -> kibotos.ctrl.v1.WorkspaceCommandStatus
+	51, // 22: kibotos.ctrl.v1.WorkspaceCommand.error:type_name -> kibotos.ctrl.v1.CommandError
+	52, // 23: kibotos.ctrl.v1.WorkspaceCommand.created_at:type_name -> google.protobuf.Timestamp
+	52, // 24: kibotos.ctrl.v1.WorkspaceCommand.completed_at:type_name -> google.protobuf.Timestamp
+	41, // 25: kibotos.ctrl.v1.StopWorkspaceRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
+	45, // 26: kibotos.ctrl.v1.StopWorkspaceRequest.expiration:type_name -> kibotos.ctrl.v1.ExpirationSpec
+	2,  // 27: kibotos.ctrl.v1.StopWorkspaceRequest.mode:type_name -> kibotos.ctrl.v1.StopMode
+	46, // 28: kibotos.ctrl.v1.StopWorkspaceResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
+	13, // 29: kibotos.ctrl.v1.StopWorkspaceResponse.command:type_name -> kibotos.ctrl.v1.WorkspaceCommand
+	41, // 30: kibotos.ctrl.v1.StartWorkspaceRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
+	46, // 31: kibotos.ctrl.v1.StartWorkspaceResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
+	13, // 32: kibotos.ctrl.v1.StartWorkspaceResponse.command:type_name -> kibotos.ctrl.v1.WorkspaceCommand
+	41, // 33: kibotos.ctrl.v1.UpdateWorkspaceNetworkPolicyRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
+	44, // 34: kibotos.ctrl.v1.UpdateWorkspaceNetworkPolicyRequest.network_policy:type_name -> kibotos.ctrl.v1.NetworkPolicy
+	46, // 35: kibotos.ctrl.v1.UpdateWorkspaceNetworkPolicyResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
+	13, // 36: kibotos.ctrl.v1.UpdateWorkspaceNetworkPolicyResponse.command:type_name -> kibotos.ctrl.v1.WorkspaceCommand
+	41, // 37: kibotos.ctrl.v1.UpdateWorkspaceMemoryRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
+	46, // 38: kibotos.ctrl.v1.UpdateWorkspaceMemoryResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
+	41, // 39: kibotos.ctrl.v1.UpdateWorkspaceCpuRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
+	46, // 40: kibotos.ctrl.v1.UpdateWorkspaceCpuResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
+	41, // 41: kibotos.ctrl.v1.ResizeWorkspaceWritableLayerRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
+	46, // 42: kibotos.ctrl.v1.ResizeWorkspaceWritableLayerResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
+	13, // 43: kibotos.ctrl.v1.ResizeWorkspaceWritableLayerResponse.command:type_name -> kibotos.ctrl.v1.WorkspaceCommand
+	41, // 44: kibotos.ctrl.v1.UpdateWorkspaceVolumeBindingRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
+	43, // 45: kibotos.ctrl.v1.UpdateWorkspaceVolumeBindingRequest.volume_binding:type_name -> kibotos.ctrl.v1.VolumeBinding
+	46, // 46: kibotos.ctrl.v1.UpdateWorkspaceVolumeBindingResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
+	41, // 47: kibotos.ctrl.v1.RevokeWorkspaceDataPlaneRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
+	46, // 48: kibotos.ctrl.v1.RevokeWorkspaceDataPlaneResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
+	13, // 49: kibotos.ctrl.v1.RevokeWorkspaceDataPlaneResponse.command:type_name -> kibotos.ctrl.v1.WorkspaceCommand
+	41, // 50: kibotos.ctrl.v1.DeleteWorkspaceRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
+	46, // 51: kibotos.ctrl.v1.DeleteWorkspaceResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
+	13, // 52: kibotos.ctrl.v1.DeleteWorkspaceResponse.command:type_name -> kibotos.ctrl.v1.WorkspaceCommand
+	41, // 53: kibotos.ctrl.v1.UpdateWorkspaceLabelsRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
+	39, // 54: kibotos.ctrl.v1.UpdateWorkspaceLabelsRequest.labels:type_name -> kibotos.ctrl.v1.UpdateWorkspaceLabelsRequest.LabelsEntry
+	46, // 55: kibotos.ctrl.v1.UpdateWorkspaceLabelsResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
+	41, // 56: kibotos.ctrl.v1.UpdateWorkspaceAnnotationsRequest.metadata:type_name -> kibotos.ctrl.v1.CommandMetadata
+	40, // 57: kibotos.ctrl.v1.UpdateWorkspaceAnnotationsRequest.annotations:type_name -> kibotos.ctrl.v1.UpdateWorkspaceAnnotationsRequest.AnnotationsEntry
+	46, // 58: kibotos.ctrl.v1.UpdateWorkspaceAnnotationsResponse.workspace:type_name -> kibotos.ctrl.v1.Workspace
+	3,  // 59: kibotos.ctrl.v1.WorkspaceService.CreateWorkspace:input_type -> kibotos.ctrl.v1.CreateWorkspaceRequest
+	5,  // 60: kibotos.ctrl.v1.WorkspaceService.GetWorkspace:input_type -> kibotos.ctrl.v1.GetWorkspaceRequest
+	7,  // 61: kibotos.ctrl.v1.WorkspaceService.ListWorkspaces:input_type -> kibotos.ctrl.v1.ListWorkspacesRequest
+	9,  // 62: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceExpiration:input_type -> kibotos.ctrl.v1.UpdateWorkspaceExpirationRequest
+	11, // 63: kibotos.ctrl.v1.WorkspaceService.GetWorkspaceCommand:input_type -> kibotos.ctrl.v1.GetWorkspaceCommandRequest
+	14, // 64: kibotos.ctrl.v1.WorkspaceService.StopWorkspace:input_type -> kibotos.ctrl.v1.StopWorkspaceRequest
+	16, // 65: kibotos.ctrl.v1.WorkspaceService.StartWorkspace:input_type -> kibotos.ctrl.v1.StartWorkspaceRequest
+	18, // 66: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceNetworkPolicy:input_type -> kibotos.ctrl.v1.UpdateWorkspaceNetworkPolicyRequest
+	20, // 67: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceMemory:input_type -> kibotos.ctrl.v1.UpdateWorkspaceMemoryRequest
+	22, // 68: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceCpu:input_type -> kibotos.ctrl.v1.UpdateWorkspaceCpuRequest
+	24, // 69: kibotos.ctrl.v1.WorkspaceService.ResizeWorkspaceWritableLayer:input_type -> kibotos.ctrl.v1.ResizeWorkspaceWritableLayerRequest
+	26, // 70: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceVolumeBinding:input_type -> kibotos.ctrl.v1.UpdateWorkspaceVolumeBindingRequest
+	28, // 71: kibotos.ctrl.v1.WorkspaceService.RevokeWorkspaceDataPlane:input_type -> kibotos.ctrl.v1.RevokeWorkspaceDataPlaneRequest
+	30, // 72: kibotos.ctrl.v1.WorkspaceService.DeleteWorkspace:input_type -> kibotos.ctrl.v1.DeleteWorkspaceRequest
+	32, // 73: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceLabels:input_type -> kibotos.ctrl.v1.UpdateWorkspaceLabelsRequest
+	34, // 74: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceAnnotations:input_type -> kibotos.ctrl.v1.UpdateWorkspaceAnnotationsRequest
+	4,  // 75: kibotos.ctrl.v1.WorkspaceService.CreateWorkspace:output_type -> kibotos.ctrl.v1.CreateWorkspaceResponse
+	6,  // 76: kibotos.ctrl.v1.WorkspaceService.GetWorkspace:output_type -> kibotos.ctrl.v1.GetWorkspaceResponse
+	8,  // 77: kibotos.ctrl.v1.WorkspaceService.ListWorkspaces:output_type -> kibotos.ctrl.v1.ListWorkspacesResponse
+	10, // 78: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceExpiration:output_type -> kibotos.ctrl.v1.UpdateWorkspaceExpirationResponse
+	12, // 79: kibotos.ctrl.v1.WorkspaceService.GetWorkspaceCommand:output_type -> kibotos.ctrl.v1.GetWorkspaceCommandResponse
+	15, // 80: kibotos.ctrl.v1.WorkspaceService.StopWorkspace:output_type -> kibotos.ctrl.v1.StopWorkspaceResponse
+	17, // 81: kibotos.ctrl.v1.WorkspaceService.StartWorkspace:output_type -> kibotos.ctrl.v1.StartWorkspaceResponse
+	19, // 82: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceNetworkPolicy:output_type -> kibotos.ctrl.v1.UpdateWorkspaceNetworkPolicyResponse
+	21, // 83: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceMemory:output_type -> kibotos.ctrl.v1.UpdateWorkspaceMemoryResponse
+	23, // 84: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceCpu:output_type -> kibotos.ctrl.v1.UpdateWorkspaceCpuResponse
+	25, // 85: kibotos.ctrl.v1.WorkspaceService.ResizeWorkspaceWritableLayer:output_type -> kibotos.ctrl.v1.ResizeWorkspaceWritableLayerResponse
+	27, // 86: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceVolumeBinding:output_type -> kibotos.ctrl.v1.UpdateWorkspaceVolumeBindingResponse
+	29, // 87: kibotos.ctrl.v1.WorkspaceService.RevokeWorkspaceDataPlane:output_type -> kibotos.ctrl.v1.RevokeWorkspaceDataPlaneResponse
+	31, // 88: kibotos.ctrl.v1.WorkspaceService.DeleteWorkspace:output_type -> kibotos.ctrl.v1.DeleteWorkspaceResponse
+	33, // 89: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceLabels:output_type -> kibotos.ctrl.v1.UpdateWorkspaceLabelsResponse
+	35, // 90: kibotos.ctrl.v1.WorkspaceService.UpdateWorkspaceAnnotations:output_type -> kibotos.ctrl.v1.UpdateWorkspaceAnnotationsResponse
+	75, // [75:91] is the sub-list for method output_type
+	59, // [59:75] is the sub-list for method input_type
+	59, // [59:59] is the sub-list for extension type_name
+	59, // [59:59] is the sub-list for extension extendee
+	0,  // [0:59] is the sub-list for field type_name
 }
 
 func init() { file_kibotos_ctrl_v1_workspace_proto_init() }
