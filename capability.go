@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/internal/capability"
@@ -28,9 +29,15 @@ type MissingCapabilityError struct {
 	Procedure string
 	// Capability is the missing capability.
 	Capability string
+	// Field is the request field that needs it, empty when the procedure
+	// itself does.
+	Field string
 }
 
 func (e *MissingCapabilityError) Error() string {
+	if e.Field != "" {
+		return fmt.Sprintf("the server does not offer the capability %q that the field %s of %s needs", e.Capability, e.Field, e.Procedure)
+	}
 	return fmt.Sprintf("the server does not offer the capability %q that %s needs", e.Capability, e.Procedure)
 }
 
@@ -53,6 +60,24 @@ func (c *Client) CheckCapabilities(ctx context.Context, procedures ...string) (*
 		return info, err
 	}
 	return info, nil
+}
+
+// MissingRequestCapability checks a request before it is sent: it returns a
+// *MissingCapabilityError when info does not list the capability of
+// procedure, or the capability that one of the fields msg uses needs (for
+// example an expiration on CreateWorkspace needs "workspace.expiration"),
+// and nil when every one is listed. The server refuses such a request with
+// unimplemented and CAPABILITY_UNAVAILABLE; checking first sends nothing.
+func MissingRequestCapability(info *ctrlv1.GetServerInfoResponse, procedure string, msg proto.Message) error {
+	if err := MissingCapability(info, procedure); err != nil {
+		return err
+	}
+	for _, n := range capability.FieldNeeds(procedure, msg) {
+		if !HasCapability(info, n.Capability) {
+			return &MissingCapabilityError{Procedure: procedure, Capability: n.Capability, Field: n.Field}
+		}
+	}
+	return nil
 }
 
 // MissingCapability returns a *MissingCapabilityError for the first
