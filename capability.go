@@ -51,7 +51,7 @@ func HasCapability(info *ctrlv1.GetServerInfoResponse, name string) bool {
 // server info, and a *MissingCapabilityError for the first procedure whose
 // capability is missing (or the error of GetServerInfo).
 func (c *Client) CheckCapabilities(ctx context.Context, procedures ...string) (*ctrlv1.GetServerInfoResponse, error) {
-	res, err := c.ServerInfo.GetServerInfo(ctx, connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
+	res, err := c.ServerInfoService.GetServerInfo(ctx, connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
 	if err != nil {
 		return nil, err
 	}

@@ -21,19 +21,20 @@ import (
 // Connect clients of every service of kibotos.ctrl.v1; they are safe for
 // concurrent use.
 type Client struct {
-	// ServerInfo is ServerInfoService: capabilities and source revision.
-	ServerInfo ctrlv1connect.ServerInfoServiceClient
-	// Workspaces is WorkspaceService.
-	Workspaces ctrlv1connect.WorkspaceServiceClient
-	// Egresses is EgressService.
-	Egresses ctrlv1connect.EgressServiceClient
-	// Resolvers is ResolverService.
-	Resolvers ctrlv1connect.ResolverServiceClient
-	// Volumes is VolumeService.
-	Volumes ctrlv1connect.VolumeServiceClient
-	// Enrollments is EnrollmentService (Operator API): node enrollment
+	// ServerInfoService is ServerInfoService: capabilities and source revision.
+	ServerInfoService ctrlv1connect.ServerInfoServiceClient
+	// WorkspaceService is the generated WorkspaceService client; Workspaces
+	// is the layer above it.
+	WorkspaceService ctrlv1connect.WorkspaceServiceClient
+	// EgressService is EgressService.
+	EgressService ctrlv1connect.EgressServiceClient
+	// ResolverService is ResolverService.
+	ResolverService ctrlv1connect.ResolverServiceClient
+	// VolumeService is VolumeService.
+	VolumeService ctrlv1connect.VolumeServiceClient
+	// EnrollmentService is EnrollmentService (Operator API): node enrollment
 	// tokens.
-	Enrollments ctrlv1connect.EnrollmentServiceClient
+	EnrollmentService ctrlv1connect.EnrollmentServiceClient
 
 	endpoint   string
 	httpClient *http.Client
@@ -152,15 +153,15 @@ func NewClient(endpoint string, opts ...Option) (*Client, error) {
 	}
 	base := strings.TrimSuffix(u.String(), "/")
 	return &Client{
-		ServerInfo:  ctrlv1connect.NewServerInfoServiceClient(hc, base, o.connectOpts...),
-		Workspaces:  ctrlv1connect.NewWorkspaceServiceClient(hc, base, o.connectOpts...),
-		Egresses:    ctrlv1connect.NewEgressServiceClient(hc, base, o.connectOpts...),
-		Resolvers:   ctrlv1connect.NewResolverServiceClient(hc, base, o.connectOpts...),
-		Volumes:     ctrlv1connect.NewVolumeServiceClient(hc, base, o.connectOpts...),
-		Enrollments: ctrlv1connect.NewEnrollmentServiceClient(hc, base, o.connectOpts...),
-		endpoint:    base,
-		httpClient:  hc,
-		wait:        o.wait,
+		ServerInfoService: ctrlv1connect.NewServerInfoServiceClient(hc, base, o.connectOpts...),
+		WorkspaceService:  ctrlv1connect.NewWorkspaceServiceClient(hc, base, o.connectOpts...),
+		EgressService:     ctrlv1connect.NewEgressServiceClient(hc, base, o.connectOpts...),
+		ResolverService:   ctrlv1connect.NewResolverServiceClient(hc, base, o.connectOpts...),
+		VolumeService:     ctrlv1connect.NewVolumeServiceClient(hc, base, o.connectOpts...),
+		EnrollmentService: ctrlv1connect.NewEnrollmentServiceClient(hc, base, o.connectOpts...),
+		endpoint:          base,
+		httpClient:        hc,
+		wait:              o.wait,
 	}, nil
 }
 

@@ -44,11 +44,11 @@ func TestClientAgainstServer(t *testing.T) {
 				Metadata: &ctrlv1.CommandMetadata{CommandId: id},
 				Spec:     &ctrlv1.EgressSpec{Protocol: &ctrlv1.EgressSpec_Socks5{Socks5: &ctrlv1.Socks5Egress{Address: "127.0.0.1:1080"}}},
 			}
-			res, err := c.Egresses.CreateEgress(t.Context(), connect.NewRequest(req))
+			res, err := c.EgressService.CreateEgress(t.Context(), connect.NewRequest(req))
 			if err != nil {
 				t.Fatalf("CreateEgress = %v", err)
 			}
-			_, err = c.Egresses.GetEgress(t.Context(), connect.NewRequest(&ctrlv1.GetEgressRequest{EgressId: res.Msg.GetEgress().GetEgressId() + "x"}))
+			_, err = c.EgressService.GetEgress(t.Context(), connect.NewRequest(&ctrlv1.GetEgressRequest{EgressId: res.Msg.GetEgress().GetEgressId() + "x"}))
 			if connect.CodeOf(err) != connect.CodeNotFound || kibotos.Reason(err) != ctrlv1.FailureReason_FAILURE_REASON_NOT_FOUND {
 				t.Errorf("GetEgress(unknown) = %v, want not_found with reason NOT_FOUND", err)
 			}
@@ -65,7 +65,7 @@ func TestClientHTTP2(t *testing.T) {
 	}
 	tr := c.HTTPClient().Transport.(*http.Transport)
 	tr.TLSClientConfig.VerifyConnection = func(cs tls.ConnectionState) error { proto = cs.NegotiatedProtocol; return nil }
-	if _, err := c.ServerInfo.GetServerInfo(t.Context(), connect.NewRequest(&ctrlv1.GetServerInfoRequest{})); err != nil {
+	if _, err := c.ServerInfoService.GetServerInfo(t.Context(), connect.NewRequest(&ctrlv1.GetServerInfoRequest{})); err != nil {
 		t.Fatal(err)
 	}
 	if proto != "h2" {
@@ -79,7 +79,7 @@ func TestClientWithoutCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.ServerInfo.GetServerInfo(t.Context(), connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
+	_, err = c.ServerInfoService.GetServerInfo(t.Context(), connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
 	if connect.CodeOf(err) != connect.CodeUnauthenticated {
 		t.Fatalf("GetServerInfo without a certificate = %v, want unauthenticated", err)
 	}

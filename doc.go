@@ -10,7 +10,7 @@
 //		kibotos.WithTLSFiles("ca.pem", "operator.pem", "operator-key.pem"))
 //
 // The Client exposes the generated Connect clients of every service
-// (c.ServerInfo, c.Workspaces, c.Egresses, c.Resolvers, c.Volumes); requests
+// (c.ServerInfoService, c.WorkspaceService, c.EgressService, c.ResolverService, c.VolumeService, c.EnrollmentService); requests
 // and responses are the generated messages of package ctrlv1.
 //
 // # Capabilities

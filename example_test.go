@@ -24,7 +24,7 @@ func ExampleNewClient() {
 	if _, err := c.CheckCapabilities(ctx, ctrlv1connect.EgressServiceListEgressesProcedure); err != nil {
 		log.Fatal(err)
 	}
-	res, err := c.Egresses.ListEgresses(ctx, connect.NewRequest(&ctrlv1.ListEgressesRequest{}))
+	res, err := c.EgressService.ListEgresses(ctx, connect.NewRequest(&ctrlv1.ListEgressesRequest{}))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func ExampleRetry() {
 	var egress *ctrlv1.Egress
 	err = kibotos.Retry(ctx, kibotos.RetryPolicy{MaxAttempts: 5}, func(ctx context.Context) error {
 		// The same request every time: Retry never changes the command ID.
-		res, err := c.Egresses.CreateEgress(ctx, connect.NewRequest(req))
+		res, err := c.EgressService.CreateEgress(ctx, connect.NewRequest(req))
 		if err == nil {
 			egress = res.Msg.GetEgress()
 		}

@@ -45,7 +45,7 @@ func (c *Client) WaitWorkspaceCommand(ctx context.Context, commandID string) (*c
 		schedule = defaultWaitBackoff
 	}
 	for {
-		res, err := c.Workspaces.GetWorkspaceCommand(ctx, connect.NewRequest(req))
+		res, err := c.WorkspaceService.GetWorkspaceCommand(ctx, connect.NewRequest(req))
 		switch {
 		case err == nil:
 			last = res.Msg.GetCommand()

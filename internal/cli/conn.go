@@ -117,7 +117,7 @@ func (a *app) connect(ctx context.Context, cmd *cobra.Command, retry *kibotos.Re
 	}
 	var info *ctrlv1.GetServerInfoResponse
 	get := func(ctx context.Context) error {
-		res, err := c.ServerInfo.GetServerInfo(ctx, connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
+		res, err := c.ServerInfoService.GetServerInfo(ctx, connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
 		if err == nil {
 			info = res.Msg
 		}

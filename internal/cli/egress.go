@@ -24,7 +24,7 @@ connections through. Every command needs the capability "egress.manage".`)
 var egresses = resource[ctrlv1connect.EgressServiceClient, *ctrlv1.Egress]{
 	group: "egress", noun: "Egress", plural: "Egresses", article: "an",
 	idArg: "EGRESS_ID", exampleID: "eg-0123456789abcdefghij",
-	client:   func(s *session) ctrlv1connect.EgressServiceClient { return s.client.Egresses },
+	client:   func(s *session) ctrlv1connect.EgressServiceClient { return s.client.EgressService },
 	listProc: ctrlv1connect.EgressServiceListEgressesProcedure,
 	ids:      firstPageIDs(ctrlv1connect.EgressServiceClient.ListEgresses, (*ctrlv1.ListEgressesResponse).GetEgresses, (*ctrlv1.Egress).GetEgressId),
 	detail:   egressDetail, table: egressTable,

@@ -26,7 +26,7 @@ receives its node certificate. Every command needs the capability
 var enrollments = resource[ctrlv1connect.EnrollmentServiceClient, *ctrlv1.Enrollment]{
 	group: "enrollment", noun: "enrollment", plural: "enrollments", article: "an",
 	idArg: "ENROLLMENT_ID", exampleID: "en-0123456789abcdefghij",
-	client:   func(s *session) ctrlv1connect.EnrollmentServiceClient { return s.client.Enrollments },
+	client:   func(s *session) ctrlv1connect.EnrollmentServiceClient { return s.client.EnrollmentService },
 	listProc: ctrlv1connect.EnrollmentServiceListEnrollmentsProcedure,
 	ids:      firstPageIDs(ctrlv1connect.EnrollmentServiceClient.ListEnrollments, (*ctrlv1.ListEnrollmentsResponse).GetEnrollments, (*ctrlv1.Enrollment).GetEnrollmentId),
 	detail:   enrollmentDetail, table: enrollmentTable,
@@ -101,7 +101,7 @@ command ID: revoking twice changes nothing. A used token cannot be revoked
 		if err != nil {
 			return err
 		}
-		res, err := invoke(ctx, s.client.Enrollments, ctrlv1connect.EnrollmentServiceClient.RevokeEnrollment, &ctrlv1.RevokeEnrollmentRequest{EnrollmentId: args[0]})
+		res, err := invoke(ctx, s.client.EnrollmentService, ctrlv1connect.EnrollmentServiceClient.RevokeEnrollment, &ctrlv1.RevokeEnrollmentRequest{EnrollmentId: args[0]})
 		if err != nil {
 			return err
 		}

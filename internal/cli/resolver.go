@@ -24,7 +24,7 @@ queries to. Every command needs the capability "resolver.manage".`)
 var resolvers = resource[ctrlv1connect.ResolverServiceClient, *ctrlv1.Resolver]{
 	group: "resolver", noun: "Resolver", plural: "Resolvers", article: "a",
 	idArg: "RESOLVER_ID", exampleID: "rs-0123456789abcdefghij",
-	client:   func(s *session) ctrlv1connect.ResolverServiceClient { return s.client.Resolvers },
+	client:   func(s *session) ctrlv1connect.ResolverServiceClient { return s.client.ResolverService },
 	listProc: ctrlv1connect.ResolverServiceListResolversProcedure,
 	ids:      firstPageIDs(ctrlv1connect.ResolverServiceClient.ListResolvers, (*ctrlv1.ListResolversResponse).GetResolvers, (*ctrlv1.Resolver).GetResolverId),
 	detail:   resolverDetail, table: resolverTable,

@@ -38,7 +38,7 @@ that does not list it makes the command exit 14 without sending anything.`)
 var workspaces = resource[ctrlv1connect.WorkspaceServiceClient, *ctrlv1.Workspace]{
 	group: "workspace", noun: "Workspace", plural: "Workspaces", article: "a",
 	idArg: "WORKSPACE_ID", exampleID: "ws-0123456789abcdefghij",
-	client:   func(s *session) ctrlv1connect.WorkspaceServiceClient { return s.client.Workspaces },
+	client:   func(s *session) ctrlv1connect.WorkspaceServiceClient { return s.client.WorkspaceService },
 	listProc: ctrlv1connect.WorkspaceServiceListWorkspacesProcedure,
 	ids:      firstPageIDs(ctrlv1connect.WorkspaceServiceClient.ListWorkspaces, (*ctrlv1.ListWorkspacesResponse).GetWorkspaces, (*ctrlv1.Workspace).GetWorkspaceId),
 	detail:   workspaceDetail, table: workspaceTable,
@@ -384,7 +384,7 @@ COMPLETED; a command that completed with a failure sets the exit code.`,
 				return cerr
 			}
 		} else {
-			res, err := s.client.Workspaces.GetWorkspaceCommand(ctx, connect.NewRequest(&ctrlv1.GetWorkspaceCommandRequest{CommandId: args[0]}))
+			res, err := s.client.WorkspaceService.GetWorkspaceCommand(ctx, connect.NewRequest(&ctrlv1.GetWorkspaceCommandRequest{CommandId: args[0]}))
 			if err != nil {
 				return err
 			}
@@ -412,7 +412,7 @@ func (a *app) waitFor(ctx context.Context, s *session, id string, ws *ctrlv1.Wor
 		wsID = c.GetWorkspaceId()
 	}
 	if wsID != "" && ctx.Err() == nil {
-		if res, gerr := s.client.Workspaces.GetWorkspace(ctx, connect.NewRequest(&ctrlv1.GetWorkspaceRequest{WorkspaceId: wsID})); gerr == nil {
+		if res, gerr := s.client.WorkspaceService.GetWorkspace(ctx, connect.NewRequest(&ctrlv1.GetWorkspaceRequest{WorkspaceId: wsID})); gerr == nil {
 			ws = res.Msg.GetWorkspace()
 		}
 	}
