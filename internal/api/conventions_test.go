@@ -22,7 +22,7 @@ import (
 func TestServerInfo(t *testing.T) {
 	t.Parallel()
 	_, c := newEnv(t)
-	res, err := c.ServerInfoService.GetServerInfo(t.Context(), connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
+	res, err := c.ServerInfo.GetServerInfo(t.Context(), connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func TestServerInfo(t *testing.T) {
 	// Once a node registered, the lifecycle is advertised, and only it.
 	_, wc, _ := wsEnv(t, ctrltest.Options{})
 	waitNode(t, wc)
-	res, err = wc.ServerInfoService.GetServerInfo(t.Context(), connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
+	res, err = wc.ServerInfo.GetServerInfo(t.Context(), connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestOperatorCertificateRequired(t *testing.T) {
 		for pname, opts := range ctrltest.Protocols {
 			t.Run(name+"/"+pname, func(t *testing.T) {
 				c := e.Clients(hc, opts...)
-				_, err := c.ServerInfoService.GetServerInfo(t.Context(), connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
+				_, err := c.ServerInfo.GetServerInfo(t.Context(), connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
 				wantErr(t, err, connect.CodeUnauthenticated, ctrlv1.FailureReason_FAILURE_REASON_PERMISSION_DENIED, false)
 				_, err = c.Egress.CreateEgress(t.Context(), connect.NewRequest(&ctrlv1.CreateEgressRequest{Metadata: md("x"), Spec: socks("127.0.0.1:1080")}))
 				wantErr(t, err, connect.CodeUnauthenticated, ctrlv1.FailureReason_FAILURE_REASON_PERMISSION_DENIED, false)

@@ -61,7 +61,7 @@ func createEnrollment(t *testing.T, c ctrltest.Clients, id, nodeID string, ttl t
 
 func TestEnrollmentNotServedWithoutCAKey(t *testing.T) {
 	e, c := newEnv(t)
-	info, err := c.ServerInfoService.GetServerInfo(t.Context(), connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
+	info, err := c.ServerInfo.GetServerInfo(t.Context(), connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func testEnrollment(t *testing.T, pg bool) {
 	boot := bootstrap(t, e)
 	ctx := t.Context()
 
-	info, err := c.ServerInfoService.GetServerInfo(ctx, connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
+	info, err := c.ServerInfo.GetServerInfo(ctx, connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
 	if err != nil || !slices.Contains(info.Msg.GetCapabilities(), capability.NodeEnrollment) {
 		t.Fatalf("GetServerInfo = %v, %v; want %s listed", info.Msg.GetCapabilities(), err, capability.NodeEnrollment)
 	}
@@ -389,7 +389,7 @@ func TestEnrolledNodeRunsWorkspaces(t *testing.T) {
 	e.StartNodeWith(t, "node-e", cert, key, ctrltest.Options{Runtime: rt})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		info, err := c.ServerInfoService.GetServerInfo(t.Context(), connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
+		info, err := c.ServerInfo.GetServerInfo(t.Context(), connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
 		if err == nil && slices.Contains(info.Msg.GetCapabilities(), capability.WorkspaceCreate) {
 			break
 		}
