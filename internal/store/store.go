@@ -6,6 +6,10 @@
 // Every write happens inside Store.InTx; every read inside Store.View. The
 // store speaks only in the types of this package: encoding API messages is the
 // callers' business, so Spec and Result fields are opaque bytes.
+//
+// A Store is also a Notifier: the code that commits a change (a command
+// completed) notifies a topic, and the requests that wait for that change
+// wake up and re-read the store.
 package store
 
 import (
@@ -41,6 +45,8 @@ type Store interface {
 	Ping(ctx context.Context) error
 	// Close releases the store.
 	Close() error
+	// Notifier wakes the requests that wait for a change (see Notifier).
+	Notifier
 }
 
 // Tx is the set of operations available inside a transaction.

@@ -52,6 +52,14 @@
 // when there are none. Byte fields come back nil when empty. Workspace labels
 // live in the labels table with kind "workspace", beside those of resources.
 // Key columns use the "C" collation, so IDs order bytewise.
+//
+// # Notifications
+//
+// The store's Notifier is a store.LocalNotifier: Notify wakes the waiters of
+// this process only. Replicas do not notify each other yet (LISTEN/NOTIFY
+// is the way to carry them), so a waiter on one replica sees a command that
+// another replica completed at its next re-read of the store, at most
+// store.RecheckInterval later.
 package postgres
 
 import (
@@ -89,6 +97,12 @@ const (
 // Store is a store.Store on a PostgreSQL database. It is safe for concurrent
 // use.
 type Store struct {
+	// LocalNotifier is the store's Notifier, within this process only:
+	// notifications do not cross ctrl replicas yet (LISTEN/NOTIFY would
+	// carry them), so a waiter on one replica learns of a completion
+	// committed by another at its next recheck (store.RecheckInterval).
+	store.LocalNotifier
+
 	pool    *pgxpool.Pool
 	retries atomic.Int64 // InTx attempts that ended in a retry
 }

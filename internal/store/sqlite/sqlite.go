@@ -108,6 +108,10 @@ var ErrClosed = errors.New("store/sqlite: store is closed")
 
 // Store is a store.Store on one SQLite file. It is safe for concurrent use.
 type Store struct {
+	// LocalNotifier is the store's Notifier: SQLite has one ctrl replica,
+	// so every waiter is in this process.
+	store.LocalNotifier
+
 	wdb *sql.DB // the single writer connection
 	rdb *sql.DB // query_only readers for View
 	w   *conn   // wdb's connection, owned by writeLoop

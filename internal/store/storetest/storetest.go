@@ -65,6 +65,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Secret", testSecret},
 		{"ConcurrentSameCommand", testConcurrentSameCommand},
 		{"ConcurrentInserts", testConcurrentInserts},
+		{"Notify", testNotify},
 	}
 	tests = append(tests, workspaceTests...)
 	for _, tc := range tests {

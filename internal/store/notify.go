@@ -1,0 +1,107 @@
+package store
+
+import (
+	"sync"
+	"time"
+)
+
+// Notifier carries wake-ups from the code that commits a change to the
+// requests that wait for it: a GetWorkspaceCommand with wait_timeout, a
+// StopWorkspace waiting for its command. A notification carries no data;
+// a woken waiter re-reads the store. Topics scope the wake-ups, so that a
+// change wakes only the waiters of the object it touched (see
+// WorkspaceTopic).
+//
+// Notifications make waits prompt; they are not what makes them correct.
+// Every waiter also re-reads the store at least every RecheckInterval, so
+// a notification that is lost (another replica committed the change: the
+// PostgreSQL store does not carry notifications between ctrl replicas yet)
+// costs at most that interval.
+type Notifier interface {
+	// Notify wakes every current subscriber of topic. Call it after the
+	// commit that made the change visible (after InTx returned), never
+	// inside a transaction, which may still roll back or run again.
+	Notify(topic string)
+	// Subscribe returns a channel that is closed by the first Notify of
+	// topic after Subscribe was called, and a function that releases the
+	// subscription. Every subscription must be released, notified or not;
+	// release may be called more than once. A waiter subscribes before it
+	// reads the store, so that a change committed after the read cannot be
+	// missed.
+	Subscribe(topic string) (changed <-chan struct{}, release func())
+}
+
+// RecheckInterval bounds how long a waiter relies on notifications alone:
+// it re-reads the store at least this often.
+const RecheckInterval = time.Second
+
+// WorkspaceTopic is the topic notified when a command of the Workspace
+// completes.
+func WorkspaceTopic(workspaceID string) string { return "workspace/" + workspaceID }
+
+// LocalNotifier is a Notifier within one process: Notify wakes the
+// subscribers of this process only. Both dialects use it for now; it is
+// enough for SQLite (one replica by design), and with PostgreSQL a
+// completion committed by another replica reaches this one's waiters at
+// their next recheck (RecheckInterval). The zero value is ready to use.
+//
+// Subscribe and Notify cost O(1): the subscribers of a topic share one
+// channel, closed by Notify and dropped when the last one is released.
+type LocalNotifier struct {
+	mu     sync.Mutex
+	topics map[string]*waiters
+}
+
+// waiters are the current subscribers of a topic.
+type waiters struct {
+	ch chan struct{}
+	n  int // subscriptions not released yet
+}
+
+var _ Notifier = (*LocalNotifier)(nil)
+
+// Subscribe implements Notifier.
+func (l *LocalNotifier) Subscribe(topic string) (<-chan struct{}, func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.topics == nil {
+		l.topics = map[string]*waiters{}
+	}
+	w := l.topics[topic]
+	if w == nil {
+		w = &waiters{ch: make(chan struct{})}
+		l.topics[topic] = w
+	}
+	w.n++
+	released := false
+	return w.ch, func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if released {
+			return
+		}
+		released = true
+		w.n--
+		if w.n == 0 && l.topics[topic] == w {
+			delete(l.topics, topic)
+		}
+	}
+}
+
+// Notify implements Notifier.
+func (l *LocalNotifier) Notify(topic string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w := l.topics[topic]; w != nil {
+		close(w.ch)
+		delete(l.topics, topic)
+	}
+}
+
+// Topics returns the number of topics with subscribers that were neither
+// notified nor released: zero once every waiter has gone.
+func (l *LocalNotifier) Topics() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.topics)
+}

@@ -1,0 +1,79 @@
+package store_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/internal/store"
+)
+
+func TestLocalNotifierReleases(t *testing.T) {
+	t.Parallel()
+	var n store.LocalNotifier
+	var releases []func()
+	for i := range 100 {
+		_, release := n.Subscribe(store.WorkspaceTopic(fmt.Sprint(i % 10)))
+		releases = append(releases, release)
+	}
+	if got := n.Topics(); got != 10 {
+		t.Fatalf("Topics() = %d, want 10", got)
+	}
+	n.Notify(store.WorkspaceTopic("0"))
+	if got := n.Topics(); got != 9 {
+		t.Fatalf("Topics() after one Notify = %d, want 9", got)
+	}
+	for _, r := range releases {
+		r()
+	}
+	if got := n.Topics(); got != 0 {
+		t.Fatalf("Topics() after every release = %d, want 0", got)
+	}
+	// A release after the topic was notified and subscribed again does not
+	// drop the new subscription.
+	_, old := n.Subscribe("t")
+	n.Notify("t")
+	ch, cur := n.Subscribe("t")
+	defer cur()
+	old()
+	if n.Topics() != 1 {
+		t.Fatal("releasing a notified subscription dropped a newer one")
+	}
+	n.Notify("t")
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the newer subscription was not woken")
+	}
+}
+
+func TestLocalNotifierConcurrent(t *testing.T) {
+	t.Parallel()
+	var n store.LocalNotifier
+	const waiters = 200
+	var wg sync.WaitGroup
+	ready := make(chan struct{}, waiters)
+	for i := range waiters {
+		wg.Go(func() {
+			ch, release := n.Subscribe(store.WorkspaceTopic(fmt.Sprint(i % 7)))
+			defer release()
+			ready <- struct{}{}
+			select {
+			case <-ch:
+			case <-time.After(10 * time.Second):
+				t.Errorf("waiter %d was not woken", i)
+			}
+		})
+	}
+	for range waiters {
+		<-ready
+	}
+	for i := range 7 {
+		n.Notify(store.WorkspaceTopic(fmt.Sprint(i)))
+	}
+	wg.Wait()
+	if got := n.Topics(); got != 0 {
+		t.Fatalf("Topics() = %d after every waiter left, want 0", got)
+	}
+}
