@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 
-	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
@@ -49,13 +48,13 @@ func HasCapability(info *ctrlv1.GetServerInfoResponse, name string) bool {
 // CheckCapabilities calls GetServerInfo and checks that the server offers
 // the capability of each procedure, by exact string match. It returns the
 // server info, and a *MissingCapabilityError for the first procedure whose
-// capability is missing (or the error of GetServerInfo).
+// capability is missing (or the error of GetServerInfo). The answer
+// replaces the one ServerInfo keeps.
 func (c *Client) CheckCapabilities(ctx context.Context, procedures ...string) (*ctrlv1.GetServerInfoResponse, error) {
-	res, err := c.ServerInfoService.GetServerInfo(ctx, connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
+	info, err := c.RefreshServerInfo(ctx)
 	if err != nil {
 		return nil, err
 	}
-	info := res.Msg
 	if err := MissingCapability(info, procedures...); err != nil {
 		return info, err
 	}

@@ -39,6 +39,9 @@ type Client struct {
 	endpoint   string
 	httpClient *http.Client
 	wait       backoff
+	serverWait time.Duration
+	retry      RetryPolicy
+	info       infoCache
 }
 
 // Option configures NewClient.
@@ -51,6 +54,8 @@ type options struct {
 	httpClient                *http.Client
 	connectOpts               []connect.ClientOption
 	wait                      backoff
+	serverWait                time.Duration
+	retry                     RetryPolicy
 }
 
 // WithTLSFiles authenticates the server with the CA certificates in caFile
@@ -113,18 +118,48 @@ func WithWaitBackoff(initial, max time.Duration) Option {
 	}
 }
 
-// NewClient returns a Client for the ctrl endpoint, an https:// URL such as
-// "https://ctrl.example:7443". It reads the TLS files at once, so a missing
-// or malformed file is reported here; it does not contact the server.
+// WithServerWaitTimeout sets how long each server-side wait of
+// WaitWorkspaceCommand lasts (GetWorkspaceCommandRequest.wait_timeout, used
+// when the server offers workspace.command.wait), from 1ms to 60s. The
+// default is 20s, below the 30s timeouts common in HTTP clients and
+// proxies; an HTTP client given with WithHTTPClient must allow it.
+func WithServerWaitTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		if d < minServerWait || d > maxServerWait {
+			return fmt.Errorf("kibotos: WithServerWaitTimeout(%v): want %v to %v", d, minServerWait, maxServerWait)
+		}
+		o.serverWait = d
+		return nil
+	}
+}
+
+// WithDefaultRetryPolicy sets the policy under which the workspace layer
+// (Client.Workspaces) resends its requests; WithRetryPolicy overrides it
+// for one call. The default is the zero RetryPolicy (5 attempts).
+func WithDefaultRetryPolicy(p RetryPolicy) Option {
+	return func(o *options) error {
+		o.retry = p
+		return nil
+	}
+}
+
+// NewClient returns a Client for the ctrl endpoint: an https:// URL such as
+// "https://ctrl.example:7443", or host:port alone ("ctrl.example:7443"),
+// which means https. It reads the TLS files at once, so a missing or
+// malformed file is reported here; it does not contact the server.
 func NewClient(endpoint string, opts ...Option) (*Client, error) {
-	u, err := url.Parse(endpoint)
+	raw := endpoint
+	if !strings.Contains(raw, "://") {
+		raw = "https://" + raw
+	}
+	u, err := url.Parse(raw)
 	if err != nil {
 		return nil, fmt.Errorf("kibotos: endpoint %q: %w", endpoint, err)
 	}
 	if u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
-		return nil, fmt.Errorf("kibotos: endpoint %q: want https://host:port", endpoint)
+		return nil, fmt.Errorf("kibotos: endpoint %q: want https://host:port or host:port", endpoint)
 	}
-	o := options{wait: defaultWaitBackoff}
+	o := options{wait: defaultWaitBackoff, serverWait: defaultServerWait}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, err
@@ -162,6 +197,8 @@ func NewClient(endpoint string, opts ...Option) (*Client, error) {
 		endpoint:          base,
 		httpClient:        hc,
 		wait:              o.wait,
+		serverWait:        o.serverWait,
+		retry:             o.retry,
 	}, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"net/http"
+	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -88,6 +89,22 @@ func TestClientWithoutCertificate(t *testing.T) {
 	}
 }
 
+func TestNewClientHostPort(t *testing.T) {
+	f := newFakeCtrl(capability.EgressManage)
+	srv := serveFake(t, f)
+	hostPort := strings.TrimPrefix(srv.URL, "https://")
+	c, err := kibotos.NewClient(hostPort, kibotos.WithHTTPClient(srv.Client()))
+	if err != nil {
+		t.Fatalf("NewClient(%q) = %v", hostPort, err)
+	}
+	if c.Endpoint() != srv.URL {
+		t.Errorf("Endpoint() = %q, want %q", c.Endpoint(), srv.URL)
+	}
+	if _, err := c.ServerInfo(t.Context()); err != nil {
+		t.Errorf("GetServerInfo over %q = %v", hostPort, err)
+	}
+}
+
 func TestNewClientErrors(t *testing.T) {
 	dir := t.TempDir()
 	tests := []struct {
@@ -95,7 +112,8 @@ func TestNewClientErrors(t *testing.T) {
 		endpoint string
 		opts     []kibotos.Option
 	}{
-		{"no scheme", "ctrl.example:7443", nil},
+		{"no host", "https://", nil},
+		{"no port, no scheme", "", nil},
 		{"wrong scheme", "ftp://ctrl.example", nil},
 		{"missing CA file", "https://ctrl.example", []kibotos.Option{kibotos.WithTLSFiles(dir+"/nope.pem", "", "")}},
 		{"cert without key", "https://ctrl.example", []kibotos.Option{kibotos.WithTLSFiles("", dir+"/c.pem", "")}},
