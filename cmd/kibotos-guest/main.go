@@ -1,5 +1,6 @@
 // Command kibotos-guest is the guest agent: PID 1 inside every workspace.
-// Build it static (CGO_ENABLED=0): the runtime mounts it into any template.
+// It must be static: the runtime mounts it into any template. CGO_ENABLED=0
+// (scripts/build.sh) makes it so; with cgo, static_cgo.go links it -static.
 //
 // It is also the sandbox runtime's default init shim: started under the
 // shim's argv[0] (package initshim) it sets up the execution's namespaces

@@ -63,7 +63,7 @@ func runTests(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "build kibotos-guest: %v\n%s\n", err, out)
 		return 1
 	}
-	testTemplate, err = template.EnsureDefault(filepath.Join(testBase, "templates"), testGuest)
+	testTemplate, err = template.EnsureDefault(filepath.Join(testBase, "templates"), testGuest, "")
 	if err != nil {
 		if !ci && strings.Contains(err.Error(), "busybox-static") {
 			skipReason = err.Error()

@@ -274,8 +274,8 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	if fi, err := os.Stat(guest); err != nil || !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("sandbox: guest binary %s: not a regular file (%v)", guest, err)
+	if err := CheckGuestBinary(guest); err != nil {
+		return nil, err
 	}
 	cfg.GuestBinary = guest
 	if cfg.InitBinary == "" {
@@ -314,8 +314,8 @@ func prepareRoot(root string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if strings.ContainsAny(abs, ",:\n") {
-		return "", fmt.Errorf("sandbox: Root %q must not contain ',' ':' or newlines (overlayfs options)", abs)
+	if err := CheckRoot(abs); err != nil {
+		return "", err
 	}
 	for _, d := range []string{"layers", "exec", "run", "logs"} {
 		if err := os.MkdirAll(filepath.Join(abs, d), 0o700); err != nil {
@@ -400,11 +400,8 @@ func (r *Runtime) validate(s *Spec) error {
 	if !workspaceIDRe.MatchString(s.WorkspaceID) {
 		return fmt.Errorf("%w: workspace id %q", ErrInvalidSpec, s.WorkspaceID)
 	}
-	if !filepath.IsAbs(s.TemplateDir) || strings.ContainsAny(s.TemplateDir, ",:\n") {
-		return fmt.Errorf("%w: template dir %q must be absolute without ',' or ':'", ErrInvalidSpec, s.TemplateDir)
-	}
-	if fi, err := os.Stat(s.TemplateDir); err != nil || !fi.IsDir() {
-		return fmt.Errorf("%w: template dir %q is not a directory", ErrInvalidSpec, s.TemplateDir)
+	if err := CheckTemplateDir(s.TemplateDir); err != nil {
+		return err
 	}
 	if err := checkCapacity(s.CapacityBytes); err != nil {
 		return err

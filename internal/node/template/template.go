@@ -7,9 +7,10 @@
 // version. Versions are immutable: a changed template is a new version.
 //
 // The default template ("default") is built on the node, without internet,
-// from Debian's busybox-static: /bin/busybox plus a symlink for each of its
-// applets, a minimal /etc (passwd, group, shadow, hostname, hosts, profile,
-// os-release), the usual mount points, and a copy of kibotos-guest at
+// from Debian's busybox-static (or another static busybox, see FindBusybox):
+// /bin/busybox plus a symlink for each of its applets, a minimal /etc
+// (passwd, group, shadow, hostname, hosts, profile, os-release), the usual
+// mount points, and a copy of kibotos-guest at
 // /usr/sbin/kibotos-guest (so commands inside can run `kibotos-guest
 // poweroff`; PID 1 itself is the node's guest binary, mounted by the
 // runtime). Its version is a hash of the layout, busybox and the guest, so
@@ -31,7 +32,6 @@ import (
 	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
-	"debug/elf"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -40,6 +40,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/kibotos/kibotos/internal/node/staticbin"
 )
 
 // DefaultName is the name of the default template.
@@ -52,20 +54,40 @@ const layoutVersion = "1"
 // busyboxCandidates are where Debian's busybox-static installs busybox.
 var busyboxCandidates = []string{"/bin/busybox", "/usr/bin/busybox"}
 
-// ErrBusyboxMissing reports that no static busybox is installed.
-var ErrBusyboxMissing = errors.New("template: a static /bin/busybox is required to build the default template: apt-get install busybox-static")
+// ErrBusyboxMissing reports that no static busybox is installed (test with
+// errors.Is; the error says where it looked).
+var ErrBusyboxMissing = errors.New("template: the default template needs a static busybox: apt-get install busybox-static")
 
 // Path returns the rootfs directory of a template version.
 func Path(dir, name, version string) string {
 	return filepath.Join(dir, name, version, "rootfs")
 }
 
+// FindBusybox returns the static busybox the default template is built
+// from: path when it is not empty, else the first static one where Debian's
+// busybox-static installs it. A missing or dynamic busybox is
+// ErrBusyboxMissing.
+func FindBusybox(path string) (string, error) {
+	if path != "" {
+		if err := staticbin.Check(path); err != nil {
+			return "", fmt.Errorf("%w (%v)", ErrBusyboxMissing, err)
+		}
+		return path, nil
+	}
+	for _, p := range busyboxCandidates {
+		if staticbin.Check(p) == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%w (no static busybox at %s)", ErrBusyboxMissing, strings.Join(busyboxCandidates, " or "))
+}
+
 // EnsureDefault returns the rootfs of the default template in dir, building
 // it first when this version does not exist yet. guestBinary, when not empty,
-// is copied to /usr/sbin/kibotos-guest. Concurrent callers are safe: each
-// builds aside and the first rename wins.
-func EnsureDefault(dir, guestBinary string) (string, error) {
-	busybox, err := findBusybox()
+// is copied to /usr/sbin/kibotos-guest; busybox is as for FindBusybox.
+// Concurrent callers are safe: each builds aside and the first rename wins.
+func EnsureDefault(dir, guestBinary, busybox string) (string, error) {
+	busybox, err := FindBusybox(busybox)
 	if err != nil {
 		return "", err
 	}
@@ -96,26 +118,6 @@ func EnsureDefault(dir, guestBinary string) (string, error) {
 		return "", fmt.Errorf("template: %w", err)
 	}
 	return rootfs, nil
-}
-
-func findBusybox() (string, error) {
-	for _, p := range busyboxCandidates {
-		f, err := elf.Open(p)
-		if err != nil {
-			continue
-		}
-		static := true
-		for _, prog := range f.Progs {
-			if prog.Type == elf.PT_INTERP {
-				static = false
-			}
-		}
-		f.Close()
-		if static {
-			return p, nil
-		}
-	}
-	return "", ErrBusyboxMissing
 }
 
 func defaultVersion(busybox, guest string) (string, error) {

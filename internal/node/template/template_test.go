@@ -1,8 +1,10 @@
 package template
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -43,5 +45,26 @@ func TestList(t *testing.T) {
 	}
 	if got, err := List(filepath.Join(dir, "missing")); err != nil || got != nil {
 		t.Fatalf("List(missing) = %v, %v", got, err)
+	}
+}
+
+func TestFindBusybox(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "busybox")
+	if _, err := FindBusybox(missing); !errors.Is(err, ErrBusyboxMissing) || !strings.Contains(err.Error(), "apt-get install busybox-static") || !strings.Contains(err.Error(), missing) {
+		t.Errorf("FindBusybox(%s) = %v, want ErrBusyboxMissing naming busybox-static and the path", missing, err)
+	}
+	script := filepath.Join(t.TempDir(), "busybox")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := FindBusybox(script); !errors.Is(err, ErrBusyboxMissing) {
+		t.Errorf("FindBusybox(a script) = %v, want ErrBusyboxMissing", err)
+	}
+	def, err := FindBusybox("")
+	if err != nil {
+		t.Skipf("no busybox-static installed: %v", err)
+	}
+	if got, err := FindBusybox(def); got != def || err != nil {
+		t.Errorf("FindBusybox(%s) = %q, %v, want it back", def, got, err)
 	}
 }
