@@ -57,6 +57,26 @@ type Event struct {
 // confirm writeback: the execution is still running and held.
 var ErrWritebackFailed = errors.New("guest could not confirm writeback")
 
+// ErrPermanent marks a Runtime.Start error that no retry of the same desired
+// state can fix (a malformed spec, a template the node cannot use). Test
+// with errors.Is; Runtime implementations mark such errors with Permanent.
+var ErrPermanent = errors.New("retrying the same start cannot succeed")
+
+// Permanent marks err as permanent (errors.Is(err, ErrPermanent)) without
+// changing its message. It returns nil for nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string        { return e.err.Error() }
+func (e permanentError) Unwrap() error        { return e.err }
+func (e permanentError) Is(target error) bool { return target == ErrPermanent }
+
 // Runtime runs executions. internal/node/sandbox implements it.
 type Runtime interface {
 	Start(ctx context.Context, s Spec) error
@@ -271,7 +291,10 @@ func (a *Agent) act(ctx context.Context, d *nodev1.DesiredWorkspace) {
 		err := rt.Start(ctx, Spec{WorkspaceID: id, Generation: gen, TemplateID: d.GetTemplateId(),
 			CapacityBytes: d.GetCapacityBytes(), MemoryMiB: d.GetMemoryMib(), CPUMillis: d.GetCpuMillis()})
 		if err != nil {
-			log.Warn("start failed", "error", err.Error())
+			// A permanent failure is logged as such; the report cannot
+			// carry it yet (ExecutionReport has no field for it), so ctrl
+			// still calls every start failure retryable.
+			log.Warn("start failed", "error", err.Error(), "permanent", errors.Is(err, ErrPermanent))
 			st := rt.Status(id)
 			a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_FAILED,
 				HoldsExecution: st.Running, LayerExists: st.LayerExists, FailureReason: "EXECUTION_FAILED",

@@ -35,6 +35,9 @@ type Config struct {
 	StateDir string
 	// GuestBinary is the static kibotos-guest.
 	GuestBinary string
+	// Busybox is the static busybox the default template is built from;
+	// empty: where Debian's busybox-static installs it.
+	Busybox string
 	// Capacity offered to workspaces; zero values are measured: 80% of
 	// MemTotal, every CPU, the free space of StateDir.
 	MemoryMiB, CPUMillis, StorageBytes uint64
@@ -42,20 +45,21 @@ type Config struct {
 }
 
 // Run runs the node until ctx is done. Executions keep running when it
-// returns; the next Run re-adopts them.
+// returns; the next Run re-adopts them. It first runs Preflight and checks
+// the templates, so that a node that could not run workspaces from them
+// fails here instead of reporting ready.
 func Run(ctx context.Context, cfg Config) error {
-	if os.Geteuid() != 0 {
-		return errors.New("the sandbox runtime needs root (namespaces, cgroups, loop devices)")
-	}
-	if cfg.GuestBinary == "" {
-		return errors.New("no guest binary (kibotos-guest) configured")
-	}
-	if _, err := os.Stat(cfg.GuestBinary); err != nil {
-		return fmt.Errorf("guest binary: %w", err)
+	cfg, err := Preflight(cfg)
+	if err != nil {
+		return err
 	}
 	tmplDir := filepath.Join(cfg.StateDir, "templates")
-	if _, err := template.EnsureDefault(tmplDir, cfg.GuestBinary); err != nil {
+	rootfs, err := template.EnsureDefault(tmplDir, cfg.GuestBinary, cfg.Busybox)
+	if err != nil {
 		return err
+	}
+	if err := sandbox.CheckTemplateDir(rootfs); err != nil {
+		return fmt.Errorf("default template: %w", err)
 	}
 	rt, err := sandbox.New(sandbox.Config{Root: cfg.StateDir, GuestBinary: cfg.GuestBinary, Log: cfg.Log})
 	if err != nil {
@@ -69,24 +73,41 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	templates := func() []*nodev1.TemplateInfo {
+		list, err := usableTemplates(tmplDir)
+		if err != nil {
+			cfg.Log.Warn("list templates", "error", err.Error())
+		}
+		out := make([]*nodev1.TemplateInfo, 0, len(list))
+		for _, t := range list {
+			out = append(out, &nodev1.TemplateInfo{TemplateId: t.Name, Version: t.Version})
+		}
+		return out
+	}
 	cfg.Log.Info("node ready", "node_id", cfg.NodeID, "memory_mib", capacity.GetMemoryMib(), "cpu_millis", capacity.GetCpuMillis(),
-		"executions", len(rt.Executions()), "cgroup_version", rt.CgroupVersion())
+		"executions", len(rt.Executions()), "cgroup_version", rt.CgroupVersion(), "templates", len(templates()))
 	a := agent.New(agent.Config{
 		NodeID: cfg.NodeID, Endpoint: cfg.Endpoint, HTTP: cfg.HTTP, Log: cfg.Log, Capacity: capacity,
-		Runtime: NewRuntime(rt, tmplDir),
-		Templates: func() []*nodev1.TemplateInfo {
-			list, err := template.List(tmplDir)
-			if err != nil {
-				cfg.Log.Warn("list templates", "error", err.Error())
-			}
-			out := make([]*nodev1.TemplateInfo, 0, len(list))
-			for _, t := range list {
-				out = append(out, &nodev1.TemplateInfo{TemplateId: t.Name, Version: t.Version})
-			}
-			return out
-		},
+		Runtime: NewRuntime(rt, tmplDir), Templates: templates,
 	})
 	return a.Run(ctx)
+}
+
+// usableTemplates lists the templates under dir that the runtime can start
+// executions from; the others are left out (with an error naming them), so
+// that ctrl never places a workspace on a template no start could use.
+func usableTemplates(dir string) ([]template.Info, error) {
+	list, err := template.List(dir)
+	var out []template.Info
+	var errs []error
+	for _, t := range list {
+		if cerr := sandbox.CheckTemplateDir(t.Rootfs); cerr != nil {
+			errs = append(errs, fmt.Errorf("template %s/%s left out: %w", t.Name, t.Version, cerr))
+			continue
+		}
+		out = append(out, t)
+	}
+	return out, errors.Join(append([]error{err}, errs...)...)
 }
 
 func measure(cfg Config) (*nodev1.Capacity, error) {
@@ -164,7 +185,8 @@ func condition(c protocol.Condition) ctrlv1.GuestCondition {
 	return ctrlv1.GuestCondition(ctrlv1.GuestCondition_value["GUEST_CONDITION_"+string(c)])
 }
 
-// Start starts an execution from the template.
+// Start starts an execution from the template. Errors no retry can fix are
+// marked agent.Permanent.
 func (r *Runtime) Start(ctx context.Context, s agent.Spec) error {
 	list, err := template.List(r.templates)
 	if err != nil {
@@ -177,10 +199,14 @@ func (r *Runtime) Start(ctx context.Context, s agent.Spec) error {
 		}
 	}
 	if dir == "" {
-		return fmt.Errorf("template %q is not on this node", s.TemplateID)
+		return agent.Permanent(fmt.Errorf("template %q is not on this node", s.TemplateID))
 	}
-	return r.rt.Start(ctx, sandbox.Spec{WorkspaceID: s.WorkspaceID, Generation: s.Generation, TemplateDir: dir,
+	err = r.rt.Start(ctx, sandbox.Spec{WorkspaceID: s.WorkspaceID, Generation: s.Generation, TemplateDir: dir,
 		CapacityBytes: s.CapacityBytes, MemoryMiB: s.MemoryMiB, CPUMillis: s.CPUMillis})
+	if sandbox.Permanent(err) {
+		return agent.Permanent(err)
+	}
+	return err
 }
 
 // Stop stops an execution; ErrWritebackFailed maps to the agent's.

@@ -35,6 +35,7 @@ func Main(args []string, stderr io.Writer) int {
 	fs.StringVar(&cfg.NodeID, "node-id", "", "the node's ID; must equal the certificate's common name (default: the common name; at enrollment: the token's node ID or the host name)")
 	fs.StringVar(&cfg.StateDir, "state-dir", "/var/lib/kibotos/node", "directory for writable layers, execution state and templates")
 	fs.StringVar(&cfg.GuestBinary, "guest-binary", "", "the static kibotos-guest (default: kibotos-guest next to this binary)")
+	fs.StringVar(&cfg.Busybox, "busybox", os.Getenv("KIBOTOS_BUSYBOX"), "the static busybox the default template is built from (default: $KIBOTOS_BUSYBOX, else /bin/busybox of Debian's busybox-static)")
 	fs.Uint64Var(&cfg.MemoryMiB, "memory-mib", 0, "memory offered to workspaces (default: 80% of MemTotal)")
 	fs.Uint64Var(&cfg.CPUMillis, "cpu-millis", 0, "CPU offered to workspaces (default: every CPU)")
 	fs.StringVar(&lvl, "log-level", "info", "debug, info, warn or error")
@@ -57,6 +58,25 @@ func Main(args []string, stderr io.Writer) int {
 	if (cert == "") != (key == "") {
 		fmt.Fprintln(stderr, "kibotos-node: --cert and --key go together")
 		return 2
+	}
+	// Every path is made absolute once, here: the state directory ends up
+	// in overlayfs mount options, which take no relative paths.
+	if err := AbsPaths(&ca, &cert, &key, &tokenFile, &cfg.StateDir, &cfg.GuestBinary, &cfg.Busybox); err != nil {
+		fmt.Fprintf(stderr, "kibotos-node: %v\n", err)
+		return 2
+	}
+	if cfg.GuestBinary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			cfg.Log.Error("find kibotos-guest", "error", err.Error())
+			return 1
+		}
+		cfg.GuestBinary = filepath.Join(filepath.Dir(exe), "kibotos-guest")
+	}
+	// Refuse a machine that cannot run workspaces before enrolling it.
+	if _, err := Preflight(cfg); err != nil {
+		cfg.Log.Error("kibotos-node cannot run workspaces on this machine", "error", err.Error())
+		return 1
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -88,14 +108,6 @@ func Main(args []string, stderr io.Writer) int {
 	}
 	if cfg.NodeID == "" {
 		cfg.NodeID = renewer.Holder.Current().Leaf.Subject.CommonName
-	}
-	if cfg.GuestBinary == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			cfg.Log.Error("find kibotos-guest", "error", err.Error())
-			return 1
-		}
-		cfg.GuestBinary = filepath.Join(filepath.Dir(exe), "kibotos-guest")
 	}
 	cfg.HTTP = hc
 	go renewer.Run(ctx)
