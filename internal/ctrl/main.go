@@ -43,6 +43,7 @@ type Options struct {
 	LogLevel      string
 	Hosts         string
 	GuestBinary   string
+	Busybox       string
 	NoNode        bool
 	CommandWait   time.Duration
 	NodeGrace     time.Duration
@@ -68,6 +69,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.Hosts, "dev-hosts", "", "with --dev: extra comma-separated names and addresses for the server certificate")
 	fs.StringVar(&o.GuestBinary, "guest-binary", "", "with --dev: the static kibotos-guest for the embedded node (default: kibotos-guest next to this binary)")
+	fs.StringVar(&o.Busybox, "busybox", os.Getenv("KIBOTOS_BUSYBOX"), "with --dev: the static busybox the embedded node builds its default template from (default: $KIBOTOS_BUSYBOX, else /bin/busybox of Debian's busybox-static)")
 	fs.BoolVar(&o.NoNode, "dev-no-node", false, "with --dev: do not run the embedded node agent")
 	fs.DurationVar(&o.CommandWait, "command-wait", time.Minute, "how long StopWorkspace and DeleteWorkspace wait for completion before answering a retryable unavailable (TIMED_OUT)")
 	fs.StringVar(&o.CAKey, "ca-key", "", "private key of --client-ca (PEM): lets ctrl sign node certificates at enrollment (EnrollmentService); with --dev defaults to DIR/pki/ca-key.pem")
@@ -88,6 +90,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kibotos-ctrl: --log-level: %v\n", err)
 		return 2
 	}
+	if err := o.absPaths(); err != nil {
+		fmt.Fprintf(stderr, "kibotos-ctrl: %v\n", err)
+		return 2
+	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -96,6 +102,19 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// absPaths makes every path of o absolute once, at start-up, so that a
+// relative --data-dir (scripts/dev.sh passes .data) means the same files
+// wherever they are used: the embedded node puts its state directory into
+// overlayfs options, and the printed export line must work from any
+// directory. A SQLite "file:" URI is left as given.
+func (o *Options) absPaths() error {
+	paths := []*string{&o.DataDir, &o.TLSCert, &o.TLSKey, &o.ClientCA, &o.CAKey, &o.GuestBinary, &o.Busybox}
+	if storeKind(o.Store) == "sqlite" && !strings.HasPrefix(o.Store, "file:") && o.Store != ":memory:" {
+		paths = append(paths, &o.Store)
+	}
+	return daemon.AbsPaths(paths...)
 }
 
 func run(ctx context.Context, o Options, log *slog.Logger, stdout io.Writer) error {
@@ -122,6 +141,19 @@ func run(ctx context.Context, o Options, log *slog.Logger, stdout io.Writer) err
 		o.ClientCA = orDefault(o.ClientCA, p.CA)
 		o.CAKey = orDefault(o.CAKey, p.CAKey)
 		o.Store = orDefault(o.Store, filepath.Join(o.DataDir, "ctrl.db"))
+	}
+	var node daemon.Config
+	if o.Dev && !o.NoNode {
+		// The embedded node's machine checks run before serving: a ctrl
+		// whose node cannot run workspaces would accept creates that
+		// never complete.
+		var err error
+		if node, err = embeddedNodeConfig(o); err != nil {
+			return err
+		}
+		if node, err = daemon.Preflight(node); err != nil {
+			return fmt.Errorf("the embedded node cannot run workspaces on this machine (--dev-no-node serves the API without them): %w", err)
+		}
 	}
 	if o.TLSCert == "" || o.TLSKey == "" || o.ClientCA == "" || o.Store == "" {
 		return errors.New("--tls-cert, --tls-key, --client-ca and --store are required without --dev")
@@ -175,14 +207,14 @@ func run(ctx context.Context, o Options, log *slog.Logger, stdout io.Writer) err
 	if o.Dev {
 		p := pki.DevPathsIn(o.DataDir)
 		fmt.Fprintf(stdout, "kibotos-ctrl is serving on https://%s\n", ln.Addr())
-		fmt.Fprintf(stdout, "To call it (kibo, buf curl, curl):\n  export KIBO_ENDPOINT=https://%s KIBO_CA=%s KIBO_CERT=%s KIBO_KEY=%s\n",
-			ln.Addr(), p.CA, p.Operator, p.OperatorKey)
+		fmt.Fprintf(stdout, "To call it (kibo, buf curl, curl):\n  export KIBO_ENDPOINT=https://%s KIBO_CA=%s KIBO_CERT=%s KIBO_KEY=%s%s\n",
+			ln.Addr(), shellQuote(p.CA), shellQuote(p.Operator), shellQuote(p.OperatorKey), kiboPath())
 	}
 	nodeDone := make(chan struct{})
 	if o.Dev && !o.NoNode {
 		go func() {
 			defer close(nodeDone)
-			if err := runEmbeddedNode(ctx, o, srv, ln.Addr().String(), log); err != nil {
+			if err := runEmbeddedNode(ctx, o, node, srv, ln.Addr().String(), log); err != nil {
 				log.Error("embedded node agent stopped; workspaces cannot run on this machine", "error", err.Error())
 			}
 		}()
@@ -199,15 +231,14 @@ func run(ctx context.Context, o Options, log *slog.Logger, stdout io.Writer) err
 // same code as kibotos-node: on first start it enrolls with a token bound to
 // node "local" (certificate and key in DIR/node/pki), then talks to this ctrl
 // over loopback mTLS with state under DIR/node.
-func runEmbeddedNode(ctx context.Context, o Options, srv *Server, addr string, log *slog.Logger) error {
+func runEmbeddedNode(ctx context.Context, o Options, node daemon.Config, srv *Server, addr string, log *slog.Logger) error {
 	p := pki.DevPathsIn(o.DataDir)
 	host, port, _ := net.SplitHostPort(addr)
 	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 		host = "127.0.0.1"
 	}
 	endpoint := "https://" + net.JoinHostPort(host, port)
-	stateDir := filepath.Join(o.DataDir, "node")
-	dir := filepath.Join(stateDir, "pki")
+	dir := filepath.Join(node.StateDir, "pki")
 	token := ""
 	if cert, keyPath := enroll.Paths(dir); !fileExists(cert) {
 		// The command ID follows the node's key: a restart before the
@@ -235,18 +266,46 @@ func runEmbeddedNode(ctx context.Context, o Options, srv *Server, addr string, l
 		return err
 	}
 	go renewer.Run(ctx)
+	node.NodeID, node.Endpoint, node.HTTP, node.Log = "local", endpoint, hc, nlog
+	return daemon.Run(ctx, node)
+}
+
+// embeddedNodeConfig is the machine side of the embedded node's
+// configuration: state under DIR/node, the guest next to this binary unless
+// --guest-binary says otherwise, and --busybox.
+func embeddedNodeConfig(o Options) (daemon.Config, error) {
 	guest := o.GuestBinary
 	if guest == "" {
 		exe, err := os.Executable()
 		if err != nil {
-			return err
+			return daemon.Config{}, err
 		}
 		guest = filepath.Join(filepath.Dir(exe), "kibotos-guest")
 	}
-	return daemon.Run(ctx, daemon.Config{
-		NodeID: "local", Endpoint: endpoint, HTTP: hc,
-		StateDir: stateDir, GuestBinary: guest, Log: nlog,
-	})
+	return daemon.Config{StateDir: filepath.Join(o.DataDir, "node"), GuestBinary: guest, Busybox: o.Busybox}, nil
+}
+
+// kiboPath returns " PATH=DIR:$PATH" for the export line when kibo is next
+// to this binary (bin/ of scripts/build.sh), so that the README's kibo
+// commands work from any directory; otherwise "".
+func kiboPath() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	dir := filepath.Dir(exe)
+	if !fileExists(filepath.Join(dir, "kibo")) {
+		return ""
+	}
+	return " PATH=" + shellQuote(dir) + ":$PATH"
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+,=@%") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 func fileExists(path string) bool {
