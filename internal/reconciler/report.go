@@ -53,7 +53,7 @@ func derive(w *store.Workspace, pub *ctrlv1.Workspace, rep *nodev1.ExecutionRepo
 			return outcome{done: true}
 		case nodev1.ExecState_EXEC_STATE_FAILED, nodev1.ExecState_EXEC_STATE_STOPPED:
 			return fail(ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED, &fault.Error{
-				Kind: fault.KindUnavailable, Reason: reasonOr(fault.ReasonExecutionFailed), Retryable: true, Stage: "start",
+				Kind: fault.KindUnavailable, Reason: reasonOr(fault.ReasonExecutionFailed), Retryable: !rep.GetPermanent(), Stage: "start",
 				Message: "the execution failed to start: " + rep.GetFailureMessage()})
 		}
 	case store.PowerStopped:

@@ -291,14 +291,13 @@ func (a *Agent) act(ctx context.Context, d *nodev1.DesiredWorkspace) {
 		err := rt.Start(ctx, Spec{WorkspaceID: id, Generation: gen, TemplateID: d.GetTemplateId(),
 			CapacityBytes: d.GetCapacityBytes(), MemoryMiB: d.GetMemoryMib(), CPUMillis: d.GetCpuMillis()})
 		if err != nil {
-			// A permanent failure is logged as such; the report cannot
-			// carry it yet (ExecutionReport has no field for it), so ctrl
-			// still calls every start failure retryable.
+			// A permanent failure (errors.Is ErrPermanent) is reported as
+			// such: ctrl then calls it not retryable.
 			log.Warn("start failed", "error", err.Error(), "permanent", errors.Is(err, ErrPermanent))
 			st := rt.Status(id)
 			a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_FAILED,
 				HoldsExecution: st.Running, LayerExists: st.LayerExists, FailureReason: "EXECUTION_FAILED",
-				FailureMessage: err.Error(), ObservedAt: timestamppb.Now()})
+				FailureMessage: err.Error(), Permanent: errors.Is(err, ErrPermanent), ObservedAt: timestamppb.Now()})
 			return
 		}
 		a.report(a.statusReport(rt.Status(id), gen))

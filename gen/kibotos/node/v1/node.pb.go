@@ -743,7 +743,11 @@ type ExecutionReport struct {
 	// layer_exists reports whether the writable layer exists.
 	LayerExists bool `protobuf:"varint,10,opt,name=layer_exists,json=layerExists,proto3" json:"layer_exists,omitempty"`
 	// guest_exited is set when the guest powered itself off (not asked to).
-	GuestExited   bool `protobuf:"varint,11,opt,name=guest_exited,json=guestExited,proto3" json:"guest_exited,omitempty"`
+	GuestExited bool `protobuf:"varint,11,opt,name=guest_exited,json=guestExited,proto3" json:"guest_exited,omitempty"`
+	// permanent is set on a FAILED report when retrying the same desired
+	// state cannot succeed (an unusable template, a spec the node refuses):
+	// ctrl then reports the failure as not retryable.
+	Permanent     bool `protobuf:"varint,12,opt,name=permanent,proto3" json:"permanent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -851,6 +855,13 @@ func (x *ExecutionReport) GetLayerExists() bool {
 func (x *ExecutionReport) GetGuestExited() bool {
 	if x != nil {
 		return x.GuestExited
+	}
+	return false
+}
+
+func (x *ExecutionReport) GetPermanent() bool {
+	if x != nil {
+		return x.Permanent
 	}
 	return false
 }
@@ -1108,7 +1119,7 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\rstorage_bytes\x18\x03 \x01(\x04R\fstorageBytes\x12!\n" +
 	"\fstorage_pool\x18\x04 \x01(\tR\vstoragePool\"@\n" +
 	"\tHeartbeat\x123\n" +
-	"\asent_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\"\xd0\x03\n" +
+	"\asent_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\"\xee\x03\n" +
 	"\x0fExecutionReport\x12!\n" +
 	"\fworkspace_id\x18\x01 \x01(\tR\vworkspaceId\x12\x1e\n" +
 	"\n" +
@@ -1124,7 +1135,8 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"observedAt\x12!\n" +
 	"\flayer_exists\x18\n" +
 	" \x01(\bR\vlayerExists\x12!\n" +
-	"\fguest_exited\x18\v \x01(\bR\vguestExited\"J\n" +
+	"\fguest_exited\x18\v \x01(\bR\vguestExited\x12\x1c\n" +
+	"\tpermanent\x18\f \x01(\bR\tpermanent\"J\n" +
 	"\x0fConnectResponse\x127\n" +
 	"\adesired\x18\x01 \x01(\v2\x1d.kibotos.node.v1.DesiredStateR\adesired\"e\n" +
 	"\fDesiredState\x12\x12\n" +
