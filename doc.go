@@ -4,10 +4,15 @@
 // # Connecting
 //
 // NewClient connects to a ctrl endpoint over HTTPS (HTTP/2 when the server
-// offers it) with an Operator certificate:
+// offers it) with an Operator certificate; an endpoint without a scheme
+// (host:port) means https:
 //
 //	c, err := kibotos.NewClient("https://ctrl.example:7443",
 //		kibotos.WithTLSFiles("ca.pem", "operator.pem", "operator-key.pem"))
+//
+// NewClientFromEnv reads the settings the way kibo does (KIBO_ENDPOINT,
+// KIBO_CA, KIBO_CERT, KIBO_KEY, then the profile file of KIBO_PROFILE or
+// ~/.config/kibo/profile.json); LoadSettings returns them.
 //
 // The Client exposes the generated Connect clients of every service
 // (c.ServerInfoService, c.WorkspaceService, c.EgressService, c.ResolverService, c.VolumeService, c.EnrollmentService); requests
@@ -19,6 +24,8 @@
 // the capability it needs in GetServerInfo by exact string match;
 // CheckCapabilities does that for a list of procedures and returns a
 // *MissingCapabilityError naming the first one the server does not offer.
+// A Client reads GetServerInfo once and keeps the answer (ServerInfo);
+// RefreshServerInfo reads it again.
 //
 // # Command IDs
 //
@@ -47,5 +54,25 @@
 // # Waiting
 //
 // CreateWorkspace and StartWorkspace return on acceptance; WaitWorkspaceCommand
-// polls GetWorkspaceCommand until the command completes.
+// waits until the command completes: on the server (GetWorkspaceCommand's
+// wait_timeout) when the server offers workspace.command.wait, otherwise by
+// polling with back-off.
+//
+// # Workspaces
+//
+// c.Workspaces() is a layer above the generated WorkspaceService client:
+//
+//	ws, err := c.Workspaces().Create(ctx, kibotos.WorkspaceSpec{MemoryMiB: 256, CPUMillis: 500})
+//	err = ws.Wait(ctx)
+//	err = ws.Stop(ctx, kibotos.ExpectExpirationRevision(ws.Last().GetExpiration().GetRevision()))
+//
+// Each write gets a fresh command ID unless WithCommandID gives one, keeps
+// it across its retries (Retry's rules) and never makes a new one itself;
+// PrepareCreate, PrepareStop, PrepareStart and PrepareDelete return the
+// request unsent with its CommandID, to save before Do sends it. Every
+// request is checked against the server's capabilities first
+// (MissingRequestCapability): a missing one sends nothing. Stop, start and
+// delete require an ExpirationRevision: ExpectExpirationRevision(n), or
+// CurrentExpirationRevision(), which reads it once before the first attempt
+// and never after a refusal. See docs/sdk.md.
 package kibotos
