@@ -41,9 +41,10 @@ func (h *Workspaces) ListWorkspaces(ctx context.Context, req *connect.Request[ct
 	return respond(h.svc.List(ctx, req.Msg))
 }
 
-// GetWorkspaceCommand reads a command.
+// GetWorkspaceCommand reads a command; with wait_timeout, once it has
+// completed or the timeout passed.
 func (h *Workspaces) GetWorkspaceCommand(ctx context.Context, req *connect.Request[ctrlv1.GetWorkspaceCommandRequest]) (*connect.Response[ctrlv1.GetWorkspaceCommandResponse], error) {
-	c, err := h.svc.GetCommand(ctx, req.Msg.GetCommandId())
+	c, err := h.svc.GetCommand(ctx, req.Msg)
 	if err != nil {
 		return nil, err
 	}

@@ -58,6 +58,7 @@ var withNodes = []string{
 	WorkspaceStart,
 	WorkspaceStop,
 	WorkspaceDelete,
+	WorkspaceCommandWait,
 }
 
 // Features are the parts of a deployment that decide what it serves.

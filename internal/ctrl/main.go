@@ -204,25 +204,64 @@ func run(ctx context.Context, o Options, log *slog.Logger, stdout io.Writer) err
 		defer ms.Close()
 	}
 	log.Info("kibotos-ctrl serving", "listen", ln.Addr().String(), "store", storeKind(o.Store), "revision", buildinfo.Revision())
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, ln, tlsc) }()
+
+	// The embedded node of --dev: ctrl prints its settings only once the
+	// node has registered, so that the first command pasted after them
+	// finds workspace.create; a node that stops with an error stops ctrl,
+	// since workspaces could no longer run.
+	nodeErr := make(chan error, 1)
+	embedded := o.Dev && !o.NoNode
+	if embedded {
+		go func() {
+			err := runEmbeddedNode(ctx, o, node, srv, ln.Addr().String(), log)
+			if err != nil && ctx.Err() == nil {
+				cancel(fmt.Errorf("the embedded node agent stopped; workspaces cannot run on this machine: %w", err))
+			}
+			nodeErr <- err
+		}()
+	} else {
+		nodeErr <- nil
+	}
 	if o.Dev {
+		if embedded && !waitReady(ctx, srv) {
+			return finish(ctx, served, nodeErr, log)
+		}
 		p := pki.DevPathsIn(o.DataDir)
 		fmt.Fprintf(stdout, "kibotos-ctrl is serving on https://%s\n", ln.Addr())
 		fmt.Fprintf(stdout, "To call it (kibo, buf curl, curl):\n  export KIBO_ENDPOINT=https://%s KIBO_CA=%s KIBO_CERT=%s KIBO_KEY=%s%s\n",
 			ln.Addr(), shellQuote(p.CA), shellQuote(p.Operator), shellQuote(p.OperatorKey), kiboPath())
 	}
-	nodeDone := make(chan struct{})
-	if o.Dev && !o.NoNode {
-		go func() {
-			defer close(nodeDone)
-			if err := runEmbeddedNode(ctx, o, node, srv, ln.Addr().String(), log); err != nil {
-				log.Error("embedded node agent stopped; workspaces cannot run on this machine", "error", err.Error())
-			}
-		}()
-	} else {
-		close(nodeDone)
+	return finish(ctx, served, nodeErr, log)
+}
+
+// waitReady waits until a node has registered with srv, and reports false
+// when ctx ends first.
+func waitReady(ctx context.Context, srv *Server) bool {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for !srv.HasNodes() {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
 	}
-	err = srv.Serve(ctx, ln, tlsc)
-	<-nodeDone
+	return true
+}
+
+// finish waits for the server and the embedded node to stop, and returns
+// why ctrl stopped: the server's error, or the cause that cancelled ctx
+// (the embedded node's failure), or nil on a requested stop.
+func finish(ctx context.Context, served, nodeErr <-chan error, log *slog.Logger) error {
+	err := <-served
+	<-nodeErr
+	if cause := context.Cause(ctx); err == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		err = cause
+	}
 	log.Info("kibotos-ctrl stopped")
 	return err
 }

@@ -126,8 +126,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	)...)
 
 	mux := http.NewServeMux()
-	completions := &workspace.Notifier{}
-	s.recon = &reconciler.Reconciler{Store: cfg.Store, Log: log, Completions: completions, Now: cfg.Now, NodeGrace: cfg.NodeGrace}
+	s.recon = &reconciler.Reconciler{Store: cfg.Store, Log: log, Now: cfg.Now, NodeGrace: cfg.NodeGrace}
 	mux.Handle(ctrlv1connect.NewServerInfoServiceHandler(&api.ServerInfo{SourceRevision: cfg.SourceRevision,
 		HasNodes: func() bool { return s.recon.MaxCapacity().MemoryMiB > 0 }, Enrollment: s.enroll.Available()}, opts))
 	mux.Handle(ctrlv1connect.NewEgressServiceHandler(api.NewEgresses(&catalog.Service[*ctrlv1.EgressSpec]{
@@ -139,7 +138,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	mux.Handle(ctrlv1connect.NewWorkspaceServiceHandler(api.NewWorkspaces(&workspace.Service{
 		Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 		Templates:   s.recon.Template,
-		MaxCapacity: s.recon.MaxCapacity, Kick: s.recon.Kick, Completions: completions, WaitBound: cfg.WaitBound,
+		MaxCapacity: s.recon.MaxCapacity, Kick: s.recon.Kick, WaitBound: cfg.WaitBound,
 	}), opts))
 	mux.Handle(nodev1connect.NewNodeServiceHandler(s.recon, connect.WithInterceptors(apierr.NewInterceptor(log))))
 	mux.Handle(ctrlv1connect.NewVolumeServiceHandler(&api.Volumes{}, opts))

@@ -30,10 +30,11 @@ import (
 
 // Reconciler is ctrl's control loop and the server side of NodeService.
 type Reconciler struct {
-	Store       store.Store
-	Log         *slog.Logger
-	Completions *workspace.Notifier
-	Now         func() time.Time
+	// Store holds everything; the reconciler notifies its Notifier (topic
+	// store.WorkspaceTopic) after each commit that completes a command.
+	Store store.Store
+	Log   *slog.Logger
+	Now   func() time.Time
 	// NodeGrace is how long a node may stay silent before its Workspaces
 	// turn UNKNOWN.
 	NodeGrace time.Duration
@@ -166,7 +167,6 @@ func (r *Reconciler) pass(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	completed := false
 	for _, w := range pending {
 		if w.CommandID == "" && w.NodeID == "" {
 			continue // a failed placement waits for a new command
@@ -176,7 +176,9 @@ func (r *Reconciler) pass(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			completed = completed || done
+			if done {
+				r.Store.Notify(store.WorkspaceTopic(w.ID))
+			}
 			if placed == nil {
 				continue
 			}
@@ -184,15 +186,9 @@ func (r *Reconciler) pass(ctx context.Context) error {
 		}
 		r.push(w)
 	}
-	if n, err := r.markSilent(ctx); err != nil {
-		return err
-	} else if n > 0 {
-		completed = true
-	}
-	if completed {
-		r.Completions.Broadcast()
-	}
-	return nil
+	// Turning UNKNOWN completes no command: nobody to wake.
+	_, err := r.markSilent(ctx)
+	return err
 }
 
 // push sends a Workspace's desired state to its node if connected and not
@@ -556,10 +552,11 @@ func (r *Reconciler) report(ctx context.Context, node string, rep *nodev1.Execut
 		r.Log.Error("apply report", "node_id", node, "workspace_id", rep.GetWorkspaceId(), "error", err.Error())
 		return
 	}
-	r.heartbeat(ctx, node)
 	if done {
-		r.Completions.Broadcast()
+		// Before anything else: waiters return as soon as the commit has.
+		r.Store.Notify(store.WorkspaceTopic(rep.GetWorkspaceId()))
 	}
+	r.heartbeat(ctx, node)
 	r.Kick()
 }
 

@@ -50,6 +50,7 @@ func WorkspaceTopic(workspaceID string) string { return "workspace/" + workspace
 type LocalNotifier struct {
 	mu     sync.Mutex
 	topics map[string]*waiters
+	total  int // subscriptions neither notified nor released
 }
 
 // waiters are the current subscribers of a topic.
@@ -73,6 +74,7 @@ func (l *LocalNotifier) Subscribe(topic string) (<-chan struct{}, func()) {
 		l.topics[topic] = w
 	}
 	w.n++
+	l.total++
 	released := false
 	return w.ch, func() {
 		l.mu.Lock()
@@ -81,8 +83,12 @@ func (l *LocalNotifier) Subscribe(topic string) (<-chan struct{}, func()) {
 			return
 		}
 		released = true
+		if l.topics[topic] != w {
+			return // notified already
+		}
 		w.n--
-		if w.n == 0 && l.topics[topic] == w {
+		l.total--
+		if w.n == 0 {
 			delete(l.topics, topic)
 		}
 	}
@@ -94,14 +100,15 @@ func (l *LocalNotifier) Notify(topic string) {
 	defer l.mu.Unlock()
 	if w := l.topics[topic]; w != nil {
 		close(w.ch)
+		l.total -= w.n
 		delete(l.topics, topic)
 	}
 }
 
-// Topics returns the number of topics with subscribers that were neither
-// notified nor released: zero once every waiter has gone.
-func (l *LocalNotifier) Topics() int {
+// Waiters returns the number of subscriptions neither notified nor
+// released yet: how many requests wait now, zero once every one has gone.
+func (l *LocalNotifier) Waiters() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.topics)
+	return l.total
 }

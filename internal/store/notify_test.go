@@ -17,18 +17,18 @@ func TestLocalNotifierReleases(t *testing.T) {
 		_, release := n.Subscribe(store.WorkspaceTopic(fmt.Sprint(i % 10)))
 		releases = append(releases, release)
 	}
-	if got := n.Topics(); got != 10 {
-		t.Fatalf("Topics() = %d, want 10", got)
+	if got := n.Waiters(); got != 100 {
+		t.Fatalf("Waiters() = %d, want 100", got)
 	}
 	n.Notify(store.WorkspaceTopic("0"))
-	if got := n.Topics(); got != 9 {
-		t.Fatalf("Topics() after one Notify = %d, want 9", got)
+	if got := n.Waiters(); got != 90 {
+		t.Fatalf("Waiters() after one Notify = %d, want 90", got)
 	}
 	for _, r := range releases {
 		r()
 	}
-	if got := n.Topics(); got != 0 {
-		t.Fatalf("Topics() after every release = %d, want 0", got)
+	if got := n.Waiters(); got != 0 {
+		t.Fatalf("Waiters() after every release = %d, want 0", got)
 	}
 	// A release after the topic was notified and subscribed again does not
 	// drop the new subscription.
@@ -37,7 +37,7 @@ func TestLocalNotifierReleases(t *testing.T) {
 	ch, cur := n.Subscribe("t")
 	defer cur()
 	old()
-	if n.Topics() != 1 {
+	if n.Waiters() != 1 {
 		t.Fatal("releasing a notified subscription dropped a newer one")
 	}
 	n.Notify("t")
@@ -73,7 +73,7 @@ func TestLocalNotifierConcurrent(t *testing.T) {
 		n.Notify(store.WorkspaceTopic(fmt.Sprint(i)))
 	}
 	wg.Wait()
-	if got := n.Topics(); got != 0 {
-		t.Fatalf("Topics() = %d after every waiter left, want 0", got)
+	if got := n.Waiters(); got != 0 {
+		t.Fatalf("Waiters() = %d after every waiter left, want 0", got)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
@@ -45,11 +46,18 @@ type Service struct {
 	MaxCapacity func() Capacity
 	// Kick wakes the reconciler after an admission.
 	Kick func()
-	// Completions wakes waiters when commands complete.
-	Completions *Notifier
 	// WaitBound bounds how long stop and delete wait (one minute by default).
 	WaitBound time.Duration
+	// Recheck is how often a wait re-reads the store without a notification
+	// (store.RecheckInterval by default).
+	Recheck time.Duration
 }
+
+// The bounds of GetWorkspaceCommand's wait_timeout.
+const (
+	MinWaitTimeout = time.Millisecond
+	MaxWaitTimeout = time.Minute
+)
 
 func (s *Service) now() time.Time {
 	if s.Now != nil {
@@ -328,11 +336,48 @@ func (s *Service) List(ctx context.Context, req *ctrlv1.ListWorkspacesRequest) (
 	return out, nil
 }
 
-// GetCommand reads a Workspace command by ID, caller's or ctrl's.
-func (s *Service) GetCommand(ctx context.Context, id string) (*ctrlv1.WorkspaceCommand, error) {
+// GetCommand reads a Workspace command by ID, caller's or ctrl's. With a
+// wait_timeout it first waits until the command is COMPLETED or the timeout
+// passes, and returns the command as it is then.
+func (s *Service) GetCommand(ctx context.Context, req *ctrlv1.GetWorkspaceCommandRequest) (*ctrlv1.WorkspaceCommand, error) {
+	id := req.GetCommandId()
 	if id == "" {
 		return nil, fault.Invalid("command_id", "command_id is required")
 	}
+	if req.GetWaitTimeout() == nil {
+		rec, err := s.readCommand(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return CommandMessage(rec), nil
+	}
+	d, err := CheckWaitTimeout("wait_timeout", req.GetWaitTimeout())
+	if err != nil {
+		return nil, err
+	}
+	rec, _, err := s.await(ctx, id, "", d)
+	if err != nil {
+		return nil, err
+	}
+	return CommandMessage(rec), nil
+}
+
+// CheckWaitTimeout validates a wait_timeout: a valid duration from
+// MinWaitTimeout to MaxWaitTimeout.
+func CheckWaitTimeout(field string, d *durationpb.Duration) (time.Duration, error) {
+	if err := d.CheckValid(); err != nil {
+		return 0, fault.Invalid(field, "%s is not a valid duration: %v", field, err)
+	}
+	v := d.AsDuration()
+	if v < MinWaitTimeout || v > MaxWaitTimeout {
+		return 0, fault.Invalid(field, "%s must be from %v to %v, not %v", field, MinWaitTimeout, MaxWaitTimeout, v)
+	}
+	return v, nil
+}
+
+// readCommand reads a Workspace command; not_found for an unknown ID or a
+// command of another kind of object.
+func (s *Service) readCommand(ctx context.Context, id string) (*store.Command, error) {
 	var rec *store.Command
 	err := s.Store.View(ctx, func(tx store.Tx) error {
 		var err error
@@ -345,7 +390,68 @@ func (s *Service) GetCommand(ctx context.Context, id string) (*ctrlv1.WorkspaceC
 	if err != nil {
 		return nil, err
 	}
-	return CommandMessage(rec), nil
+	return rec, nil
+}
+
+func (s *Service) recheck() time.Duration {
+	if s.Recheck > 0 {
+		return s.Recheck
+	}
+	return store.RecheckInterval
+}
+
+// await waits until the command id is COMPLETED or d passes, and returns it
+// as it is then; done reports whether it completed. It wakes on the store's
+// notifications of the command's Workspace (workspaceID when the caller
+// knows it, else read from the command) and re-reads the store every
+// Recheck besides, so a missed notification costs at most that. It starts
+// no goroutine and releases its subscription when it returns.
+func (s *Service) await(ctx context.Context, id, workspaceID string, d time.Duration) (rec *store.Command, done bool, err error) {
+	limit := time.NewTimer(d)
+	defer limit.Stop()
+	recheck := time.NewTimer(s.recheck())
+	defer recheck.Stop()
+	var (
+		topic   string
+		changed <-chan struct{}
+		release = func() {}
+	)
+	defer func() { release() }()
+	subscribe := func(t string) {
+		release()
+		topic = t
+		changed, release = s.Store.Subscribe(t)
+	}
+	if workspaceID != "" {
+		subscribe(store.WorkspaceTopic(workspaceID))
+	}
+	for {
+		if rec, err = s.readCommand(ctx, id); err != nil {
+			return nil, false, err
+		}
+		if rec.Status == store.CommandCompleted {
+			return rec, true, nil
+		}
+		if t := store.WorkspaceTopic(rec.ObjectID); t != topic {
+			// Subscribe, then read again: a completion committed after
+			// that read cannot be missed.
+			subscribe(t)
+			continue
+		}
+		select {
+		case <-changed:
+			subscribe(topic) // before the next read, for the same reason
+		case <-recheck.C:
+			recheck.Reset(s.recheck())
+		case <-limit.C:
+			if rec, err = s.readCommand(ctx, id); err != nil {
+				return nil, false, err
+			}
+			return rec, rec.Status == store.CommandCompleted, nil
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
+		}
+	}
 }
 
 // transition is the common shape of start, stop and delete.
@@ -364,6 +470,9 @@ func run[Req command.Input, Resp proto.Message](ctx context.Context, s *Service,
 		return zero, err
 	}
 	defer s.kick()
+	// The admission may have superseded (completed) the Workspace's
+	// previous command: wake its waiters.
+	defer s.Store.Notify(store.WorkspaceTopic(t.id))
 	return command.Execute(ctx, s.Engine, command.Spec[Req, Resp]{
 		Method: t.method, ObjectKind: ObjectKind, ObjectID: t.id, Kind: int(t.kind), Request: req, NewResponse: empty,
 		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (Resp, error) {
@@ -478,7 +587,7 @@ func (s *Service) Stop(ctx context.Context, req *ctrlv1.StopWorkspaceRequest) (*
 	if err != nil {
 		return nil, err
 	}
-	rec, err := s.wait(ctx, req.GetMetadata().GetCommandId())
+	rec, err := s.wait(ctx, req.GetMetadata().GetCommandId(), req.GetWorkspaceId())
 	if err != nil {
 		return nil, err
 	}
@@ -505,7 +614,7 @@ func (s *Service) Delete(ctx context.Context, req *ctrlv1.DeleteWorkspaceRequest
 	if err != nil {
 		return nil, err
 	}
-	rec, err := s.wait(ctx, req.GetMetadata().GetCommandId())
+	rec, err := s.wait(ctx, req.GetMetadata().GetCommandId(), req.GetWorkspaceId())
 	if err != nil {
 		return nil, err
 	}
@@ -516,41 +625,23 @@ func (s *Service) Delete(ctx context.Context, req *ctrlv1.DeleteWorkspaceRequest
 // wait blocks until the command completes or the bound passes. A completed
 // failure is returned as its recorded error; past the bound the answer is a
 // retryable unavailable (TIMED_OUT) while the command goes on.
-func (s *Service) wait(ctx context.Context, id string) (*store.Command, error) {
+func (s *Service) wait(ctx context.Context, id, workspaceID string) (*store.Command, error) {
 	bound := s.WaitBound
 	if bound <= 0 {
 		bound = time.Minute
 	}
-	deadline := time.NewTimer(bound)
-	defer deadline.Stop()
-	for {
-		changed := s.Completions.Wait()
-		var rec *store.Command
-		err := s.Store.View(ctx, func(tx store.Tx) error {
-			var err error
-			rec, err = tx.GetCommand(ctx, id)
-			return err
-		})
-		if err != nil {
-			return nil, err
-		}
-		if rec.Status == store.CommandCompleted {
-			if rec.ErrorCode != "" {
-				return nil, apierr.Decode(rec.ErrorCode, rec.ErrorDetail)
-			}
-			return rec, nil
-		}
-		select {
-		case <-changed:
-		case <-time.After(500 * time.Millisecond): // replicas without notifications
-		case <-deadline.C:
-			fe := fault.Unavailable(fault.ReasonTimedOut, "command %q has not completed within %s; it goes on: resend the same command ID or read GetWorkspaceCommand", id, bound)
-			fe.Stage = "wait"
-			return nil, fe
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+	rec, done, err := s.await(ctx, id, workspaceID, bound)
+	switch {
+	case err != nil:
+		return nil, err
+	case !done:
+		fe := fault.Unavailable(fault.ReasonTimedOut, "command %q has not completed within %s; it goes on: resend the same command ID or read GetWorkspaceCommand", id, bound)
+		fe.Stage = "wait"
+		return nil, fe
+	case rec.ErrorCode != "":
+		return nil, apierr.Decode(rec.ErrorCode, rec.ErrorDetail)
 	}
+	return rec, nil
 }
 
 // UpdateMap replaces labels or annotations under CAS on their own revision.
