@@ -82,6 +82,24 @@ func FieldCapabilities(procedure string) []Need {
 	return out
 }
 
+// Field is a row of the table of request fields that need a capability of
+// their own.
+type Field struct {
+	// Procedure is the procedure whose request has the field.
+	Procedure string
+	Need
+}
+
+// Fields returns every row of the table, in order: what the server's docs
+// and tests check themselves against.
+func Fields() []Field {
+	out := make([]Field, len(fields))
+	for i, f := range fields {
+		out[i] = Field{Procedure: f.procedure, Need: Need{Field: f.field, Capability: f.capability}}
+	}
+	return out
+}
+
 // requestTypes names the request message of each procedure with a row in
 // fields, so that a message of another type never reaches a row's used.
 var requestTypes = map[string]func(proto.Message) bool{

@@ -119,16 +119,18 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("load enrollment token key: %w", err)
 		}
 	}
+	info := &api.ServerInfo{SourceRevision: cfg.SourceRevision,
+		HasNodes: func() bool { return s.recon.MaxCapacity().MemoryMiB > 0 }, Enrollment: s.enroll.Available()}
 	opts := connect.WithHandlerOptions(append(codecs(),
-		connect.WithInterceptors(s.metrics.interceptor(log), apierr.NewInterceptor(log), decodeInterceptor()),
+		connect.WithInterceptors(s.metrics.interceptor(log), apierr.NewInterceptor(log), decodeInterceptor(),
+			api.RefuseUnservedFields(info.Capabilities)),
 		connect.WithReadMaxBytes(MaxRequestBytes),
 		connect.WithCompressMinBytes(CompressMinBytes),
 	)...)
 
 	mux := http.NewServeMux()
 	s.recon = &reconciler.Reconciler{Store: cfg.Store, Log: log, Now: cfg.Now, NodeGrace: cfg.NodeGrace}
-	mux.Handle(ctrlv1connect.NewServerInfoServiceHandler(&api.ServerInfo{SourceRevision: cfg.SourceRevision,
-		HasNodes: func() bool { return s.recon.MaxCapacity().MemoryMiB > 0 }, Enrollment: s.enroll.Available()}, opts))
+	mux.Handle(ctrlv1connect.NewServerInfoServiceHandler(info, opts))
 	mux.Handle(ctrlv1connect.NewEgressServiceHandler(api.NewEgresses(&catalog.Service[*ctrlv1.EgressSpec]{
 		Kind: api.EgressKind(cfg.Checker), Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 	}), opts))
@@ -162,6 +164,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.handler = s.authenticate(mux, health)
 	return s, nil
 }
+
+// HasNodes reports whether a node has registered, so that workspaces can
+// run.
+func (s *Server) HasNodes() bool { return s.recon.MaxCapacity().MemoryMiB > 0 }
 
 // Handler returns the HTTP handler of the API, for a TLS listener whose
 // config came from TLSConfig.

@@ -169,16 +169,9 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 	if !ok {
 		return nil, fault.Invalid("template_id", "unknown template %q", tmpl)
 	}
-	if vb := req.GetVolumeBinding(); vb != nil && vb.GetMode() != ctrlv1.VolumeBindingMode_VOLUME_BINDING_MODE_UNSPECIFIED &&
-		vb.GetMode() != ctrlv1.VolumeBindingMode_VOLUME_BINDING_MODE_NONE {
-		return nil, &fault.Error{Kind: fault.KindUnimplemented, Reason: fault.ReasonCapabilityUnavailable, Field: "volume_binding",
-			Message: "volumes are not served by this deployment yet (capability volume.create)"}
-	}
-	if np := req.GetNetworkPolicy(); np != nil && (np.GetMode() == ctrlv1.NetworkMode_NETWORK_MODE_PUBLIC_INTERNET ||
-		len(np.GetAllow()) > 0 || len(np.GetDeny()) > 0 || len(np.GetEgresses()) > 0 || np.GetDns() != nil) {
-		return nil, &fault.Error{Kind: fault.KindUnimplemented, Reason: fault.ReasonCapabilityUnavailable, Field: "network_policy",
-			Message: "workspace networks beyond NONE are not served by this deployment yet (capability workspace.network_policy)"}
-	}
+	// Fields whose capability the deployment does not serve (volume binding,
+	// network policy, expiration) never reach here: the server refuses them
+	// by capability.FieldNeeds before any handler runs.
 	if err := CheckExpirationSpec("expiration", req.GetExpiration(), now); err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kibotos/kibotos"
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
@@ -103,6 +104,61 @@ func wantFault(t *testing.T, what string, err error, kind fault.Kind, field stri
 	fe, ok := fault.As(err)
 	if !ok || fe.Kind != kind || fe.Field != field {
 		t.Errorf("%s = %v, want a %v fault on %q", what, err, kind, field)
+	}
+}
+
+// TestExpirationRules: the expiration of a create or a stop is validated and
+// applied by the service. The server refuses both requests before they get
+// here while workspace.expiration is not served (the API tests check that);
+// these rules are what it will serve.
+func TestExpirationRules(t *testing.T) {
+	t.Parallel()
+	s, st := newService(t)
+	ctx := t.Context()
+	future := timestamppb.New(time.Now().Add(time.Hour))
+	for name, tc := range map[string]struct {
+		exp   *ctrlv1.ExpirationSpec
+		field string
+	}{
+		"past deadline":           {&ctrlv1.ExpirationSpec{Policy: ctrlv1.ExpirationPolicy_EXPIRATION_POLICY_STOP, Deadline: timestamppb.New(time.Now().Add(-time.Minute))}, "expiration.deadline"},
+		"policy without deadline": {&ctrlv1.ExpirationSpec{Policy: ctrlv1.ExpirationPolicy_EXPIRATION_POLICY_DELETE}, "expiration.deadline"},
+		"deadline without policy": {&ctrlv1.ExpirationSpec{Deadline: future}, "expiration.deadline"},
+		"unknown policy":          {&ctrlv1.ExpirationSpec{Policy: 42, Deadline: future}, "expiration.policy"},
+	} {
+		_, err := s.Create(ctx, createReq("bad-"+name, tc.exp))
+		wantFault(t, "Create("+name+")", err, fault.KindInvalidArgument, tc.field)
+	}
+
+	res, err := s.Create(ctx, createReq("exp-create", &ctrlv1.ExpirationSpec{Policy: ctrlv1.ExpirationPolicy_EXPIRATION_POLICY_DELETE, Deadline: future}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := res.GetWorkspace()
+	if e := w.GetExpiration(); e.GetPolicy() != ctrlv1.ExpirationPolicy_EXPIRATION_POLICY_DELETE || e.GetRevision() != 1 {
+		t.Fatalf("expiration after create = %v, want DELETE at revision 1", e)
+	}
+
+	// A stop that carries an expiration commits it with the stop: the
+	// revision moves (the stop itself then waits for a node that never
+	// comes, and times out retryably).
+	makeAvailable(t, st, w.GetWorkspaceId())
+	stop := func(id string, exp *ctrlv1.ExpirationSpec) error {
+		_, err := s.Stop(ctx, &ctrlv1.StopWorkspaceRequest{Metadata: &ctrlv1.CommandMetadata{CommandId: id},
+			WorkspaceId: w.GetWorkspaceId(), ExpectedExpirationRevision: 1, Expiration: exp})
+		return err
+	}
+	err = stop("exp-stop-bad", &ctrlv1.ExpirationSpec{Policy: ctrlv1.ExpirationPolicy_EXPIRATION_POLICY_STOP, Deadline: timestamppb.New(time.Now().Add(-time.Minute))})
+	wantFault(t, "Stop(past deadline)", err, fault.KindInvalidArgument, "expiration.deadline")
+	err = stop("exp-stop", &ctrlv1.ExpirationSpec{Policy: ctrlv1.ExpirationPolicy_EXPIRATION_POLICY_STOP, Deadline: future})
+	if fe, ok := fault.As(err); !ok || fe.Reason != fault.ReasonTimedOut {
+		t.Fatalf("Stop without a node = %v, want TIMED_OUT", err)
+	}
+	got, err := s.Get(ctx, w.GetWorkspaceId())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := got.GetExpiration(); e.GetRevision() != 2 || e.GetPolicy() != ctrlv1.ExpirationPolicy_EXPIRATION_POLICY_STOP {
+		t.Fatalf("expiration after a stop with an expiration = %v, want STOP at revision 2", e)
 	}
 }
 
