@@ -14,7 +14,10 @@
 //  3. a normal StopWorkspace of an idle workspace;
 //  4. M idle workspaces at once: do they all become AVAILABLE, the memory
 //     of the node agent and of the host per workspace, and no leftovers
-//     after deleting them.
+//     after deleting them;
+//  5. how soon a client sees a create complete: polling GetWorkspaceCommand
+//     at the SDK's former schedule, or one GetWorkspaceCommand with
+//     wait_timeout.
 //
 // It prints a markdown report and writes it to bench/results; see
 // bench/README.md. Needs root, busybox-static, e2fsprogs and crun (installed
@@ -45,6 +48,7 @@ import (
 
 type config struct {
 	seq, conc, idle int
+	wake            int
 	warmup          int
 	ref             bool
 	installCrun     bool
@@ -73,6 +77,7 @@ func run() int {
 	flag.IntVar(&cfg.seq, "seq", 100, "workspaces created one after another (each: create, wait AVAILABLE, normal stop, delete); 0 skips phases 1-3 sequential parts")
 	flag.IntVar(&cfg.conc, "conc", 50, "workspaces created at once (then deleted); 0 skips")
 	flag.IntVar(&cfg.idle, "idle", 200, "idle workspaces kept running at once for the memory measurement (then deleted); 0 skips")
+	flag.IntVar(&cfg.wake, "wake", 20, "rounds of one create seen by polling GetWorkspaceCommand (the SDK's former 250 ms ×1.5 schedule) and one seen by GetWorkspaceCommand with wait_timeout; 0 skips")
 	flag.IntVar(&cfg.warmup, "warmup", 3, "unrecorded create/stop/delete rounds (and reference starts) before measuring")
 	flag.BoolVar(&cfg.ref, "ref", true, "measure the crun reference, interleaved with the sequential creates")
 	flag.BoolVar(&cfg.installCrun, "install-crun", true, "apt-get install crun when it is missing")
@@ -85,7 +90,7 @@ func run() int {
 	flag.StringVar(&cfg.src, "src", "", "build kibotos-ctrl and kibotos-guest from this source tree (a module root, e.g. `git archive REV | tar -x -C DIR`) instead of this module")
 	flag.Parse()
 	cfg.args = os.Args[1:]
-	if cfg.seq < 0 || cfg.conc < 0 || cfg.idle < 0 || cfg.warmup < 0 || cfg.poll < 0 || cfg.batchPoll <= 0 {
+	if cfg.seq < 0 || cfg.conc < 0 || cfg.idle < 0 || cfg.wake < 0 || cfg.warmup < 0 || cfg.poll < 0 || cfg.batchPoll <= 0 {
 		fmt.Fprintln(os.Stderr, "workspacebench: negative counts or durations")
 		return 2
 	}
@@ -187,6 +192,10 @@ type bench struct {
 
 	idle *idleResult
 
+	// Phase 5: completion seen by polling and by waiting.
+	wakePoll, wakeWait []createSample
+	wakeErrs           []string
+
 	rssStart  map[string]uint64
 	slog      *serverLog
 	leaks     []string // after the last delete, before the server stopped
@@ -253,7 +262,7 @@ func findSbin(name string) (string, error) {
 }
 
 func (b *bench) measuredAnything() bool {
-	return len(b.seq) > 0 || len(b.conc) > 0 || b.idle != nil
+	return len(b.seq) > 0 || len(b.conc) > 0 || b.idle != nil || len(b.wakePoll) > 0 || len(b.wakeWait) > 0
 }
 
 func (b *bench) outPath() string {
@@ -319,6 +328,11 @@ func (b *bench) runAll(ctx context.Context) error {
 	}
 	if b.cfg.seq > 0 {
 		if err := b.sequential(ctx); err != nil {
+			return err
+		}
+	}
+	if b.cfg.wake > 0 {
+		if err := b.wake(ctx); err != nil {
 			return err
 		}
 	}

@@ -187,6 +187,7 @@ func (b *bench) report() string {
 		fmt.Sprintf("%d left", len(b.leaks)+len(b.refLeaks)+len(b.finalLeak)))
 	p("| 5 | leftovers after deleting everything (sandbox.Leaks of the node, writable layers, loop devices and mounts under the run's directory; reference: mounts, loops, crun state, cgroups) | | | | none | %s |\n", leakV)
 
+	b.reportWake(p)
 	b.reportBreakdown(p, seqObs)
 	b.reportReference(p)
 	b.reportStop(p)
@@ -481,6 +482,7 @@ func (b *bench) reportErrors(p printer) {
 	add("sequential", b.seqErrs)
 	add("reference", b.refErrs)
 	add("at once", b.concErrs)
+	add("wake", b.wakeErrs)
 	if b.idle != nil {
 		add("idle", b.idle.Errs)
 	}
@@ -500,8 +502,8 @@ func (b *bench) reportErrors(p printer) {
 
 func (b *bench) reportMethod(p printer) {
 	p("\n## Method and measurement error\n\n")
-	p("- Order: %d unrecorded warm-up rounds; then %d sequential rounds, each `CreateWorkspace` → wait for the command → normal `StopWorkspace` → `DeleteWorkspace` (so every create finds an empty node), with one reference start interleaved per round (alternately before and after ours, so both see the same background); then %d created at once and deleted at once; then %d idle ones.\n",
-		b.cfg.warmup, b.cfg.seq, b.cfg.conc, b.cfg.idle)
+	p("- Order: %d unrecorded warm-up rounds; then %d sequential rounds, each `CreateWorkspace` → wait for the command → normal `StopWorkspace` → `DeleteWorkspace` (so every create finds an empty node), with one reference start interleaved per round (alternately before and after ours, so both see the same background); then %d rounds of the polling-vs-waiting comparison, each create also stopped and deleted; then %d created at once and deleted at once; then %d idle ones.\n",
+		b.cfg.warmup, b.cfg.seq, b.cfg.wake, b.cfg.conc, b.cfg.idle)
 	p("- Client-observed latency (rows 1, 1b, 4): from just before `CreateWorkspace` is sent to the arrival of the first answer showing completion. The API has no watch, so completion is polled: sequentially `GetWorkspaceCommand` with a %v pause between polls (error: up to the pause plus one round trip, about %v + 0.3 ms, on top of the true time); at once, one `ListWorkspaces(states=[CREATING])` with a %v pause (50 ms in phase 4).\n",
 		b.cfg.poll, b.cfg.poll, b.cfg.batchPoll)
 	p("- `completed_at` rows (1′, 1b′): the command's completion time recorded by ctrl inside the completing transaction (microseconds, same host clock as the client), minus the client's send time: no polling error, but it excludes that transaction's commit and the answer's way back, so it is a lower bound.\n")
