@@ -3,10 +3,15 @@
 //
 // Every command that calls a business method first calls GetServerInfo and
 // looks for the capability its procedure needs (internal/capability), by
-// exact string match: when it is missing kibo exits 14 and sends nothing.
-// Writes carry a command ID (--command-id, generated when absent), validated
-// before anything is sent and printed on stderr before the write goes out.
-// Exit codes follow SPEC §11; see ExitCode and docs/cli.md.
+// exact string match, and, once it has built the request from the flags, for
+// the capabilities of the request fields it uses
+// (kibotos.MissingRequestCapability): when one is missing kibo exits 14 and
+// sends nothing. Writes carry a command ID (--command-id, generated when
+// absent), validated before anything is sent and printed on stderr before the
+// write goes out. A write that needs a current revision (label changes,
+// --expected-expiration-revision current) reads it once, before the first
+// attempt, and never again: an aborted or failed_precondition answer is the
+// user's to judge. Exit codes follow SPEC §11; see ExitCode and docs/cli.md.
 package cli
 
 import (
@@ -23,9 +28,18 @@ import (
 	"github.com/kibotos/kibotos/internal/buildinfo"
 )
 
-// annotationProcedure is the cobra annotation naming the procedure a command
-// calls; its capability is checked before the command sends anything.
-const annotationProcedure = "kibo/procedure"
+// Cobra annotations kibo reads.
+const (
+	// annotationProcedure names the procedure a command calls; its
+	// capability is checked before the command sends anything.
+	annotationProcedure = "kibo/procedure"
+	// annotationNoName, when set, says why the command has no -o name: its
+	// output names no object.
+	annotationNoName = "kibo/no-name"
+	// annotationFieldFlag + a request field ("expiration") names the flags
+	// that set that field, for the message of a missing field capability.
+	annotationFieldFlag = "kibo/field/"
+)
 
 // env is what kibo reads from its surroundings, replaceable in tests.
 type env struct {
@@ -33,6 +47,9 @@ type env struct {
 	homeDir    func() (string, error)
 	isTerminal func(io.Writer) bool
 	now        func() time.Time
+	// getwd is the working directory relative paths of flags and of the
+	// environment are taken from.
+	getwd func() (string, error)
 }
 
 func osEnv() env {
@@ -43,7 +60,8 @@ func osEnv() env {
 			f, ok := w.(*os.File)
 			return ok && term.IsTerminal(int(f.Fd()))
 		},
-		now: time.Now,
+		now:   time.Now,
+		getwd: os.Getwd,
 	}
 }
 
@@ -58,6 +76,9 @@ type app struct {
 	endpoint, ca, cert, key, profile string
 	output                           string
 	timeout                          time.Duration
+
+	// quiet is -q of the create commands: print only the new object's ID.
+	quiet bool
 
 	// started is set when a command's own code starts running: an error
 	// before that came from argument parsing and is a usage error.
@@ -102,15 +123,18 @@ certificate.
 Connection settings come from flags, else from the environment (KIBO_ENDPOINT,
 KIBO_CA, KIBO_CERT, KIBO_KEY), else from a profile file: --profile, else
 $KIBO_PROFILE, else ~/.config/kibo/profile.json when it exists. A profile is a
-JSON object with the keys "endpoint", "ca", "cert" and "key"; relative paths are
-relative to the profile's directory.
+JSON object with the keys "endpoint", "ca", "cert" and "key" ("kibo profile
+create" writes one); relative paths in a profile are relative to its
+directory, those of flags and the environment to the working directory.
 
 Before each command kibo calls GetServerInfo and checks, by exact string match,
-the capability the command needs; when it is missing kibo exits 14 and sends
-nothing. Writes carry a command ID (--command-id, generated when absent) that
-kibo prints on stderr as "command-id: ID" before sending; resend the same ID to
-recover a lost answer. Exit codes: 0 success, 1 local failure, 2 usage error,
-otherwise the Connect code of the error (see docs/cli.md).`,
+the capability the command needs, and the capability of each request field its
+flags set (--network-mode public-internet needs workspace.network_policy);
+when one is missing kibo exits 14 and sends nothing. Writes carry a command ID
+(--command-id, generated when absent) that kibo prints on stderr as
+"command-id: ID" before sending; resend the same ID to recover a lost answer.
+Exit codes: 0 success, 1 local failure, 2 usage error, otherwise the Connect
+code of the error (see docs/cli.md).`,
 		Version:       buildinfo.Revision(),
 		SilenceErrors: true,
 		SilenceUsage:  true,
@@ -127,13 +151,13 @@ otherwise the Connect code of the error (see docs/cli.md).`,
 	pf.StringVar(&a.cert, "cert", "", "PEM file of the Operator client certificate (env KIBO_CERT)")
 	pf.StringVar(&a.key, "key", "", "PEM file of the Operator certificate's private key (env KIBO_KEY)")
 	pf.StringVar(&a.profile, "profile", "", "JSON profile with endpoint, ca, cert and key (env KIBO_PROFILE; default ~/.config/kibo/profile.json when present)")
-	pf.StringVarP(&a.output, "output", "o", "table", "output format: table (for people), json (the API's JSON of the response) or yaml (that JSON as YAML)")
+	pf.StringVarP(&a.output, "output", "o", "table", "output format: table (for people), json (the API's JSON of the response), yaml (that JSON as YAML) or name (the IDs of the objects, one per line)")
 	pf.DurationVar(&a.timeout, "timeout", 5*time.Minute, "give up after this long, retries and --wait included (0: no limit)")
 	for _, name := range []string{"ca", "cert", "key"} {
 		_ = root.MarkPersistentFlagFilename(name, "pem")
 	}
 	_ = root.MarkPersistentFlagFilename("profile", "json")
-	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json", "yaml", "name"}, cobra.ShellCompDirectiveNoFileComp))
 
 	root.AddCommand(
 		a.serverCommand(),
@@ -141,6 +165,8 @@ otherwise the Connect code of the error (see docs/cli.md).`,
 		a.resolverCommand(),
 		a.workspaceCommand(),
 		a.enrollmentCommand(),
+		a.profileCommand(),
+		a.versionCommand(),
 	)
 	return root
 }
@@ -163,14 +189,24 @@ func group(use, short, long string) *cobra.Command {
 }
 
 // action wraps the code of a command: it marks the start of the command's
-// own work, validates --output and applies --timeout.
+// own work, validates --output (and -q) and applies --timeout.
 func (a *app) action(fn func(ctx context.Context, cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		a.started = true
 		switch a.output {
 		case "table", "json", "yaml":
+		case "name":
+			if why := cmd.Annotations[annotationNoName]; why != "" {
+				return usagef("-o name: %s", why)
+			}
 		default:
-			return usageErr(fmt.Errorf("--output %q: want table, json or yaml", a.output))
+			return usageErr(fmt.Errorf("--output %q: want table, json, yaml or name", a.output))
+		}
+		if a.quiet {
+			if a.output != "table" && a.output != "name" {
+				return usagef("--quiet prints only the new ID: it does not combine with -o %s", a.output)
+			}
+			a.output = "name"
 		}
 		ctx := cmd.Context()
 		if a.timeout > 0 {

@@ -3,9 +3,11 @@ package cli
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/kibotos/kibotos"
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
@@ -24,24 +26,38 @@ func exactArgs(names ...string) cobra.PositionalArgs {
 	}
 }
 
-// write sends one write: it checks the capabilities (connect), prints the
-// command ID on stderr, then calls send — once, or under the --retry policy,
-// always with the same request and so the same command ID.
-func (a *app) write(ctx context.Context, cmd *cobra.Command, w *writeOpts, id string, send func(context.Context, *session) error, extra ...string) error {
-	pol, err := a.policy(w)
+// write sends req, one write, with send: it checks the capabilities of the
+// command's procedure and of extra (connect) and those of the request's
+// fields (checkRequest), then runs wr.prepare (the one read a write may need
+// before its first attempt), prints the command ID on stderr, and calls send
+// — once, or under the --retry policy, always with the same request and so
+// the same command ID. Nothing is read again between attempts.
+func (a *app) write(ctx context.Context, wr *writing, req proto.Message, send func(context.Context, *session) error, extra ...string) error {
+	pol, err := a.policy(wr.opts)
 	if err != nil {
 		return err
 	}
-	s, err := a.connect(ctx, cmd, pol, extra...)
+	s, err := a.connect(ctx, wr.cmd, pol, slices.Concat(extra, wr.reads)...)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(a.stderr, "command-id: %s\n", id)
-	call := func(ctx context.Context) error { return send(ctx, s) }
-	if pol == nil {
-		return call(ctx)
+	if err := checkRequest(wr.cmd, s, req); err != nil {
+		return err
 	}
-	return kibotos.Retry(ctx, *pol, call)
+	once := func(ctx context.Context, fn func(context.Context, *session) error) error {
+		call := func(ctx context.Context) error { return fn(ctx, s) }
+		if pol == nil {
+			return call(ctx)
+		}
+		return kibotos.Retry(ctx, *pol, call)
+	}
+	if wr.prepare != nil {
+		if err := once(ctx, wr.prepare); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(a.stderr, "command-id: %s\n", wr.id)
+	return once(ctx, send)
 }
 
 // writing is one run of a write command.
@@ -50,10 +66,26 @@ type writing struct {
 	cmd  *cobra.Command
 	opts *writeOpts
 	id   string // the command ID
+
+	// prepare, when set, runs after the capability checks and before the
+	// command ID is printed and the write sent: it reads what the request
+	// needs (a current revision) and completes the request. It runs once
+	// (under --retry until it succeeds); the write's attempts never run it
+	// again, so a write that fails on a changed revision is not replayed
+	// with a new one.
+	prepare func(context.Context, *session) error
+	// reads are the procedures prepare calls, checked with the write's.
+	reads []string
 }
 
 // meta is the CommandMetadata of the write.
 func (wr *writing) meta() *ctrlv1.CommandMetadata { return &ctrlv1.CommandMetadata{CommandId: wr.id} }
+
+// before makes prepare run before the write (see writing.prepare); it calls
+// the procedures reads.
+func (wr *writing) before(prepare func(context.Context, *session) error, reads ...string) {
+	wr.prepare, wr.reads = prepare, reads
+}
 
 // writeCommand makes cmd a write of the procedure proc: it adds the write
 // flags, and each run first picks the command ID (see writeOpts.id), then
@@ -75,7 +107,7 @@ func (a *app) writeCommand(cmd *cobra.Command, proc string, run func(ctx context
 func send[C, Req, Res any](ctx context.Context, wr *writing, client func(*session) C, call unary[C, Req, Res], req *Req, extra ...string) (*Res, *session, error) {
 	var res *Res
 	var sess *session
-	err := wr.a.write(ctx, wr.cmd, wr.opts, wr.id, func(ctx context.Context, s *session) error {
+	err := wr.a.write(ctx, wr, msg(req), func(ctx context.Context, s *session) error {
 		sess = s
 		var err error
 		res, err = invoke(ctx, client(s), call, req)
@@ -83,6 +115,9 @@ func send[C, Req, Res any](ctx context.Context, wr *writing, client func(*sessio
 	}, extra...)
 	return res, sess, err
 }
+
+// msg is req, a generated request, as a message.
+func msg[Req any](req *Req) proto.Message { return any(req).(proto.Message) }
 
 // pageFlags page a list.
 type pageFlags struct {

@@ -95,6 +95,19 @@ func TestSettingsPrecedence(t *testing.T) {
 			want: settings{"https://flag:1", "/env-ca", "/abs/cert.pem", filepath.Join(dir, "p", "key.pem")},
 		},
 	}
+	cwd := envOf(map[string]string{"KIBO_CERT": "certs/env-cert.pem", "KIBO_KEY": "../k.pem"}, t.TempDir())
+	cwd.getwd = func() (string, error) { return "/work/dir", nil }
+	tests = append(tests, struct {
+		name string
+		env  env
+		argv []string
+		want settings
+	}{
+		name: "relative paths of flags and the environment are taken from the working directory",
+		env:  cwd,
+		argv: []string{"--endpoint", "https://flag:1", "--ca", "pki/ca.pem"},
+		want: settings{"https://flag:1", "/work/dir/pki/ca.pem", "/work/dir/certs/env-cert.pem", "/work/k.pem"},
+	})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := resolve(t, tt.env, tt.argv...)

@@ -49,7 +49,8 @@ func TestExitCodesAgainstServer(t *testing.T) {
 		kibo(t, args(c, "egress", "create")...).want(t, ExitUsage) // --address is required
 		kibo(t, args(c, "egress", "update", id, "--address", "127.0.0.1:1080")...).want(t, ExitUsage)
 		kibo(t, args(c, "egress", "labels", id, "--expected-revision", "1")...).want(t, ExitUsage)
-		kibo(t, args(c, "egress", "labels", id, "--expected-revision", "1", "--set", "novalue")...).want(t, ExitUsage)
+		kibo(t, args(c, "egress", "labels", id, "novalue")...).want(t, ExitUsage)
+		kibo(t, args(c, "egress", "labels", id, "--replace", "a=b")...).want(t, ExitUsage) // no --expected-revision
 		kibo(t, args(c, "egress", "get", id, "-o", "xml")...).want(t, ExitUsage)
 		kibo(t, "egress", "get", id).want(t, ExitUsage) // no endpoint
 	})
@@ -89,7 +90,11 @@ func TestExitCodesAgainstServer(t *testing.T) {
 	})
 	t.Run("10 aborted", func(t *testing.T) {
 		kibo(t, args(c, "egress", "update", id, "--expected-revision", "99", "--address", "127.0.0.1:1082")...).want(t, 10)
-		kibo(t, args(c, "egress", "labels", id, "--expected-revision", "99", "--set", "a=b")...).want(t, 10)
+		kibo(t, args(c, "egress", "labels", id, "--expected-revision", "99", "--replace", "a=b")...).want(t, 10)
+		r := kibo(t, args(c, "egress", "labels", id, "--expected-revision", "99", "a=b")...).want(t, 10)
+		if strings.Contains(r.stderr, "hint:") {
+			t.Errorf("a mismatch of the revision the user gave has no hint about kibo's read:\n%s", r.stderr)
+		}
 	})
 	t.Run("14 missing capability", func(t *testing.T) {
 		for _, a := range [][]string{
@@ -100,6 +105,8 @@ func TestExitCodesAgainstServer(t *testing.T) {
 			{"workspace", "stop", "ws-x", "--expected-expiration-revision", "1"},
 			{"workspace", "delete", "ws-x", "--expected-expiration-revision", "1"},
 			{"workspace", "labels", "ws-x", "--expected-revision", "1", "--clear"},
+			{"workspace", "labels", "ws-x", "a=b"},
+			{"workspace", "stop", "ws-x", "--expected-expiration-revision", "current"},
 			{"workspace", "command", "cmd-1"},
 		} {
 			r := kibo(t, args(c, a...)...).want(t, ExitUnavailable)
@@ -207,7 +214,7 @@ func TestEgressLifecycle(t *testing.T) {
 	if !regexp.MustCompile(`Revision:\s+2\n`).MatchString(r.stdout) {
 		t.Errorf("egress update output:\n%s", r.stdout)
 	}
-	r = kibo(t, args(c, "egress", "labels", id, "--expected-revision", "1", "--set", "team=dns", "--set", "tier=prod")...).want(t, ExitOK)
+	r = kibo(t, args(c, "egress", "labels", id, "--expected-revision", "1", "--replace", "team=dns", "tier=prod")...).want(t, ExitOK)
 	if !strings.Contains(r.stdout, "team=dns,tier=prod") {
 		t.Errorf("egress labels output:\n%s", r.stdout)
 	}
@@ -244,8 +251,8 @@ func TestResolverLifecycle(t *testing.T) {
 		t.Errorf("resolver update output:\n%s", r.stdout)
 	}
 	kibo(t, args(c, "resolver", "get", id)...).want(t, ExitOK)
-	kibo(t, args(c, "resolver", "labels", id, "--expected-revision", "1", "--set", "x=y")...).want(t, ExitOK)
-	kibo(t, args(c, "resolver", "annotations", id, "--expected-revision", "1", "--set", "x=y")...).want(t, ExitOK)
+	kibo(t, args(c, "resolver", "labels", id, "--expected-revision", "1", "--replace", "x=y")...).want(t, ExitOK)
+	kibo(t, args(c, "resolver", "annotations", id, "--expected-revision", "current", "--replace", "x=y")...).want(t, ExitOK)
 	r = kibo(t, args(c, "resolver", "list")...).want(t, ExitOK)
 	if !strings.Contains(r.stdout, id) || !strings.Contains(r.stdout, "RESOLVER ID") {
 		t.Errorf("resolver list output:\n%s", r.stdout)

@@ -27,7 +27,17 @@ var egresses = resource[ctrlv1connect.EgressServiceClient, *ctrlv1.Egress]{
 	client:   func(s *session) ctrlv1connect.EgressServiceClient { return s.client.EgressService },
 	listProc: ctrlv1connect.EgressServiceListEgressesProcedure,
 	ids:      firstPageIDs(ctrlv1connect.EgressServiceClient.ListEgresses, (*ctrlv1.ListEgressesResponse).GetEgresses, (*ctrlv1.Egress).GetEgressId),
+	id:       (*ctrlv1.Egress).GetEgressId,
 	detail:   egressDetail, table: egressTable,
+	getProc: ctrlv1connect.EgressServiceGetEgressProcedure,
+	get: getter(ctrlv1connect.EgressServiceClient.GetEgress,
+		func(id string) *ctrlv1.GetEgressRequest { return &ctrlv1.GetEgressRequest{EgressId: id} }, (*ctrlv1.GetEgressResponse).GetEgress),
+	maps: func(e *ctrlv1.Egress, what string) (map[string]string, uint64) {
+		if what == "labels" {
+			return e.GetLabels(), e.GetLabelsRevision()
+		}
+		return e.GetAnnotations(), e.GetAnnotationsRevision()
+	},
 }
 
 // egressSpecFlags build an EgressSpec.
@@ -80,16 +90,21 @@ func (a *app) egressCreate() *cobra.Command {
 		Short: "Create an Egress",
 		Long: `Create an Egress (CreateEgress). It is stored at revision 1. An endpoint that is,
 or resolves to, a special-purpose address (loopback, private, link-local, ...)
-is refused with invalid_argument (ENDPOINT_FORBIDDEN) unless the deployment
-allows it.
+is refused with invalid_argument (ENDPOINT_FORBIDDEN, exit 3) unless the
+deployment allows it (kibotos-ctrl --allow-endpoint-ranges). The examples use
+the documentation range 203.0.113.0/24, which is special-purpose too: a dev
+server accepts them when started with scripts/dev.sh --allow-endpoint-ranges
+203.0.113.0/24.
 
 The password is write-only: give it with --password-file or --password-stdin,
 never on the command line; no read returns it.`,
-		Example: `  kibo egress create --address proxy.example:1080 --username alice --password-stdin --tls --label team=net < password.txt`,
-		Args:    cobra.NoArgs,
+		Example: `  kibo egress create --address 203.0.113.7:1080 --label team=net
+  kibo egress create --address 203.0.113.7:1080 --username alice --password-stdin --tls --tls-server-name proxy.example -q < password.txt`,
+		Args: cobra.NoArgs,
 	}
 	s := addEgressSpecFlags(cmd)
 	labels, annotations := egresses.addCreateMapFlags(cmd)
+	a.addQuiet(cmd, "Egress")
 	return a.writeCommand(cmd, ctrlv1connect.EgressServiceCreateEgressProcedure, func(ctx context.Context, wr *writing, _ []string) error {
 		spec, err := s.spec(a)
 		if err != nil {
@@ -108,7 +123,7 @@ func (a *app) egressGet() *cobra.Command {
 
 func (a *app) egressList() *cobra.Command {
 	return listCommand(a, egresses, `List Egresses in creation order (ListEgresses), one page at a time; --all
-follows the pages and prints them as one.`, "  kibo egress list --label-selector team=net --all",
+follows the pages and prints them as one.`, "  kibo egress list -l team=net,tier=prod --all\n  kibo egress list -o name",
 		ctrlv1connect.EgressServiceClient.ListEgresses, func(r *ctrlv1.ListEgressesResponse) *[]*ctrlv1.Egress { return &r.Egresses },
 		func(p pageFlags, sel map[string]string) (*ctrlv1.ListEgressesRequest, error) {
 			return &ctrlv1.ListEgressesRequest{PageSize: p.size, PageToken: p.token, LabelSelector: sel}, nil
@@ -124,7 +139,7 @@ you leave out are not kept from the current spec. --expected-revision must equal
 the current revision or the call is aborted (exit 10) and nothing changes. Equal
 content keeps the revision. Connections through the previous revision keep
 running --drain-seconds.`,
-		Example: "  kibo egress update eg-0123456789abcdefghij --expected-revision 3 --address proxy.example:1080 --drain-seconds 60",
+		Example: "  kibo egress update eg-0123456789abcdefghij --expected-revision 1 --address 203.0.113.8:1080 --drain-seconds 60",
 	})
 	s := addEgressSpecFlags(cmd)
 	expected := addExpectedRevision(cmd, "revision")
@@ -153,17 +168,17 @@ Connections still draining through it are closed at once.`, "  kibo egress delet
 		})
 }
 
-const egressSets = "--set team=net --set tier=prod"
+const egressEdits = "team=net tier=prod old-"
 
 func (a *app) egressLabels() *cobra.Command {
-	return mapCommand(a, egresses, "labels", egressSets, ctrlv1connect.EgressServiceUpdateEgressLabelsProcedure, ctrlv1connect.EgressServiceClient.UpdateEgressLabels,
+	return mapCommand(a, egresses, "labels", egressEdits, ctrlv1connect.EgressServiceUpdateEgressLabelsProcedure, ctrlv1connect.EgressServiceClient.UpdateEgressLabels,
 		func(md *ctrlv1.CommandMetadata, id string, rev uint64, m map[string]string) *ctrlv1.UpdateEgressLabelsRequest {
 			return &ctrlv1.UpdateEgressLabelsRequest{Metadata: md, EgressId: id, ExpectedRevision: rev, Labels: m}
 		}, (*ctrlv1.UpdateEgressLabelsResponse).GetEgress)
 }
 
 func (a *app) egressAnnotations() *cobra.Command {
-	return mapCommand(a, egresses, "annotations", egressSets, ctrlv1connect.EgressServiceUpdateEgressAnnotationsProcedure, ctrlv1connect.EgressServiceClient.UpdateEgressAnnotations,
+	return mapCommand(a, egresses, "annotations", "owner=ops@example.com note-", ctrlv1connect.EgressServiceUpdateEgressAnnotationsProcedure, ctrlv1connect.EgressServiceClient.UpdateEgressAnnotations,
 		func(md *ctrlv1.CommandMetadata, id string, rev uint64, m map[string]string) *ctrlv1.UpdateEgressAnnotationsRequest {
 			return &ctrlv1.UpdateEgressAnnotationsRequest{Metadata: md, EgressId: id, ExpectedRevision: rev, Annotations: m}
 		}, (*ctrlv1.UpdateEgressAnnotationsResponse).GetEgress)

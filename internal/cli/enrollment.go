@@ -29,6 +29,7 @@ var enrollments = resource[ctrlv1connect.EnrollmentServiceClient, *ctrlv1.Enroll
 	client:   func(s *session) ctrlv1connect.EnrollmentServiceClient { return s.client.EnrollmentService },
 	listProc: ctrlv1connect.EnrollmentServiceListEnrollmentsProcedure,
 	ids:      firstPageIDs(ctrlv1connect.EnrollmentServiceClient.ListEnrollments, (*ctrlv1.ListEnrollmentsResponse).GetEnrollments, (*ctrlv1.Enrollment).GetEnrollmentId),
+	id:       (*ctrlv1.Enrollment).GetEnrollmentId,
 	detail:   enrollmentDetail, table: enrollmentTable,
 }
 
@@ -44,6 +45,8 @@ same token. Give it to the new node:
   kibotos-node --ctrl URL --ca CA.pem --enroll-token-file token.txt`,
 		Example: `  kibo enrollment create --node-id worker-1 --ttl 30m`,
 		Args:    cobra.NoArgs,
+		Annotations: map[string]string{annotationNoName: "it would leave out the token, which only this answer carries; " +
+			`use -o json ("token" and "enrollment.enrollmentId") or the table (the token is its last line)`},
 	}
 	var (
 		nodeID string
@@ -60,7 +63,7 @@ same token. Give it to the new node:
 		if err != nil {
 			return err
 		}
-		return a.print(res, func(w io.Writer) {
+		return a.print(res, nil, func(w io.Writer) {
 			enrollmentDetail(w, res.GetEnrollment())
 			fmt.Fprintf(w, "Token:\n%s\n", res.GetToken())
 		})

@@ -95,12 +95,50 @@ func isUsage(err error) bool {
 //	error: <code> <REASON>: <message> (retryable: yes/no, settled: yes/no[, field: x])
 //
 // for Connect errors, and "error: <message>" for the others.
+//
+// A hint the error carries (see withHint) follows on its own line:
+//
+//	hint: workspace ws-… is already STOPPED; nothing to do
 func printError(w io.Writer, err error) {
 	fmt.Fprintln(w, "error: "+describe(err))
+	var h *hinted
+	if errors.As(err, &h) {
+		fmt.Fprintln(w, "hint: "+h.hint)
+	}
+}
+
+// hinted is an error with advice for people; the exit code is the one of
+// the error.
+type hinted struct {
+	err  error
+	hint string
+}
+
+func (h *hinted) Error() string { return h.err.Error() }
+func (h *hinted) Unwrap() error { return h.err }
+
+// withHint adds hint to err; an empty hint leaves err as it is.
+func withHint(err error, hint string) error {
+	if err == nil || hint == "" {
+		return err
+	}
+	return &hinted{err: err, hint: hint}
 }
 
 // describe renders err without the "error: " prefix.
 func describe(err error) string {
+	var fe *fieldCapabilityError
+	if errors.As(err, &fe) {
+		who, verb := "the request", "needs"
+		if len(fe.flags) > 0 {
+			who = strings.Join(fe.flags, " and ")
+			if len(fe.flags) > 1 {
+				verb = "need"
+			}
+		}
+		return fmt.Sprintf("%s %s the capability %q (field %s of %s), which the server does not offer; nothing was sent",
+			who, verb, fe.err.Capability, fe.err.Field, strings.TrimPrefix(fe.err.Procedure, "/kibotos.ctrl.v1."))
+	}
 	var me *kibotos.MissingCapabilityError
 	if errors.As(err, &me) {
 		return fmt.Sprintf("capability %q is not offered by the server (%s needs it); nothing was sent",

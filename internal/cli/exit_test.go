@@ -29,6 +29,8 @@ func TestExitCode(t *testing.T) {
 		{"usage", usagef("missing EGRESS_ID"), 2},
 		{"wrapped usage", fmt.Errorf("x: %w", usagef("bad")), 2},
 		{"missing capability", &kibotos.MissingCapabilityError{Procedure: "/p", Capability: "egress.manage"}, 14},
+		{"missing field capability", &fieldCapabilityError{err: &kibotos.MissingCapabilityError{Procedure: "/p", Capability: "workspace.expiration", Field: "expiration"}}, 14},
+		{"hinted", withHint(codeOnly(connect.CodeFailedPrecondition), "already STOPPED"), 9},
 		{"network failure without a code", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, 14},
 		// A Connect error exits with its code number...
 		{"canceled", codeOnly(connect.CodeCanceled), 1},
@@ -91,7 +93,12 @@ func TestDescribe(t *testing.T) {
 			&kibotos.MissingCapabilityError{Procedure: "/kibotos.ctrl.v1.EgressService/CreateEgress", Capability: "egress.manage"},
 			`capability "egress.manage" is not offered by the server (EgressService/CreateEgress needs it); nothing was sent`,
 		},
+		{
+			&fieldCapabilityError{flags: []string{"--network-mode"}, err: &kibotos.MissingCapabilityError{Procedure: "/kibotos.ctrl.v1.WorkspaceService/CreateWorkspace", Capability: "workspace.network_policy", Field: "network_policy"}},
+			`--network-mode needs the capability "workspace.network_policy" (field network_policy of WorkspaceService/CreateWorkspace), which the server does not offer; nothing was sent`,
+		},
 		{errors.New("read password: no such file"), "read password: no such file"},
+		{withHint(errors.New("m"), "h"), "m"},
 	}
 	for _, tt := range tests {
 		if got := describe(tt.err); got != tt.want {

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -147,27 +149,162 @@ func (p *passwordFlags) read(stdin io.Reader) (string, error) {
 	return string(data), nil
 }
 
-// mapFlags are --set and --clear of the labels and annotations commands.
-type mapFlags struct {
-	set   kvFlag
-	clear bool
+// selectorFlag is --label-selector / -l: label requirements the API can
+// express, exact matches only, collected into its label_selector map. Each
+// value is one requirement or several separated by commas ("team=ml,tier=prod");
+// the flag repeats. "key=value" and "key==value" are accepted; what the API
+// cannot express — "!=", "in (...)", "notin", "!key", a key without a value —
+// and the same key with two values are usage errors.
+type selectorFlag struct {
+	m map[string]string
 }
 
-func addMapFlags(cmd *cobra.Command, what string) *mapFlags {
-	m := &mapFlags{}
-	f := cmd.Flags()
-	f.Var(&m.set, "set", "an entry of the new "+what+" map (repeatable); the entries given replace the whole map")
-	f.BoolVar(&m.clear, "clear", false, "remove every "+strings.TrimSuffix(what, "s")+" (the new map is empty)")
-	cmd.MarkFlagsMutuallyExclusive("set", "clear")
-	cmd.MarkFlagsOneRequired("set", "clear")
-	return m
-}
+var _ pflag.Value = (*selectorFlag)(nil)
 
-func (m *mapFlags) value() map[string]string {
-	if m.clear {
-		return map[string]string{}
+func (f *selectorFlag) String() string { return (&kvFlag{m: f.m}).String() }
+
+func (f *selectorFlag) Type() string { return "key=value,..." }
+
+func (f *selectorFlag) Set(s string) error {
+	for term := range strings.SplitSeq(s, ",") {
+		term = strings.TrimSpace(term)
+		k, v, err := parseRequirement(term)
+		if err != nil {
+			return err
+		}
+		if f.m == nil {
+			f.m = map[string]string{}
+		}
+		if old, dup := f.m[k]; dup && old != v {
+			return fmt.Errorf("label %q selected with two values (%q and %q): no label has both", k, old, v)
+		}
+		f.m[k] = v
 	}
-	return m.set.m
+	return nil
+}
+
+// parseRequirement parses one exact-match requirement, key=value or
+// key==value.
+func parseRequirement(term string) (key, value string, err error) {
+	const only = "the API selects by exact label values only (key=value, all must match)"
+	lower := strings.ToLower(term)
+	switch {
+	case term == "":
+		return "", "", fmt.Errorf("empty requirement: %s", only)
+	case strings.Contains(term, "!="):
+		return "", "", fmt.Errorf("%q: != is not supported: %s", term, only)
+	case strings.HasPrefix(term, "!"):
+		return "", "", fmt.Errorf("%q: selecting by a label's absence is not supported: %s", term, only)
+	case strings.Contains(lower, " in ") || strings.Contains(lower, " notin ") || strings.ContainsAny(term, "()"):
+		return "", "", fmt.Errorf("%q: set-based requirements (in, notin) are not supported: %s; note that commas separate requirements", term, only)
+	}
+	k, v, ok := strings.Cut(term, "=")
+	v = strings.TrimPrefix(v, "=")
+	k = strings.TrimSpace(k)
+	switch {
+	case !ok:
+		return "", "", fmt.Errorf("%q: selecting by a key alone (the label exists) is not supported: %s", term, only)
+	case k == "":
+		return "", "", fmt.Errorf("%q: no key: %s", term, only)
+	case strings.ContainsAny(v, "=!<>"):
+		return "", "", fmt.Errorf("%q: %s", term, only)
+	}
+	return k, strings.TrimSpace(v), nil
+}
+
+// addSelectorFlag adds --label-selector and -l to a list of plural.
+func addSelectorFlag(cmd *cobra.Command, plural string) *selectorFlag {
+	sel := &selectorFlag{}
+	cmd.Flags().VarP(sel, "label-selector", "l", "only "+plural+" carrying these labels with exactly these values: key=value, several separated by commas or with the flag repeated; all must match")
+	return sel
+}
+
+// revisionFlag is an expected revision: a number, or "current", which makes
+// kibo read the object's revision once before the first attempt.
+type revisionFlag struct {
+	n       uint64
+	current bool
+}
+
+var _ pflag.Value = (*revisionFlag)(nil)
+
+func (f *revisionFlag) String() string {
+	if f.current {
+		return "current"
+	}
+	return strconv.FormatUint(f.n, 10)
+}
+
+func (f *revisionFlag) Set(s string) error {
+	if s == "current" {
+		f.n, f.current = 0, true
+		return nil
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return fmt.Errorf("%q: want a revision number or current", s)
+	}
+	f.n, f.current = n, false
+	return nil
+}
+
+func (f *revisionFlag) Type() string { return "N|current" }
+
+// mapEdits are the KEY=VALUE and KEY- arguments of the labels and
+// annotations commands: entries to set and keys to remove.
+type mapEdits struct {
+	set    map[string]string
+	remove []string
+}
+
+// parseMapEdits parses the edits; with replace, KEY- is refused (the entries
+// are the complete new map). A key given twice with different values, or
+// both set and removed, is a usage error.
+func parseMapEdits(args []string, replace bool) (mapEdits, error) {
+	e := mapEdits{set: map[string]string{}}
+	removed := map[string]bool{}
+	for _, arg := range args {
+		if k, v, ok := strings.Cut(arg, "="); ok {
+			switch old, dup := e.set[k]; {
+			case k == "":
+				return mapEdits{}, usagef("%q: want KEY=VALUE or KEY-", arg)
+			case dup && old != v:
+				return mapEdits{}, usagef("key %q given twice with different values", k)
+			case removed[k]:
+				return mapEdits{}, usagef("key %q is both set and removed", k)
+			}
+			e.set[k] = v
+			continue
+		}
+		k, ok := strings.CutSuffix(arg, "-")
+		switch {
+		case !ok || k == "":
+			return mapEdits{}, usagef("%q: want KEY=VALUE to set an entry or KEY- to remove one", arg)
+		case replace:
+			return mapEdits{}, usagef("%q: --replace takes the complete new map (KEY=VALUE ...), nothing to remove", arg)
+		}
+		if _, set := e.set[k]; set {
+			return mapEdits{}, usagef("key %q is both set and removed", k)
+		}
+		if !removed[k] {
+			removed[k] = true
+			e.remove = append(e.remove, k)
+		}
+	}
+	return e, nil
+}
+
+// apply returns cur with the edits applied; cur is not modified.
+func (e mapEdits) apply(cur map[string]string) map[string]string {
+	out := maps.Clone(cur)
+	if out == nil {
+		out = map[string]string{}
+	}
+	for _, k := range e.remove {
+		delete(out, k)
+	}
+	maps.Copy(out, e.set)
+	return out
 }
 
 // addExpectedRevision adds the required --expected-revision: the value of
@@ -181,9 +318,9 @@ func addExpectedRevision(cmd *cobra.Command, field string) *uint64 {
 
 // addExpectedExpirationRevision adds the required
 // --expected-expiration-revision of the Workspace state changes.
-func addExpectedExpirationRevision(cmd *cobra.Command) *uint64 {
-	expected := new(uint64)
-	cmd.Flags().Uint64Var(expected, "expected-expiration-revision", 0, "the expiration.revision you read (required, also when no expiration is armed)")
+func addExpectedExpirationRevision(cmd *cobra.Command) *revisionFlag {
+	expected := &revisionFlag{}
+	cmd.Flags().Var(expected, "expected-expiration-revision", "the expiration.revision you read, or current: read it once before sending (required, also when no expiration is armed)")
 	_ = cmd.MarkFlagRequired("expected-expiration-revision")
 	return expected
 }

@@ -19,6 +19,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
@@ -35,7 +36,8 @@ type result struct {
 }
 
 // testEnv is a hermetic environment: no KIBO_* variables, an empty home
-// directory, no terminal, unless the test sets them.
+// directory, no terminal, unless the test sets them; the working directory is
+// the process's.
 func testEnv(t *testing.T) env {
 	home := t.TempDir()
 	return env{
@@ -43,6 +45,7 @@ func testEnv(t *testing.T) env {
 		homeDir:    func() (string, error) { return home, nil },
 		isTerminal: func(io.Writer) bool { return false },
 		now:        time.Now,
+		getwd:      os.Getwd,
 	}
 }
 
@@ -171,6 +174,17 @@ func (f *fake) requests() []string {
 	return append([]string(nil), f.paths...)
 }
 
+// count returns how many requests of the procedure proc the server received.
+func (f *fake) count(proc string) int {
+	n := 0
+	for _, p := range f.requests() {
+		if p == proc {
+			n++
+		}
+	}
+	return n
+}
+
 func (f *fake) commandIDs() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -206,7 +220,9 @@ func detailed(code connect.Code, d *ctrlv1.ErrorDetail) *connect.Error {
 }
 
 // fakeWorkspaces accepts CreateWorkspace and answers GetWorkspaceCommand
-// from a script of statuses, the last one repeated.
+// from a script of statuses, the last one repeated. GetWorkspace returns
+// current; the state changes and the label and annotation updates record
+// their requests and answer with the scripted failures first.
 type fakeWorkspaces struct {
 	ctrlv1connect.UnimplementedWorkspaceServiceHandler
 
@@ -216,11 +232,22 @@ type fakeWorkspaces struct {
 	script []ctrlv1.WorkspaceCommandStatus
 	// failure is the error of the command once COMPLETED.
 	failure *ctrlv1.CommandError
+	// current is what GetWorkspace returns (an AVAILABLE Workspace when
+	// nil).
+	current *ctrlv1.Workspace
+	// fail are the answers of each method (by name), in order, before it
+	// succeeds.
+	fail map[string][]error
+	// got are the requests of the state changes and updates, in order.
+	got []proto.Message
 }
 
 const fakeWorkspaceID = "ws-abcdefghijklmnopqrst"
 
 func (f *fakeWorkspaces) CreateWorkspace(_ context.Context, req *connect.Request[ctrlv1.CreateWorkspaceRequest]) (*connect.Response[ctrlv1.CreateWorkspaceResponse], error) {
+	if err := f.record("CreateWorkspace", req.Msg); err != nil {
+		return nil, err
+	}
 	return connect.NewResponse(&ctrlv1.CreateWorkspaceResponse{
 		Workspace: &ctrlv1.Workspace{WorkspaceId: fakeWorkspaceID, State: ctrlv1.WorkspaceState_WORKSPACE_STATE_CREATING, Resources: req.Msg.GetResources()},
 		Command:   f.command(req.Msg.GetMetadata().GetCommandId(), ctrlv1.WorkspaceCommandStatus_WORKSPACE_COMMAND_STATUS_PROCESSING),
@@ -228,9 +255,89 @@ func (f *fakeWorkspaces) CreateWorkspace(_ context.Context, req *connect.Request
 }
 
 func (f *fakeWorkspaces) GetWorkspace(context.Context, *connect.Request[ctrlv1.GetWorkspaceRequest]) (*connect.Response[ctrlv1.GetWorkspaceResponse], error) {
-	return connect.NewResponse(&ctrlv1.GetWorkspaceResponse{
-		Workspace: &ctrlv1.Workspace{WorkspaceId: fakeWorkspaceID, State: ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE},
-	}), nil
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ws := f.current
+	if ws == nil {
+		ws = &ctrlv1.Workspace{WorkspaceId: fakeWorkspaceID, State: ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE}
+	}
+	return connect.NewResponse(&ctrlv1.GetWorkspaceResponse{Workspace: proto.CloneOf(ws)}), nil
+}
+
+// record records a request of method and returns its scripted failure, if
+// one is left.
+func (f *fakeWorkspaces) record(method string, req proto.Message) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.got = append(f.got, proto.Clone(req))
+	if errs := f.fail[method]; len(errs) > 0 {
+		f.fail[method] = errs[1:]
+		return errs[0]
+	}
+	return nil
+}
+
+// requests returns the requests recorded.
+func (f *fakeWorkspaces) requests() []proto.Message {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]proto.Message(nil), f.got...)
+}
+
+func (f *fakeWorkspaces) workspace() *ctrlv1.Workspace {
+	return &ctrlv1.Workspace{WorkspaceId: fakeWorkspaceID, State: ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE}
+}
+
+func (f *fakeWorkspaces) StopWorkspace(_ context.Context, req *connect.Request[ctrlv1.StopWorkspaceRequest]) (*connect.Response[ctrlv1.StopWorkspaceResponse], error) {
+	if err := f.record("StopWorkspace", req.Msg); err != nil {
+		return nil, err
+	}
+	ws := f.workspace()
+	ws.State = ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED
+	return connect.NewResponse(&ctrlv1.StopWorkspaceResponse{Workspace: ws, Command: f.command(req.Msg.GetMetadata().GetCommandId(), completed)}), nil
+}
+
+func (f *fakeWorkspaces) StartWorkspace(_ context.Context, req *connect.Request[ctrlv1.StartWorkspaceRequest]) (*connect.Response[ctrlv1.StartWorkspaceResponse], error) {
+	if err := f.record("StartWorkspace", req.Msg); err != nil {
+		return nil, err
+	}
+	ws := f.workspace()
+	ws.State = ctrlv1.WorkspaceState_WORKSPACE_STATE_STARTING
+	return connect.NewResponse(&ctrlv1.StartWorkspaceResponse{Workspace: ws, Command: f.command(req.Msg.GetMetadata().GetCommandId(), processing)}), nil
+}
+
+func (f *fakeWorkspaces) DeleteWorkspace(_ context.Context, req *connect.Request[ctrlv1.DeleteWorkspaceRequest]) (*connect.Response[ctrlv1.DeleteWorkspaceResponse], error) {
+	if err := f.record("DeleteWorkspace", req.Msg); err != nil {
+		return nil, err
+	}
+	ws := f.workspace()
+	ws.State = ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETED
+	return connect.NewResponse(&ctrlv1.DeleteWorkspaceResponse{Workspace: ws, Command: f.command(req.Msg.GetMetadata().GetCommandId(), completed)}), nil
+}
+
+func (f *fakeWorkspaces) UpdateWorkspaceLabels(_ context.Context, req *connect.Request[ctrlv1.UpdateWorkspaceLabelsRequest]) (*connect.Response[ctrlv1.UpdateWorkspaceLabelsResponse], error) {
+	if err := f.record("UpdateWorkspaceLabels", req.Msg); err != nil {
+		return nil, err
+	}
+	ws := f.workspace()
+	ws.Labels, ws.LabelsRevision = req.Msg.GetLabels(), req.Msg.GetExpectedRevision()+1
+	return connect.NewResponse(&ctrlv1.UpdateWorkspaceLabelsResponse{Workspace: ws}), nil
+}
+
+func (f *fakeWorkspaces) UpdateWorkspaceAnnotations(_ context.Context, req *connect.Request[ctrlv1.UpdateWorkspaceAnnotationsRequest]) (*connect.Response[ctrlv1.UpdateWorkspaceAnnotationsResponse], error) {
+	if err := f.record("UpdateWorkspaceAnnotations", req.Msg); err != nil {
+		return nil, err
+	}
+	ws := f.workspace()
+	ws.Annotations, ws.AnnotationsRevision = req.Msg.GetAnnotations(), req.Msg.GetExpectedRevision()+1
+	return connect.NewResponse(&ctrlv1.UpdateWorkspaceAnnotationsResponse{Workspace: ws}), nil
+}
+
+func (f *fakeWorkspaces) ListWorkspaces(_ context.Context, req *connect.Request[ctrlv1.ListWorkspacesRequest]) (*connect.Response[ctrlv1.ListWorkspacesResponse], error) {
+	if err := f.record("ListWorkspaces", req.Msg); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&ctrlv1.ListWorkspacesResponse{Workspaces: []*ctrlv1.Workspace{f.workspace(), {WorkspaceId: "ws-bbbbbbbbbbbbbbbbbbbb"}}}), nil
 }
 
 func (f *fakeWorkspaces) GetWorkspaceCommand(_ context.Context, req *connect.Request[ctrlv1.GetWorkspaceCommandRequest]) (*connect.Response[ctrlv1.GetWorkspaceCommandResponse], error) {

@@ -17,23 +17,31 @@ import (
 )
 
 // print writes a response in the --output format: table calls table, json
-// writes the API's JSON of msg (what the Connect JSON codec sends, indented),
-// yaml writes that JSON as YAML with the same keys in the same order.
-func (a *app) print(msg proto.Message, table func(w io.Writer)) error {
+// writes the API's JSON of v (what the Connect JSON codec sends, indented)
+// when v is a message, else encoding/json's; yaml writes that JSON as YAML
+// with the same keys in the same order; name writes ids, one per line.
+func (a *app) print(v any, ids []string, table func(w io.Writer)) error {
 	switch a.output {
 	case "json":
-		b, err := toJSON(msg)
+		b, err := toJSON(v)
 		if err != nil {
 			return err
 		}
 		_, err = a.stdout.Write(append(b, '\n'))
 		return err
 	case "yaml":
-		b, err := toYAML(msg)
+		b, err := toYAML(v)
 		if err != nil {
 			return err
 		}
 		_, err = a.stdout.Write(b)
+		return err
+	case "name":
+		var b strings.Builder
+		for _, id := range ids {
+			b.WriteString(id + "\n")
+		}
+		_, err := io.WriteString(a.stdout, b.String())
 		return err
 	default:
 		tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
@@ -42,10 +50,22 @@ func (a *app) print(msg proto.Message, table func(w io.Writer)) error {
 	}
 }
 
-// toJSON is the API's JSON of msg (protojson with the options of the Connect
-// JSON codec), indented by two spaces.
-func toJSON(msg proto.Message) ([]byte, error) {
-	raw, err := protojson.MarshalOptions{}.Marshal(msg)
+// nonEmpty returns the IDs that are not empty: the names -o name prints.
+func nonEmpty(ids ...string) []string {
+	return slices.DeleteFunc(ids, func(id string) bool { return id == "" })
+}
+
+// toJSON is the API's JSON of v when it is a message (protojson with the
+// options of the Connect JSON codec), else encoding/json's, indented by two
+// spaces.
+func toJSON(v any) ([]byte, error) {
+	var raw []byte
+	var err error
+	if msg, ok := v.(proto.Message); ok {
+		raw, err = protojson.MarshalOptions{}.Marshal(msg)
+	} else {
+		raw, err = json.Marshal(v)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("encode response: %w", err)
 	}
@@ -56,9 +76,9 @@ func toJSON(msg proto.Message) ([]byte, error) {
 	return out.Bytes(), nil
 }
 
-// toYAML converts the API's JSON of msg to YAML, keeping the key order.
-func toYAML(msg proto.Message) ([]byte, error) {
-	j, err := toJSON(msg)
+// toYAML converts the JSON of v (toJSON) to YAML, keeping the key order.
+func toYAML(v any) ([]byte, error) {
+	j, err := toJSON(v)
 	if err != nil {
 		return nil, err
 	}

@@ -27,7 +27,17 @@ var resolvers = resource[ctrlv1connect.ResolverServiceClient, *ctrlv1.Resolver]{
 	client:   func(s *session) ctrlv1connect.ResolverServiceClient { return s.client.ResolverService },
 	listProc: ctrlv1connect.ResolverServiceListResolversProcedure,
 	ids:      firstPageIDs(ctrlv1connect.ResolverServiceClient.ListResolvers, (*ctrlv1.ListResolversResponse).GetResolvers, (*ctrlv1.Resolver).GetResolverId),
+	id:       (*ctrlv1.Resolver).GetResolverId,
 	detail:   resolverDetail, table: resolverTable,
+	getProc: ctrlv1connect.ResolverServiceGetResolverProcedure,
+	get: getter(ctrlv1connect.ResolverServiceClient.GetResolver,
+		func(id string) *ctrlv1.GetResolverRequest { return &ctrlv1.GetResolverRequest{ResolverId: id} }, (*ctrlv1.GetResolverResponse).GetResolver),
+	maps: func(r *ctrlv1.Resolver, what string) (map[string]string, uint64) {
+		if what == "labels" {
+			return r.GetLabels(), r.GetLabelsRevision()
+		}
+		return r.GetAnnotations(), r.GetAnnotationsRevision()
+	},
 }
 
 // resolverSpecFlags build a ResolverSpec.
@@ -56,11 +66,12 @@ func (a *app) resolverCreate() *cobra.Command {
 		Short: "Create a Resolver",
 		Long: `Create a Resolver (CreateResolver), stored at revision 1, under the endpoint
 checks of Egresses: a special-purpose address is refused (ENDPOINT_FORBIDDEN).`,
-		Example: "  kibo resolver create --udp 9.9.9.9:53 --label team=net",
+		Example: "  kibo resolver create --udp 9.9.9.9:53 --label team=net\n  kibo resolver create --tcp 9.9.9.9:53 -q",
 		Args:    cobra.NoArgs,
 	}
 	s := addResolverSpecFlags(cmd)
 	labels, annotations := resolvers.addCreateMapFlags(cmd)
+	a.addQuiet(cmd, "Resolver")
 	return a.writeCommand(cmd, ctrlv1connect.ResolverServiceCreateResolverProcedure, func(ctx context.Context, wr *writing, _ []string) error {
 		req := &ctrlv1.CreateResolverRequest{Metadata: wr.meta(), Spec: s.spec(), Labels: labels.m, Annotations: annotations.m}
 		return sendShow(ctx, wr, resolvers, ctrlv1connect.ResolverServiceClient.CreateResolver, req, (*ctrlv1.CreateResolverResponse).GetResolver)
@@ -109,14 +120,14 @@ references it the call fails with failed_precondition (CONFLICT, exit 9).`, "  k
 }
 
 func (a *app) resolverLabels() *cobra.Command {
-	return mapCommand(a, resolvers, "labels", "--set team=net", ctrlv1connect.ResolverServiceUpdateResolverLabelsProcedure, ctrlv1connect.ResolverServiceClient.UpdateResolverLabels,
+	return mapCommand(a, resolvers, "labels", "team=net", ctrlv1connect.ResolverServiceUpdateResolverLabelsProcedure, ctrlv1connect.ResolverServiceClient.UpdateResolverLabels,
 		func(md *ctrlv1.CommandMetadata, id string, rev uint64, m map[string]string) *ctrlv1.UpdateResolverLabelsRequest {
 			return &ctrlv1.UpdateResolverLabelsRequest{Metadata: md, ResolverId: id, ExpectedRevision: rev, Labels: m}
 		}, (*ctrlv1.UpdateResolverLabelsResponse).GetResolver)
 }
 
 func (a *app) resolverAnnotations() *cobra.Command {
-	return mapCommand(a, resolvers, "annotations", "--set team=net", ctrlv1connect.ResolverServiceUpdateResolverAnnotationsProcedure, ctrlv1connect.ResolverServiceClient.UpdateResolverAnnotations,
+	return mapCommand(a, resolvers, "annotations", "owner=ops@example.com", ctrlv1connect.ResolverServiceUpdateResolverAnnotationsProcedure, ctrlv1connect.ResolverServiceClient.UpdateResolverAnnotations,
 		func(md *ctrlv1.CommandMetadata, id string, rev uint64, m map[string]string) *ctrlv1.UpdateResolverAnnotationsRequest {
 			return &ctrlv1.UpdateResolverAnnotationsRequest{Metadata: md, ResolverId: id, ExpectedRevision: rev, Annotations: m}
 		}, (*ctrlv1.UpdateResolverAnnotationsResponse).GetResolver)

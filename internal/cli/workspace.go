@@ -41,7 +41,17 @@ var workspaces = resource[ctrlv1connect.WorkspaceServiceClient, *ctrlv1.Workspac
 	client:   func(s *session) ctrlv1connect.WorkspaceServiceClient { return s.client.WorkspaceService },
 	listProc: ctrlv1connect.WorkspaceServiceListWorkspacesProcedure,
 	ids:      firstPageIDs(ctrlv1connect.WorkspaceServiceClient.ListWorkspaces, (*ctrlv1.ListWorkspacesResponse).GetWorkspaces, (*ctrlv1.Workspace).GetWorkspaceId),
+	id:       (*ctrlv1.Workspace).GetWorkspaceId,
 	detail:   workspaceDetail, table: workspaceTable,
+	getProc: ctrlv1connect.WorkspaceServiceGetWorkspaceProcedure,
+	get: getter(ctrlv1connect.WorkspaceServiceClient.GetWorkspace,
+		func(id string) *ctrlv1.GetWorkspaceRequest { return &ctrlv1.GetWorkspaceRequest{WorkspaceId: id} }, (*ctrlv1.GetWorkspaceResponse).GetWorkspace),
+	maps: func(ws *ctrlv1.Workspace, what string) (map[string]string, uint64) {
+		if what == "labels" {
+			return ws.GetLabels(), ws.GetLabelsRevision()
+		}
+		return ws.GetAnnotations(), ws.GetAnnotationsRevision()
+	},
 }
 
 // waitProcedures are the procedures --wait calls after the write, none
@@ -62,13 +72,13 @@ func (a *app) showWorkspace(ctx context.Context, s *session, id string, wait boo
 	if wait {
 		*ws, *c, werr = a.waitFor(ctx, s, id, *ws, *c)
 	}
-	if err := a.print(res, func(w io.Writer) { workspaceDetail(w, *ws); commandLine(w, *c) }); err != nil {
+	if err := a.print(res, nonEmpty((*ws).GetWorkspaceId()), func(w io.Writer) { workspaceDetail(w, *ws); commandLine(w, *c) }); err != nil {
 		return err
 	}
 	return werr
 }
 
-const waitUsage = "poll GetWorkspaceCommand until the command is COMPLETED (elapsed time on stderr when it is a terminal); the output then shows the completed command and the Workspace as read afterwards, and a failed command sets the exit code"
+const waitUsage = "wait until the command is COMPLETED (GetWorkspaceCommand through the SDK's WaitWorkspaceCommand; elapsed time on stderr when it is a terminal); the output then shows the completed command and the Workspace as read afterwards, and a failed command sets the exit code"
 
 func (a *app) workspaceCreate() *cobra.Command {
 	cmd := &cobra.Command{
@@ -77,9 +87,18 @@ func (a *app) workspaceCreate() *cobra.Command {
 		Long: `Create a Workspace (CreateWorkspace). The call returns on acceptance: the
 Workspace is CREATING and the creation command runs on without kibo. Follow it
 with --wait, or later with "kibo workspace command COMMAND_ID". Resending the
-same command ID with the same flags returns the acceptance again.`,
-		Example: `  kibo workspace create --memory-mib 2048 --cpu-millis 2000 --network-mode public-internet --label team=ml --wait`,
-		Args:    cobra.NoArgs,
+same command ID with the same flags returns the acceptance again.
+
+Some flags set request fields that need a capability of their own, checked
+before anything is sent (exit 14 when the server does not list it):
+--expiration, --expire-at and --expire-in need workspace.expiration;
+--network-mode other than none and --network-policy-file need
+workspace.network_policy; --volume needs workspace.volume_binding, and
+--new-volume-mib needs it and volume.create. "kibo server info" lists what the
+server offers.`,
+		Example: `  kibo workspace create --memory-mib 256 --cpu-millis 500 --label team=ml --wait
+  kibo workspace create --memory-mib 256 --cpu-millis 500 -q`,
+		Args: cobra.NoArgs,
 	}
 	f := cmd.Flags()
 	var (
@@ -104,6 +123,13 @@ same command ID with the same flags returns the acceptance again.`,
 	f.DurationVar(&expireIn, "expire-in", 0, "expiration deadline, from now")
 	labels, annotations := workspaces.addCreateMapFlags(cmd)
 	f.BoolVar(&wait, "wait", false, waitUsage)
+	a.addQuiet(cmd, "Workspace")
+	fieldFlags(cmd, map[string][]string{
+		"expiration":     {"expiration", "expire-at", "expire-in"},
+		"network_policy": {"network-mode", "network-policy-file"},
+		"volume_binding": {"volume", "new-volume-mib"},
+		"volume_binding.new_volume_capacity_bytes": {"new-volume-mib"},
+	})
 	_ = cmd.MarkFlagRequired("memory-mib")
 	_ = cmd.MarkFlagRequired("cpu-millis")
 	cmd.MarkFlagsMutuallyExclusive("volume", "new-volume-mib")
@@ -267,49 +293,114 @@ follows the pages and prints them as one. Deleted Workspaces are left out unless
 
 func (a *app) workspaceStart() *cobra.Command {
 	cmd := workspaces.onID(a, &cobra.Command{
-		Use:   "start WORKSPACE_ID --expected-expiration-revision N [flags]",
+		Use:   "start WORKSPACE_ID --expected-expiration-revision N|current [flags]",
 		Short: "Start a stopped Workspace",
 		Long: `Start a STOPPED Workspace, or a FAILED one that holds no execution
 (StartWorkspace). The call returns on acceptance: the Workspace is STARTING and
-the command runs on without kibo; follow it with --wait. A mismatch of
---expected-expiration-revision is failed_precondition (exit 9).`,
-		Example: "  kibo workspace start ws-0123456789abcdefghij --expected-expiration-revision 1 --wait",
+the command runs on without kibo; follow it with --wait.` + expectedExpirationNote,
+		Example: "  kibo workspace start ws-0123456789abcdefghij --expected-expiration-revision current --wait",
 	})
 	expected := addExpectedExpirationRevision(cmd)
 	var wait bool
 	cmd.Flags().BoolVar(&wait, "wait", false, waitUsage)
 	return a.writeCommand(cmd, ctrlv1connect.WorkspaceServiceStartWorkspaceProcedure, func(ctx context.Context, wr *writing, args []string) error {
-		req := &ctrlv1.StartWorkspaceRequest{Metadata: wr.meta(), WorkspaceId: args[0], ExpectedExpirationRevision: *expected}
+		req := &ctrlv1.StartWorkspaceRequest{Metadata: wr.meta(), WorkspaceId: args[0]}
+		read := expectExpiration(wr, args[0], expected, func(rev uint64) { req.ExpectedExpirationRevision = rev })
 		res, s, err := send(ctx, wr, workspaces.client, ctrlv1connect.WorkspaceServiceClient.StartWorkspace, req, waitProcedures(wait)...)
 		if err != nil {
-			return err
+			return workspaceHint(err, "start", args[0], *read)
 		}
 		return a.showWorkspace(ctx, s, wr.id, wait, res, &res.Workspace, &res.Command)
 	})
 }
 
+// expectedExpirationNote ends the help of start, stop and delete.
+const expectedExpirationNote = `
+
+--expected-expiration-revision is the expiration.revision you read (kibo
+workspace get), so that an expiration set meanwhile is never overridden
+unseen; "current" makes kibo read it once, before the first attempt. A
+mismatch is failed_precondition (EXPIRATION_REVISION_MISMATCH, exit 9), never
+resent with a new revision: read the Workspace again and decide.`
+
+// expectExpiration sets the request's expected_expiration_revision (set)
+// from --expected-expiration-revision: its number, or with current the
+// Workspace's expiration.revision, read once before the first attempt
+// (writing.before) and never again. It returns where the revision read is
+// stored (0 when none was read).
+func expectExpiration(wr *writing, id string, f *revisionFlag, set func(uint64)) *uint64 {
+	read := new(uint64)
+	if !f.current {
+		set(f.n)
+		return read
+	}
+	wr.before(func(ctx context.Context, s *session) error {
+		ws, err := workspaces.get(ctx, s.client.WorkspaceService, id)
+		if err != nil {
+			return err
+		}
+		*read = ws.GetExpiration().GetRevision()
+		set(*read)
+		return nil
+	}, workspaces.getProc)
+	return read
+}
+
+// doneStates are, for each state change, the state in which it has nothing
+// left to do.
+var doneStates = map[string]ctrlv1.WorkspaceState{
+	"start":  ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE,
+	"stop":   ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED,
+	"delete": ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETED,
+}
+
+// workspaceHint explains a failed_precondition of the state change op on
+// Workspace id from the detail's observed_workspace: already in the state op
+// leads to ("already STOPPED; nothing to do"), or an expiration revision
+// that changed after kibo read it (read, 0 when none was read). The exit
+// code stays the error's.
+func workspaceHint(err error, op, id string, read uint64) error {
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		return err
+	}
+	d, ok := kibotos.Detail(err)
+	if !ok {
+		return err
+	}
+	if ws := d.GetObservedWorkspace(); ws != nil && ws.GetState() == doneStates[op] {
+		return withHint(err, fmt.Sprintf("workspace %s is already %s; nothing to do", id, strings.TrimPrefix(ws.GetState().String(), "WORKSPACE_STATE_")))
+	}
+	if read != 0 && d.GetReason() == ctrlv1.FailureReason_FAILURE_REASON_EXPIRATION_REVISION_MISMATCH {
+		return withHint(err, fmt.Sprintf("the expiration of workspace %s changed after kibo read it (revision %d); nothing was done: read it again (kibo workspace get %s) and decide", id, read, id))
+	}
+	return err
+}
+
 func (a *app) workspaceStop() *cobra.Command {
 	cmd := workspaces.onID(a, &cobra.Command{
-		Use:   "stop WORKSPACE_ID --expected-expiration-revision N [flags]",
+		Use:   "stop WORKSPACE_ID --expected-expiration-revision N|current [flags]",
 		Short: "Stop a Workspace",
 		Long: `Stop a Workspace (StopWorkspace); the writable layer and the Volume are kept.
 The call waits for the stop to complete, at most one minute; past that it fails
 with a retryable unavailable (TIMED_OUT, exit 4) while the stop goes on: resend
 the same command ID (--retry does) or follow it with "kibo workspace command".
---force does not wait for guest writers; the most recent writes may be lost.`,
-		Example: "  kibo workspace stop ws-0123456789abcdefghij --expected-expiration-revision 1 --retry",
+--force does not wait for guest writers; the most recent writes may be lost.
+Stopping a Workspace that is not AVAILABLE is failed_precondition (exit 9);
+kibo adds a hint when it is already STOPPED.` + expectedExpirationNote,
+		Example: "  kibo workspace stop ws-0123456789abcdefghij --expected-expiration-revision current --retry",
 	})
 	expected := addExpectedExpirationRevision(cmd)
 	var force bool
 	cmd.Flags().BoolVar(&force, "force", false, "forced stop: no writeback confirmation from the guest")
 	return a.writeCommand(cmd, ctrlv1connect.WorkspaceServiceStopWorkspaceProcedure, func(ctx context.Context, wr *writing, args []string) error {
-		req := &ctrlv1.StopWorkspaceRequest{Metadata: wr.meta(), WorkspaceId: args[0], ExpectedExpirationRevision: *expected}
+		req := &ctrlv1.StopWorkspaceRequest{Metadata: wr.meta(), WorkspaceId: args[0]}
 		if force {
 			req.Mode = ctrlv1.StopMode_STOP_MODE_FORCE
 		}
+		read := expectExpiration(wr, args[0], expected, func(rev uint64) { req.ExpectedExpirationRevision = rev })
 		res, s, err := send(ctx, wr, workspaces.client, ctrlv1connect.WorkspaceServiceClient.StopWorkspace, req)
 		if err != nil {
-			return err
+			return workspaceHint(err, "stop", args[0], *read)
 		}
 		return a.showWorkspace(ctx, s, wr.id, false, res, &res.Workspace, &res.Command)
 	})
@@ -317,20 +408,22 @@ the same command ID (--retry does) or follow it with "kibo workspace command".
 
 func (a *app) workspaceDelete() *cobra.Command {
 	cmd := workspaces.onID(a, &cobra.Command{
-		Use:   "delete WORKSPACE_ID --expected-expiration-revision N [flags]",
+		Use:   "delete WORKSPACE_ID --expected-expiration-revision N|current [flags]",
 		Short: "Delete a Workspace",
 		Long: `Delete a Workspace (DeleteWorkspace): its execution ends, its writable layer is
 deleted and its Volume released (or deleted with it). The call waits at most one
 minute; past that it fails with a retryable unavailable (TIMED_OUT, exit 4) while
-the deletion goes on: resend the same command ID.`,
-		Example: "  kibo workspace delete ws-0123456789abcdefghij --expected-expiration-revision 1",
+the deletion goes on: resend the same command ID. The output is the Workspace
+(DELETED) and the completed command, like stop's.` + expectedExpirationNote,
+		Example: "  kibo workspace delete ws-0123456789abcdefghij --expected-expiration-revision current",
 	})
 	expected := addExpectedExpirationRevision(cmd)
 	return a.writeCommand(cmd, ctrlv1connect.WorkspaceServiceDeleteWorkspaceProcedure, func(ctx context.Context, wr *writing, args []string) error {
-		req := &ctrlv1.DeleteWorkspaceRequest{Metadata: wr.meta(), WorkspaceId: args[0], ExpectedExpirationRevision: *expected}
+		req := &ctrlv1.DeleteWorkspaceRequest{Metadata: wr.meta(), WorkspaceId: args[0]}
+		read := expectExpiration(wr, args[0], expected, func(rev uint64) { req.ExpectedExpirationRevision = rev })
 		res, s, err := send(ctx, wr, workspaces.client, ctrlv1connect.WorkspaceServiceClient.DeleteWorkspace, req)
 		if err != nil {
-			return err
+			return workspaceHint(err, "delete", args[0], *read)
 		}
 		return a.showWorkspace(ctx, s, wr.id, false, res, &res.Workspace, &res.Command)
 	})
@@ -338,10 +431,10 @@ the deletion goes on: resend the same command ID.`,
 
 // workspaceMapNote ends the help of "workspace labels" and "workspace
 // annotations".
-const workspaceMapNote = " Accepted in every state but DELETED."
+const workspaceMapNote = "\n\nAccepted in every state of the Workspace but DELETED."
 
 func (a *app) workspaceLabels() *cobra.Command {
-	cmd := mapCommand(a, workspaces, "labels", "--set team=ml", ctrlv1connect.WorkspaceServiceUpdateWorkspaceLabelsProcedure, ctrlv1connect.WorkspaceServiceClient.UpdateWorkspaceLabels,
+	cmd := mapCommand(a, workspaces, "labels", "team=ml tier-", ctrlv1connect.WorkspaceServiceUpdateWorkspaceLabelsProcedure, ctrlv1connect.WorkspaceServiceClient.UpdateWorkspaceLabels,
 		func(md *ctrlv1.CommandMetadata, id string, rev uint64, m map[string]string) *ctrlv1.UpdateWorkspaceLabelsRequest {
 			return &ctrlv1.UpdateWorkspaceLabelsRequest{Metadata: md, WorkspaceId: id, ExpectedRevision: rev, Labels: m}
 		}, (*ctrlv1.UpdateWorkspaceLabelsResponse).GetWorkspace)
@@ -350,7 +443,7 @@ func (a *app) workspaceLabels() *cobra.Command {
 }
 
 func (a *app) workspaceAnnotations() *cobra.Command {
-	cmd := mapCommand(a, workspaces, "annotations", "--set team=ml", ctrlv1connect.WorkspaceServiceUpdateWorkspaceAnnotationsProcedure, ctrlv1connect.WorkspaceServiceClient.UpdateWorkspaceAnnotations,
+	cmd := mapCommand(a, workspaces, "annotations", "owner=ops@example.com note-", ctrlv1connect.WorkspaceServiceUpdateWorkspaceAnnotationsProcedure, ctrlv1connect.WorkspaceServiceClient.UpdateWorkspaceAnnotations,
 		func(md *ctrlv1.CommandMetadata, id string, rev uint64, m map[string]string) *ctrlv1.UpdateWorkspaceAnnotationsRequest {
 			return &ctrlv1.UpdateWorkspaceAnnotationsRequest{Metadata: md, WorkspaceId: id, ExpectedRevision: rev, Annotations: m}
 		}, (*ctrlv1.UpdateWorkspaceAnnotationsResponse).GetWorkspace)
@@ -364,13 +457,13 @@ func (a *app) workspaceCommandGet() *cobra.Command {
 		Short: "Show a Workspace command",
 		Long: `Show a Workspace command by its ID (GetWorkspaceCommand): yours, or one ctrl
 started itself (expiration/..., host-memory/..., guest-shutdown/...). The ID is
-not checked against the command ID rules. With --wait, poll until the command is
-COMPLETED; a command that completed with a failure sets the exit code.`,
+not checked against the command ID rules. With --wait, wait until the command
+is COMPLETED; a command that completed with a failure sets the exit code.`,
 		Example: "  kibo workspace command cmd-2f7kq3w5x6y7z8a9b0c1d2e3f4 --wait",
 		Args:    exactArgs("COMMAND_ID"),
 	}
 	var wait bool
-	cmd.Flags().BoolVar(&wait, "wait", false, "poll until the command is COMPLETED (elapsed time on stderr when it is a terminal)")
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the command is COMPLETED (the SDK's WaitWorkspaceCommand; elapsed time on stderr when it is a terminal)")
 	cmd.RunE = a.action(func(ctx context.Context, cmd *cobra.Command, args []string) error {
 		s, err := a.connect(ctx, cmd, nil)
 		if err != nil {
@@ -391,7 +484,7 @@ COMPLETED; a command that completed with a failure sets the exit code.`,
 			c = res.Msg.GetCommand()
 		}
 		res := &ctrlv1.GetWorkspaceCommandResponse{Command: c}
-		if err := a.print(res, func(w io.Writer) { commandDetail(w, c) }); err != nil {
+		if err := a.print(res, nonEmpty(c.GetCommandId()), func(w io.Writer) { commandDetail(w, c) }); err != nil {
 			return err
 		}
 		return cerr
