@@ -140,23 +140,37 @@ func (l SettingsLoader) Load() (LoadedSettings, error) {
 	return out, nil
 }
 
-// loadProfile reads the profile that applies, if any, and returns its
-// absolute path ("" when none was read) and its settings, file paths made
-// absolute against its directory.
-func (l SettingsLoader) loadProfile() (string, Settings, error) {
-	path, required := l.Profile, true
+// ProfilePath returns the absolute path of the profile file that applies
+// and whether it must exist: Profile, else $KIBO_PROFILE (both must exist),
+// else the default profile under the home directory (optional). It is ""
+// when there is none (no home directory, or NoProfile).
+func (l SettingsLoader) ProfilePath() (path string, required bool, err error) {
+	if l.NoProfile {
+		return "", false, nil
+	}
+	path, required = l.Profile, true
 	if path == "" {
 		if v, _ := l.lookupEnv(EnvProfile); v != "" {
 			path = v
 		} else if home, err := l.homeDir(); err == nil && home != "" {
 			path, required = filepath.Join(home, DefaultProfile), false
 		} else {
-			return "", Settings{}, nil
+			return "", false, nil
 		}
 	}
-	path, err := l.abs(path)
-	if err != nil {
-		return "", Settings{}, fmt.Errorf("kibotos: profile: %w", err)
+	if path, err = l.abs(path); err != nil {
+		return "", false, fmt.Errorf("kibotos: profile: %w", err)
+	}
+	return path, required, nil
+}
+
+// loadProfile reads the profile that applies, if any, and returns its
+// absolute path ("" when none was read) and its settings, file paths made
+// absolute against its directory.
+func (l SettingsLoader) loadProfile() (string, Settings, error) {
+	path, required, err := l.ProfilePath()
+	if err != nil || path == "" {
+		return "", Settings{}, err
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {

@@ -1,13 +1,9 @@
 package cli
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"strings"
 
@@ -26,9 +22,6 @@ type settings struct {
 	Key      string `json:"key"`
 }
 
-// defaultProfile is the profile read when neither --profile nor
-// $KIBO_PROFILE names one, relative to the home directory.
-const defaultProfile = ".config/kibo/profile.json"
 
 // setting is one resolved connection setting and where it came from:
 // "flag --ca", "env KIBO_CA", "profile" or "" when it is not set.
@@ -62,56 +55,52 @@ func (a *app) settings(cmd *cobra.Command) (settings, error) {
 	return s, nil
 }
 
-// resolve resolves each setting from its flag, its environment variable and,
-// with useProfile, the profile. Relative paths of flags and the environment
-// are made absolute against the working directory (those of a profile
-// against its directory, see loadProfile).
+// resolve resolves each setting: a flag given on the command line wins,
+// then what the SDK's SettingsLoader resolves from the environment and,
+// with useProfile, the profile (the same code as kibotos.LoadSettings).
+// Relative paths of flags and the environment are made absolute against
+// the working directory, those of a profile against its directory.
 func (a *app) resolve(cmd *cobra.Command, useProfile bool) (resolved, error) {
-	var prof settings
-	var r resolved
-	if useProfile {
-		var err error
-		if r.Profile, prof, err = a.loadProfile(cmd); err != nil {
-			return resolved{}, err
-		}
+	loaded, err := a.loader(cmd, useProfile).Load()
+	if err != nil {
+		return resolved{}, err
 	}
-	pick := func(flag, envName, fromFlag, fromProfile string, path bool) (setting, error) {
-		var s setting
-		switch v, ok := a.env.lookupEnv(envName); {
-		case cmd.Flags().Changed(flag):
-			s = setting{fromFlag, "flag --" + flag}
-		case ok && v != "":
-			s = setting{v, "env " + envName}
-		case fromProfile != "":
-			return setting{fromProfile, "profile"}, nil
-		default:
-			return setting{}, nil
-		}
-		if path && s.Value != "" {
-			abs, err := a.abs(s.Value)
-			if err != nil {
-				return setting{}, fmt.Errorf("%s: %w", s.From, err)
-			}
-			s.Value = abs
-		}
-		return s, nil
-	}
-	var err error
+	r := resolved{Profile: loaded.Profile,
+		Endpoint: setting{loaded.Endpoint, loaded.From.Endpoint}, CA: setting{loaded.CA, loaded.From.CA},
+		Cert: setting{loaded.Cert, loaded.From.Cert}, Key: setting{loaded.Key, loaded.From.Key}}
 	for _, f := range []struct {
-		dst                 *setting
-		flag, env, val, pro string
-		path                bool
+		dst  *setting
+		flag string
+		val  string
+		path bool
 	}{
-		{&r.Endpoint, "endpoint", "KIBO_ENDPOINT", a.endpoint, prof.Endpoint, false},
-		{&r.CA, "ca", "KIBO_CA", a.ca, prof.CA, true},
-		{&r.Cert, "cert", "KIBO_CERT", a.cert, prof.Cert, true},
-		{&r.Key, "key", "KIBO_KEY", a.key, prof.Key, true},
+		{&r.Endpoint, "endpoint", a.endpoint, false},
+		{&r.CA, "ca", a.ca, true},
+		{&r.Cert, "cert", a.cert, true},
+		{&r.Key, "key", a.key, true},
 	} {
-		if *f.dst, err = pick(f.flag, f.env, f.val, f.pro, f.path); err != nil {
-			return resolved{}, err
+		if !cmd.Flags().Changed(f.flag) {
+			continue
 		}
+		v := f.val
+		if f.path && v != "" {
+			if v, err = a.abs(v); err != nil {
+				return resolved{}, fmt.Errorf("flag --%s: %w", f.flag, err)
+			}
+		}
+		*f.dst = setting{v, "flag --" + f.flag}
 	}
 	return r, nil
+}
+
+// loader is the SDK's settings loader with kibo's --profile and
+// environment.
+func (a *app) loader(cmd *cobra.Command, useProfile bool) kibotos.SettingsLoader {
+	l := kibotos.SettingsLoader{NoProfile: !useProfile, LookupEnv: a.env.lookupEnv, HomeDir: a.env.homeDir, Getwd: a.env.getwd}
+	if cmd.Flags().Changed("profile") {
+		l.Profile = a.profile
+	}
+	return l
 }
 
 // abs makes path absolute against the working directory.
@@ -131,53 +120,7 @@ func (a *app) abs(path string) (string, error) {
 // profile under the home directory (optional). It is "" when there is no
 // home directory.
 func (a *app) profilePath(cmd *cobra.Command) (path string, required bool, err error) {
-	switch {
-	case cmd.Flags().Changed("profile"):
-		path, required = a.profile, true
-	default:
-		if v, ok := a.env.lookupEnv("KIBO_PROFILE"); ok && v != "" {
-			path, required = v, true
-		} else if home, err := a.env.homeDir(); err == nil && home != "" {
-			return filepath.Join(home, defaultProfile), false, nil
-		} else {
-			return "", false, nil
-		}
-	}
-	if path == "" {
-		return "", required, nil
-	}
-	path, err = a.abs(path)
-	return path, required, err
-}
-
-// loadProfile reads the profile file, if any, and returns its path ("" when
-// none was read) and its settings. A profile named by --profile or
-// $KIBO_PROFILE must exist; the default one is optional.
-func (a *app) loadProfile(cmd *cobra.Command) (string, settings, error) {
-	path, required, err := a.profilePath(cmd)
-	if err != nil || path == "" {
-		return "", settings{}, err
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		if !required && errors.Is(err, fs.ErrNotExist) {
-			return "", settings{}, nil
-		}
-		return "", settings{}, fmt.Errorf("read profile: %w", err)
-	}
-	var p settings
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&p); err != nil {
-		return "", settings{}, fmt.Errorf("profile %s: %w", path, err)
-	}
-	dir := filepath.Dir(path)
-	for _, f := range []*string{&p.CA, &p.Cert, &p.Key} {
-		if *f != "" && !filepath.IsAbs(*f) {
-			*f = filepath.Join(dir, *f)
-		}
-	}
-	return path, p, nil
+	return a.loader(cmd, true).ProfilePath()
 }
 
 // session is a connected client whose capabilities were checked.
