@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -398,4 +399,51 @@ func wantDetail(t *testing.T, err error) *ctrlv1.ErrorDetail {
 		t.Fatalf("%v has no ErrorDetail", err)
 	}
 	return d
+}
+
+// TestRefusalsCarryObservedWorkspace: a refusal by state or by revision
+// carries the Workspace as it was (ErrorDetail.observed_workspace), so a
+// caller tells a revision conflict from a state that forbids the change
+// (seed 003), and the replay of the recorded refusal carries it too.
+func TestRefusalsCarryObservedWorkspace(t *testing.T) {
+	t.Parallel()
+	_, c, _ := wsEnv(t, ctrltest.Options{})
+	ctx := t.Context()
+	w, _ := createWS(t, c, "obs-create")
+	waitCommand(t, c, "obs-create")
+	if _, err := stopWS(c, t, "obs-stop", w, false); err != nil {
+		t.Fatal(err)
+	}
+	id := w.GetWorkspaceId()
+	for _, tc := range []struct {
+		name   string
+		call   func(cid string) error
+		code   connect.Code
+		reason ctrlv1.FailureReason
+	}{
+		{"stop a STOPPED workspace", func(cid string) error {
+			_, err := c.Workspace.StopWorkspace(ctx, connect.NewRequest(&ctrlv1.StopWorkspaceRequest{Metadata: md(cid), WorkspaceId: id, ExpectedExpirationRevision: 1}))
+			return err
+		}, connect.CodeFailedPrecondition, ctrlv1.FailureReason_FAILURE_REASON_STATE_CONFLICT},
+		{"start with a stale expiration revision", func(cid string) error {
+			_, err := c.Workspace.StartWorkspace(ctx, connect.NewRequest(&ctrlv1.StartWorkspaceRequest{Metadata: md(cid), WorkspaceId: id, ExpectedExpirationRevision: 7}))
+			return err
+		}, connect.CodeFailedPrecondition, ctrlv1.FailureReason_FAILURE_REASON_EXPIRATION_REVISION_MISMATCH},
+		{"labels with a stale revision", func(cid string) error {
+			_, err := c.Workspace.UpdateWorkspaceLabels(ctx, connect.NewRequest(&ctrlv1.UpdateWorkspaceLabelsRequest{Metadata: md(cid), WorkspaceId: id, ExpectedRevision: 5, Labels: map[string]string{"a": "b"}}))
+			return err
+		}, connect.CodeAborted, ctrlv1.FailureReason_FAILURE_REASON_REVISION_MISMATCH},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cid := "obs-" + strings.ReplaceAll(tc.name, " ", "-")
+			for _, attempt := range []string{"first", "replay"} {
+				d := wantErr(t, tc.call(cid), tc.code, tc.reason, true)
+				ow := d.GetObservedWorkspace()
+				if ow.GetWorkspaceId() != id || ow.GetState() != ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED ||
+					ow.GetExpiration().GetRevision() != 1 || ow.GetLabelsRevision() != 1 {
+					t.Fatalf("%s: observed_workspace = %v, want %s STOPPED at expiration revision 1, labels revision 1", attempt, ow, id)
+				}
+			}
+		})
+	}
 }

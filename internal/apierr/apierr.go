@@ -83,6 +83,8 @@ func Detail(fe *fault.Error) *ctrlv1.ErrorDetail {
 		Message:   fe.Message,
 		Stage:     fe.Stage,
 		Field:     fe.Field,
+
+		ObservedWorkspace: fe.ObservedWorkspace,
 	}
 }
 

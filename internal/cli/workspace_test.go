@@ -136,11 +136,10 @@ func TestWorkspaceLifecycleAgainstServer(t *testing.T) {
 	if !regexp.MustCompile(`State:\s+stopped\n`).MatchString(r.stdout) {
 		t.Errorf("workspace stop:\n%s", r.stdout)
 	}
-	// Stopping again is refused. (kibo's "already STOPPED" hint reads the
-	// detail's observed_workspace, which this server does not fill yet;
-	// TestAlreadyDoneHint covers it.)
+	// Stopping again is refused, and explains itself from the detail's
+	// observed_workspace.
 	r = kibo(t, args(c, "workspace", "stop", id, "--expected-expiration-revision", "current")...).want(t, 9)
-	if !strings.Contains(r.stderr, "error: failed_precondition STATE_CONFLICT") {
+	if !strings.Contains(r.stderr, "error: failed_precondition STATE_CONFLICT") || !strings.Contains(r.stderr, "is already STOPPED; nothing to do") {
 		t.Errorf("second stop: stderr:\n%s", r.stderr)
 	}
 	r = kibo(t, args(c, "workspace", "start", id, "--expected-expiration-revision", "current", "--wait")...).want(t, ExitOK)

@@ -10,6 +10,8 @@ package fault
 import (
 	"errors"
 	"fmt"
+
+	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 )
 
 // Kind is the class of failure. Each Kind maps to exactly one Connect code in
@@ -96,6 +98,10 @@ type Error struct {
 	Retryable bool
 	// Stage names where the failure happened: "admission", "placement", ...
 	Stage string
+	// ObservedWorkspace is the Workspace as it was when the request
+	// failed, for a refusal by its state or one of its revisions: the
+	// caller tells the two apart with it and decides what to do next.
+	ObservedWorkspace *ctrlv1.Workspace
 }
 
 func (e *Error) Error() string {

@@ -474,11 +474,11 @@ func run[Req command.Input, Resp proto.Message](ctx context.Context, s *Service,
 				return zero, err
 			}
 			if err := CheckExpirationRevision(t.expected, pub.GetExpiration()); err != nil {
-				return zero, err
+				return zero, observed(err, pub)
 			}
 			now := s.now()
 			if err := t.apply(tx, w, pub, now); err != nil {
-				return zero, err
+				return zero, observed(err, pub)
 			}
 			// A command still waiting for the node is superseded.
 			if w.CommandID != "" && w.CommandID != rec.ID {
@@ -658,14 +658,14 @@ func (s *Service) UpdateMap(ctx context.Context, method string, req command.Inpu
 				return nil, err
 			}
 			if err := Admit(OpUpdateMaps, status(w, pub)); err != nil {
-				return nil, err
+				return nil, observed(err, pub)
 			}
 			cur, rev := &pub.Labels, &pub.LabelsRevision
 			if annotations {
 				cur, rev = &pub.Annotations, &pub.AnnotationsRevision
 			}
 			if *rev != expected {
-				return nil, fault.RevisionMismatch("expected_revision", expected, *rev)
+				return nil, observed(fault.RevisionMismatch("expected_revision", expected, *rev), pub)
 			}
 			if !maps.Equal(*cur, m) {
 				*cur = nonNil(m)
@@ -684,6 +684,20 @@ func (s *Service) UpdateMap(ctx context.Context, method string, req command.Inpu
 		return nil, err
 	}
 	return out.GetWorkspace(), nil
+}
+
+// observed attaches the Workspace as it is to a refusal by its state
+// (failed_precondition) or by one of its revisions (aborted, or
+// failed_precondition for the expiration revision), so that the caller can
+// tell the two apart and decide (seed 003). Other errors pass unchanged.
+func observed(err error, pub *ctrlv1.Workspace) error {
+	fe, ok := fault.As(err)
+	if !ok || (fe.Kind != fault.KindFailedPrecondition && fe.Kind != fault.KindAborted) {
+		return err
+	}
+	c := *fe
+	c.ObservedWorkspace = proto.CloneOf(pub)
+	return &c
 }
 
 // Underlying is the state a Workspace whose node fell silent had, from its
