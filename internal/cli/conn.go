@@ -22,7 +22,6 @@ type settings struct {
 	Key      string `json:"key"`
 }
 
-
 // setting is one resolved connection setting and where it came from:
 // "flag --ca", "env KIBO_CA", "profile" or "" when it is not set.
 type setting struct {
