@@ -16,8 +16,8 @@
 //     nodes or additional operators) from an existing CA;
 //   - ServerConfig and ClientConfig, which build the tls.Config values for the
 //     two ends of a connection;
-//   - PeerIdentity and RequireRole, which tell who is on the other end of a
-//     verified connection and keep the wrong roles off an API.
+//   - VerifyClientChain and IdentityOf, which verify a client's certificate
+//     chain and tell who is on the other end (common name, role, serial).
 //
 // All keys are ECDSA P-256, stored as PEM "PRIVATE KEY" blocks (PKCS#8) in
 // files of mode 0600; certificates are stored as PEM "CERTIFICATE" blocks.
@@ -347,7 +347,7 @@ func checkValidAt(cert *x509.Certificate, path string, now time.Time) error {
 //
 // The certificate has a fresh ECDSA P-256 key, the subject common name
 // commonName and the single organizational unit role (for example "operator"
-// or "node"; PeerIdentity reports it as the Identity's Role), the extended key
+// or "node"; IdentityOf reports it as the Identity's Role), the extended key
 // usage ClientAuth, a random 128-bit serial number, and is valid from now
 // (minus a few minutes of clock-skew allowance) for validity, but never
 // beyond the CA certificate's own expiry.

@@ -30,7 +30,7 @@ var nextProtos = []string{"h2", "http/1.1"}
 //
 // The minimum version is TLS 1.2 and the ALPN protocols are "h2" and
 // "http/1.1". Any valid client certificate is accepted whatever its role; set
-// VerifyConnection to RequireRole to restrict an API to one role.
+// VerifyClientChain and IdentityOf to verify a client and read its role.
 func ServerConfig(certFile, keyFile, clientCAFile string) (*tls.Config, error) {
 	cert, err := loadKeyPair(certFile, keyFile)
 	if err != nil {
@@ -133,17 +133,11 @@ type Identity struct {
 	Serial string
 }
 
-// PeerIdentity returns the identity of the peer of cs, taken from the leaf of
-// the first verified chain. It reports false when cs is nil or holds no
-// verified chain (no certificate was presented, or it was not verified): the
-// unverified PeerCertificates are never trusted.
-//
-// On a server built with ServerConfig, pass http.Request.TLS.
-func PeerIdentity(cs *tls.ConnectionState) (Identity, bool) {
-	if cs == nil || len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
-		return Identity{}, false
-	}
-	leaf := cs.VerifiedChains[0][0]
+// IdentityOf returns the identity a certificate names: its common name,
+// its role (the first organizational unit) and its serial. It does not
+// verify the certificate: call it on a verified leaf (VerifyClientChain, or
+// tls.ConnectionState.VerifiedChains).
+func IdentityOf(leaf *x509.Certificate) Identity {
 	id := Identity{CommonName: leaf.Subject.CommonName}
 	if len(leaf.Subject.OrganizationalUnit) > 0 {
 		id.Role = leaf.Subject.OrganizationalUnit[0]
@@ -151,34 +145,26 @@ func PeerIdentity(cs *tls.ConnectionState) (Identity, bool) {
 	if leaf.SerialNumber != nil {
 		id.Serial = leaf.SerialNumber.Text(16)
 	}
-	return id, true
+	return id
 }
 
-// RequireRole returns a check for tls.Config.VerifyConnection that accepts a
-// connection only if the peer's verified certificate has role as its first
-// organizational unit (see PeerIdentity). It keeps, for example, node
-// certificates, which the CA also issues, off the operator API:
-//
-//	cfg, err := pki.ServerConfig(p.Server, p.ServerKey, p.CA)
-//	...
-//	cfg.VerifyConnection = pki.RequireRole(pki.RoleOperator)
-//
-// VerifyConnection runs after the certificate chain has been verified, on
-// every handshake including resumed ones, so a refused role fails the
-// handshake and no request reaches the handler. A connection without a
-// verified certificate is refused as well. The check replaces any previous
-// VerifyConnection; compose them by hand if both are needed.
-func RequireRole(role string) func(tls.ConnectionState) error {
-	return func(cs tls.ConnectionState) error {
-		id, ok := PeerIdentity(&cs)
-		if !ok {
-			return errors.New("pki: no verified peer certificate")
-		}
-		if id.Role != role {
-			return fmt.Errorf("pki: certificate %q (serial %s) has role %q, want %q", id.CommonName, id.Serial, id.Role, role)
-		}
-		return nil
+// VerifyClientChain verifies the chain a client presented (leaf first, then
+// intermediates) against roots, for client authentication. ctrl requests a
+// client certificate in the handshake but verifies it here, per request
+// path, so that a missing or foreign certificate is answered with an API
+// error rather than a broken handshake.
+func VerifyClientChain(chain []*x509.Certificate, roots *x509.CertPool) error {
+	if len(chain) == 0 {
+		return errors.New("pki: no client certificate")
 	}
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	_, err := chain[0].Verify(x509.VerifyOptions{
+		Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+	return err
 }
 
 // LoadLeaf reads the first certificate of a PEM file.

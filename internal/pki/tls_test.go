@@ -25,11 +25,11 @@ func startServer(t *testing.T, cfg *tls.Config) string {
 	}
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			id, ok := PeerIdentity(r.TLS)
-			if !ok {
+			if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
 				http.Error(w, "no identity", http.StatusUnauthorized)
 				return
 			}
+			id := IdentityOf(r.TLS.VerifiedChains[0][0])
 			fmt.Fprintf(w, "%s|%s|%s", id.CommonName, id.Role, id.Serial)
 		}),
 		TLSConfig:         cfg,
@@ -182,85 +182,48 @@ func TestMutualTLS(t *testing.T) {
 	})
 }
 
-func TestRequireRole(t *testing.T) {
+// TestVerifyClientChain: a client chain verifies against the CA that issued
+// it, for client authentication only, and its identity carries its role.
+func TestVerifyClientChain(t *testing.T) {
 	p := mustEnsure(t, t.TempDir())
 	dir := t.TempDir()
 	nodeCert, nodeKey := filepath.Join(dir, "node.pem"), filepath.Join(dir, "node-key.pem")
 	if err := IssueClient(p.CA, p.CAKey, "node-1", RoleNode, time.Hour, nodeCert, nodeKey); err != nil {
 		t.Fatal(err)
 	}
-	nodeCfg := mustClientConfig(t, p.CA, nodeCert, nodeKey)
-	opCfg := mustClientConfig(t, p.CA, p.Operator, p.OperatorKey)
+	roots := x509.NewCertPool()
+	roots.AddCert(mustCert(t, p.CA))
+	other := mustEnsure(t, t.TempDir())
+	otherRoots := x509.NewCertPool()
+	otherRoots.AddCert(mustCert(t, other.CA))
 
-	// Without RequireRole, any certificate of the CA is accepted.
-	open := startServer(t, mustServerConfig(t, p))
-	body, _, err := get(t, nodeCfg, open)
-	if err != nil {
-		t.Fatal(err)
+	node, op, srv := mustCert(t, nodeCert), mustCert(t, p.Operator), mustCert(t, p.Server)
+	for _, tc := range []struct {
+		name  string
+		chain []*x509.Certificate
+		roots *x509.CertPool
+		ok    bool
+	}{
+		{"operator", []*x509.Certificate{op}, roots, true},
+		{"node", []*x509.Certificate{node}, roots, true},
+		{"another CA", []*x509.Certificate{op}, otherRoots, false},
+		{"a server certificate", []*x509.Certificate{srv}, roots, false},
+		{"no certificate", nil, roots, false},
+	} {
+		if err := VerifyClientChain(tc.chain, tc.roots); (err == nil) != tc.ok {
+			t.Errorf("%s: VerifyClientChain = %v, want ok %v", tc.name, err, tc.ok)
+		}
 	}
-	if !strings.HasPrefix(body, "node-1|node|") {
-		t.Errorf("identity %q", body)
-	}
-
-	cfg := mustServerConfig(t, p)
-	cfg.VerifyConnection = RequireRole(RoleOperator)
-	url := startServer(t, cfg)
-	body, _, err = get(t, nodeCfg, url)
-	if err == nil {
-		t.Fatalf("node certificate reached the operator API: %q", body)
-	}
-	t.Logf("refused as expected: %v", err)
-	if _, _, err := get(t, opCfg, url); err != nil {
-		t.Fatalf("operator refused: %v", err)
-	}
-	// TLS 1.2 takes another code path (the server verifies before finishing).
-	tls12 := nodeCfg.Clone()
-	tls12.MaxVersion = tls.VersionTLS12
-	if _, _, err := get(t, tls12, url); err == nil {
-		t.Fatal("node certificate reached the operator API over TLS 1.2")
-	}
-
-	// The check itself.
-	check := RequireRole(RoleOperator)
-	if err := check(tls.ConnectionState{}); err == nil {
-		t.Error("RequireRole accepted a connection without verified chains")
-	}
-	node := mustCert(t, nodeCert)
-	op := mustCert(t, p.Operator)
-	ca := mustCert(t, p.CA)
-	nodeState := tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{node, ca}}}
-	if err := check(nodeState); err == nil || !strings.Contains(err.Error(), `"node"`) {
-		t.Errorf("RequireRole(operator) on a node certificate: %v", err)
-	}
-	if err := check(tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{op, ca}}}); err != nil {
-		t.Errorf("RequireRole(operator) on the operator certificate: %v", err)
-	}
-	// Unverified peer certificates do not count.
-	if err := check(tls.ConnectionState{PeerCertificates: []*x509.Certificate{op}}); err == nil {
-		t.Error("RequireRole trusted unverified peer certificates")
-	}
-}
-
-func TestPeerIdentity(t *testing.T) {
-	if _, ok := PeerIdentity(nil); ok {
-		t.Error("PeerIdentity(nil) ok")
-	}
-	if _, ok := PeerIdentity(&tls.ConnectionState{}); ok {
-		t.Error("PeerIdentity without chains ok")
-	}
-	p := mustEnsure(t, t.TempDir())
-	op := mustCert(t, p.Operator)
-	if _, ok := PeerIdentity(&tls.ConnectionState{PeerCertificates: []*x509.Certificate{op}}); ok {
-		t.Error("PeerIdentity trusted unverified peer certificates")
-	}
-	id, ok := PeerIdentity(&tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{op}}})
-	want := Identity{CommonName: "dev-operator", Role: "operator", Serial: op.SerialNumber.Text(16)}
-	if !ok || id != want {
-		t.Errorf("PeerIdentity = %+v, %v; want %+v", id, ok, want)
-	}
-	srv := mustCert(t, p.Server)
-	id, ok = PeerIdentity(&tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{srv}}})
-	if !ok || id.Role != "" || id.CommonName == "" {
-		t.Errorf("PeerIdentity of a certificate without OU = %+v, %v", id, ok)
+	for _, tc := range []struct {
+		cert *x509.Certificate
+		want Identity
+	}{
+		{op, Identity{CommonName: "dev-operator", Role: RoleOperator, Serial: op.SerialNumber.Text(16)}},
+		{node, Identity{CommonName: "node-1", Role: RoleNode, Serial: node.SerialNumber.Text(16)}},
+		{srv, Identity{CommonName: srv.Subject.CommonName, Serial: srv.SerialNumber.Text(16)}},
+	} {
+		if got := IdentityOf(tc.cert); got != tc.want {
+			t.Errorf("IdentityOf = %+v, want %+v", got, tc.want)
+		}
 	}
 }
