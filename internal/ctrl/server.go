@@ -129,7 +129,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	)...)
 
 	mux := http.NewServeMux()
-	s.recon = &reconciler.Reconciler{Store: cfg.Store, Log: log, Now: cfg.Now, NodeGrace: cfg.NodeGrace}
+	s.recon = reconciler.New(reconciler.Config{Store: cfg.Store, Log: log, Now: cfg.Now, NodeGrace: cfg.NodeGrace})
 	mux.Handle(ctrlv1connect.NewServerInfoServiceHandler(info, opts))
 	mux.Handle(ctrlv1connect.NewEgressServiceHandler(api.NewEgresses(&catalog.Service[*ctrlv1.EgressSpec]{
 		Kind: api.EgressKind(cfg.Checker), Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,

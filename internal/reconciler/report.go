@@ -99,7 +99,7 @@ func transitional(w *store.Workspace) ctrlv1.WorkspaceState {
 // a command completed.
 func (r *Reconciler) applyReport(ctx context.Context, nodeID string, rep *nodev1.ExecutionReport) (bool, error) {
 	completed := false
-	err := r.Store.InTx(ctx, func(tx store.Tx) error {
+	err := r.store.InTx(ctx, func(tx store.Tx) error {
 		completed = false
 		w, err := tx.GetWorkspace(ctx, rep.GetWorkspaceId())
 		if errors.Is(err, store.ErrNotFound) {
@@ -159,6 +159,8 @@ func (r *Reconciler) applyReport(ctx context.Context, nodeID string, rep *nodev1
 	return completed, err
 }
 
+// observe records the guest's condition a report carries; an execution
+// that ended takes the observation with it.
 func observe(pub *ctrlv1.Workspace, rep *nodev1.ExecutionReport, now time.Time) {
 	switch rep.GetState() {
 	case nodev1.ExecState_EXEC_STATE_STOPPED, nodev1.ExecState_EXEC_STATE_DELETED:
@@ -174,6 +176,7 @@ func observe(pub *ctrlv1.Workspace, rep *nodev1.ExecutionReport, now time.Time) 
 	}
 }
 
+// execState is the store's form of a reported execution state.
 func execState(s nodev1.ExecState) store.ExecState {
 	switch s {
 	case nodev1.ExecState_EXEC_STATE_STARTING:
@@ -220,6 +223,18 @@ func complete(ctx context.Context, tx store.Tx, w *store.Workspace, pub *ctrlv1.
 		}
 	}
 	return tx.UpdateCommand(ctx, rec)
+}
+
+// saveRow writes pub into the row (with the deletion time the row has, if
+// pub lacks it) and the row into the store.
+func saveRow(ctx context.Context, tx store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, now time.Time) error {
+	if !w.DeletedAt.IsZero() && pub.GetDeletedAt() == nil {
+		pub.DeletedAt = timestamppb.New(w.DeletedAt)
+	}
+	if err := workspace.Save(w, pub, now); err != nil {
+		return err
+	}
+	return tx.UpdateWorkspace(ctx, w)
 }
 
 // guestShutdown records the stop of a Workspace whose guest powered itself

@@ -1,0 +1,189 @@
+package reconciler
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+
+	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/internal/apierr"
+	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/workspace"
+)
+
+// candidate is a connected node as placement sees it.
+type candidate struct {
+	id        string
+	capacity  workspace.Capacity
+	templates map[string]string // template → version
+	pool      string            // the storage pool its Workspaces go to
+	usedMiB   uint64            // memory of its Workspaces desired RUNNING
+}
+
+// demand is what a Workspace asks of its node.
+type demand struct {
+	template  string
+	memoryMiB uint64
+	cpuMillis uint64
+}
+
+func demandOf(pub *ctrlv1.Workspace) demand {
+	return demand{
+		template:  pub.GetTemplate().GetTemplateId(),
+		memoryMiB: uint64(pub.GetResources().GetMemoryMib()),
+		cpuMillis: uint64(pub.GetResources().GetCpuMillis()),
+	}
+}
+
+func (c *candidate) holds(template string) bool {
+	_, ok := c.templates[template]
+	return ok
+}
+
+// pick chooses among the connected nodes the one that holds the template,
+// fits the demand (its memory on top of what the node's running Workspaces
+// use; its CPU within the node's) and has the most free memory; ties go to
+// the first in nodes. It returns nil with the reason when nodes exist but
+// none fits, nil and "" when nodes is empty.
+func pick(nodes []candidate, d demand) (*candidate, string) {
+	if len(nodes) == 0 {
+		return nil, ""
+	}
+	var best *candidate
+	holders := 0
+	for i := range nodes {
+		c := &nodes[i]
+		if !c.holds(d.template) {
+			continue
+		}
+		holders++
+		if c.usedMiB+d.memoryMiB > c.capacity.MemoryMiB || d.cpuMillis > c.capacity.CPUMillis {
+			continue
+		}
+		if best == nil || c.capacity.MemoryMiB-c.usedMiB > best.capacity.MemoryMiB-best.usedMiB {
+			best = c
+		}
+	}
+	switch {
+	case holders == 0:
+		return nil, "no connected node holds template " + strconv.Quote(d.template)
+	case best == nil:
+		return nil, "no connected node has the memory and CPU this workspace requests"
+	}
+	return best, ""
+}
+
+// placementFailure is the failure of a Workspace that waited longer than
+// the placement timeout: capacity exhausted when nodes refused it for
+// reason, a retryable unavailability when no node was connected.
+func placementFailure(reason string) *fault.Error {
+	if reason == "" {
+		return &fault.Error{Kind: fault.KindUnavailable, Reason: fault.ReasonNodeUnreachable, Retryable: true, Stage: "placement",
+			Message: "no node is connected to place the workspace on"}
+	}
+	return &fault.Error{Kind: fault.KindResourceExhausted, Reason: fault.ReasonCapacityExhausted, Stage: "placement", Message: reason}
+}
+
+// connected returns the connected nodes in ID order, without their usage.
+func (r *Reconciler) connected() []candidate {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]candidate, 0, len(r.nodes))
+	for id, nc := range r.nodes {
+		out = append(out, candidate{id: id, capacity: r.caps[id], templates: r.templates[id], pool: nc.pool})
+	}
+	slices.SortFunc(out, func(a, b candidate) int { return strings.Compare(a.id, b.id) })
+	return out
+}
+
+// choose picks a node for pub among the connected ones (see pick), reading
+// from tx the memory the candidates' running Workspaces use.
+func (r *Reconciler) choose(ctx context.Context, tx store.Tx, pub *ctrlv1.Workspace) (*candidate, string, error) {
+	nodes, d := r.connected(), demandOf(pub)
+	for i := range nodes {
+		c := &nodes[i]
+		if !c.holds(d.template) {
+			continue
+		}
+		on, err := tx.WorkspacesOnNode(ctx, c.id)
+		if err != nil {
+			return nil, "", err
+		}
+		for _, o := range on {
+			if o.Power == store.PowerRunning {
+				op, err := workspace.Decode(o)
+				if err != nil {
+					return nil, "", err
+				}
+				c.usedMiB += uint64(op.GetResources().GetMemoryMib())
+			}
+		}
+	}
+	c, reason := pick(nodes, d)
+	return c, reason, nil
+}
+
+// place chooses a node for an unplaced Workspace, or fails its command when
+// none can hold it after the placement timeout. It returns the placed row
+// (nil when not placed) and whether a command completed.
+func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bool, error) {
+	completed := false
+	var placed *store.Workspace
+	err := r.store.InTx(ctx, func(tx store.Tx) error {
+		completed, placed = false, nil
+		w, err := tx.GetWorkspace(ctx, id)
+		if err != nil {
+			return err
+		}
+		if w.NodeID != "" || w.CommandID == "" {
+			return nil
+		}
+		pub, err := workspace.Decode(w)
+		if err != nil {
+			return err
+		}
+		now := r.now()
+		if w.Power == store.PowerDeleted {
+			// Never placed: nothing to release.
+			pub.State, pub.DeletedAt = ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETED, nil
+			w.DeletedAt = now
+			w.ObservedGeneration = w.Generation
+			if err := complete(ctx, tx, w, pub, nil, now); err != nil {
+				return err
+			}
+			completed = true
+			if err := tx.SetReferences(ctx, w.ID, nil); err != nil {
+				return err
+			}
+			return saveRow(ctx, tx, w, pub, now)
+		}
+		node, reason, err := r.choose(ctx, tx, pub)
+		if err != nil {
+			return err
+		}
+		if node != nil {
+			w.NodeID = node.id
+			pub.Placement = &ctrlv1.Placement{NodeId: node.id, StoragePool: node.pool}
+			if v := node.templates[pub.GetTemplate().GetTemplateId()]; v != "" && pub.GetTemplate() != nil {
+				pub.Template.Version = v
+			}
+			placed = w
+			return saveRow(ctx, tx, w, pub, now)
+		}
+		if now.Sub(w.UpdatedAt) < r.placementTimeout {
+			return nil // wait for a node
+		}
+		fe := placementFailure(reason)
+		pub.State, pub.HoldsExecution = ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED, false
+		pub.Failure = apierr.Detail(fe)
+		w.ObservedGeneration = w.Generation
+		if err := complete(ctx, tx, w, pub, fe, now); err != nil {
+			return err
+		}
+		completed = true
+		return saveRow(ctx, tx, w, pub, now)
+	})
+	return placed, completed, err
+}

@@ -1,0 +1,202 @@
+package reconciler
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/workspace"
+)
+
+// TestPick chooses among connected nodes, each with its capacity, its
+// templates and the memory its running Workspaces use.
+func TestPick(t *testing.T) {
+	node := func(id string, memMiB, cpuMillis, usedMiB uint64, templates ...string) candidate {
+		c := candidate{id: id, capacity: workspace.Capacity{MemoryMiB: memMiB, CPUMillis: cpuMillis}, usedMiB: usedMiB,
+			templates: map[string]string{}}
+		for _, tp := range templates {
+			c.templates[tp] = tp + "-v1"
+		}
+		return c
+	}
+	const (
+		noTemplate = `no connected node holds template "python"`
+		noFit      = "no connected node has the memory and CPU this workspace requests"
+	)
+	ask := func(memMiB, cpuMillis uint64) demand {
+		return demand{template: "default", memoryMiB: memMiB, cpuMillis: cpuMillis}
+	}
+	for _, tc := range []struct {
+		name   string
+		nodes  []candidate
+		demand demand
+		want   string // node ID, "" when none
+		reason string
+	}{
+		{"no node connected", nil, ask(256, 500), "", ""},
+		{"fits", []candidate{node("a", 1024, 1000, 0, "default")}, ask(256, 500), "a", ""},
+		{"fits exactly", []candidate{node("a", 1024, 1000, 768, "default")}, ask(256, 1000), "a", ""},
+		{"memory one MiB short", []candidate{node("a", 1024, 1000, 769, "default")}, ask(256, 500), "", noFit},
+		{"memory over capacity", []candidate{node("a", 1024, 1000, 0, "default")}, ask(2048, 500), "", noFit},
+		{"cpu over capacity", []candidate{node("a", 1024, 1000, 0, "default")}, ask(256, 1001), "", noFit},
+		{"cpu is not summed", []candidate{node("a", 4096, 1000, 2048, "default")}, ask(256, 1000), "a", ""},
+		{"template missing everywhere", []candidate{node("a", 1024, 1000, 0, "default"), node("b", 1024, 1000, 0)},
+			demand{template: "python", memoryMiB: 256, cpuMillis: 500}, "", noTemplate},
+		{"template missing wins over capacity", []candidate{node("a", 128, 100, 0, "default")},
+			demand{template: "python", memoryMiB: 256, cpuMillis: 500}, "", noTemplate},
+		{"only the node with the template", []candidate{node("a", 1024, 1000, 0, "default"), node("b", 8192, 4000, 0, "python")},
+			demand{template: "python", memoryMiB: 256, cpuMillis: 500}, "b", ""},
+		{"most free memory", []candidate{node("a", 4096, 4000, 3000, "default"), node("b", 2048, 4000, 0, "default"),
+			node("c", 8192, 4000, 7000, "default")}, ask(256, 500), "b", ""},
+		{"most free memory among those that fit cpu", []candidate{node("a", 8192, 500, 0, "default"), node("b", 2048, 4000, 0, "default")},
+			ask(256, 1000), "b", ""},
+		{"tie goes to the first", []candidate{node("a", 2048, 4000, 1024, "default"), node("b", 1024, 4000, 0, "default")},
+			ask(256, 500), "a", ""},
+		{"tie goes to the first, either order", []candidate{node("b", 1024, 4000, 0, "default"), node("a", 2048, 4000, 1024, "default")},
+			ask(256, 500), "b", ""},
+		{"none fits among several", []candidate{node("a", 1024, 4000, 1000, "default"), node("b", 512, 4000, 0, "default")},
+			ask(1024, 500), "", noFit},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, reason := pick(tc.nodes, tc.demand)
+			id := ""
+			if got != nil {
+				id = got.id
+			}
+			if id != tc.want || reason != tc.reason {
+				t.Errorf("pick = %q, %q; want %q, %q", id, reason, tc.want, tc.reason)
+			}
+		})
+	}
+}
+
+// TestPlacementFailure: no node at all is a retryable unavailability; nodes
+// that refuse the Workspace exhaust capacity.
+func TestPlacementFailure(t *testing.T) {
+	for _, tc := range []struct {
+		reason string
+		want   *fault.Error
+	}{
+		{"", &fault.Error{Kind: fault.KindUnavailable, Reason: fault.ReasonNodeUnreachable, Retryable: true, Stage: "placement",
+			Message: "no node is connected to place the workspace on"}},
+		{"no room", &fault.Error{Kind: fault.KindResourceExhausted, Reason: fault.ReasonCapacityExhausted, Stage: "placement",
+			Message: "no room"}},
+	} {
+		if diff := cmp.Diff(tc.want, placementFailure(tc.reason)); diff != "" {
+			t.Errorf("placementFailure(%q) (-want +got):\n%s", tc.reason, diff)
+		}
+	}
+}
+
+// TestChooseCountsRunningWorkspaces: the memory in use on a node is that of
+// its Workspaces desired RUNNING, read from the store.
+func TestChooseCountsRunningWorkspaces(t *testing.T) {
+	r, st, _ := newTest(t, Config{})
+	connectNode(t, r, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
+	connectNode(t, r, hello("n2", 2048, 4000, "", workspace.DefaultTemplate))
+	seed(t, st, t0, row{id: "ws-run", node: "n1", power: running, generation: 1, state: wsAvail, memMiB: 3000})
+	seed(t, st, t0, row{id: "ws-stop", node: "n2", power: stopped, generation: 2, state: wsStoped, memMiB: 2048})
+	for _, tc := range []struct {
+		memMiB uint32
+		want   string
+	}{
+		{512, "n2"},  // n1 has 1096 MiB free, n2 all 2048 (its stopped Workspace uses none)
+		{2048, "n2"}, // exactly n2
+		{2049, ""},
+	} {
+		var got *candidate
+		err := st.View(t.Context(), func(tx store.Tx) error {
+			var err error
+			got, _, err = r.choose(t.Context(), tx, &ctrlv1.Workspace{
+				Template:  &ctrlv1.TemplateRef{TemplateId: workspace.DefaultTemplate},
+				Resources: &ctrlv1.Resources{MemoryMib: tc.memMiB, CpuMillis: 100}})
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := ""
+		if got != nil {
+			id = got.id
+		}
+		if id != tc.want {
+			t.Errorf("choose(%d MiB) = %q, want %q", tc.memMiB, id, tc.want)
+		}
+	}
+}
+
+// TestPlace: an unplaced Workspace goes to a node (with its storage pool and
+// template version), waits for one up to the placement timeout, then fails
+// its command; one deleted before placement is simply deleted.
+func TestPlace(t *testing.T) {
+	const timeout = time.Minute
+	for _, tc := range []struct {
+		name      string
+		node      bool   // a node with the default template is connected
+		memMiB    uint32 // the Workspace's memory (the node has 1024 MiB)
+		power     store.Power
+		after     time.Duration // since admission
+		placed    bool
+		completed bool
+		state     ctrlv1.WorkspaceState
+		failure   ctrlv1.FailureReason
+		code      string
+	}{
+		{name: "placed", node: true, memMiB: 256, power: running, placed: true, state: wsCreate},
+		{name: "no node waits", power: running, memMiB: 256, after: timeout - time.Microsecond, state: wsCreate},
+		{name: "no node fails after the timeout", power: running, memMiB: 256, after: timeout, completed: true, state: wsFailed,
+			failure: ctrlv1.FailureReason_FAILURE_REASON_NODE_UNREACHABLE, code: "unavailable"},
+		{name: "no room waits", node: true, memMiB: 2048, power: running, after: timeout - time.Microsecond, state: wsCreate},
+		{name: "no room fails after the timeout", node: true, memMiB: 2048, power: running, after: timeout, completed: true,
+			state: wsFailed, failure: ctrlv1.FailureReason_FAILURE_REASON_CAPACITY_EXHAUSTED, code: "resource_exhausted"},
+		{name: "deleted before placement", power: deleted, memMiB: 256, completed: true, state: wsGone},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, st, clock := newTest(t, Config{PlacementTimeout: timeout})
+			if tc.node {
+				connectNode(t, r, hello("n1", 1024, 4000, "pool-a", workspace.DefaultTemplate))
+			}
+			seed(t, st, t0, row{id: "ws-1", power: tc.power, generation: 1, state: wsCreate, memMiB: tc.memMiB, command: "c-1"})
+			clock.Set(t0.Add(tc.after))
+			placed, completed, err := r.place(t.Context(), "ws-1")
+			if err != nil {
+				t.Fatalf("place = %v", err)
+			}
+			if (placed != nil) != tc.placed || completed != tc.completed {
+				t.Errorf("place = placed %v, completed %v; want %v, %v", placed != nil, completed, tc.placed, tc.completed)
+			}
+			w, pub := load(t, st, "ws-1")
+			if pub.GetState() != tc.state {
+				t.Errorf("state = %v, want %v", pub.GetState(), tc.state)
+			}
+			if got := pub.GetFailure().GetReason(); got != tc.failure {
+				t.Errorf("failure reason = %v, want %v", got, tc.failure)
+			}
+			if tc.placed {
+				want := &ctrlv1.Placement{NodeId: "n1", StoragePool: "pool-a"}
+				if w.NodeID != "n1" || pub.GetPlacement().GetNodeId() != want.NodeId || pub.GetPlacement().GetStoragePool() != want.StoragePool {
+					t.Errorf("placement = %q, %v; want n1, %v", w.NodeID, pub.GetPlacement(), want)
+				}
+				if v := pub.GetTemplate().GetVersion(); v != workspace.DefaultTemplate+"-v1" {
+					t.Errorf("template version = %q, want the node's", v)
+				}
+			} else if w.NodeID != "" {
+				t.Errorf("NodeID = %q, want unplaced", w.NodeID)
+			}
+			c := loadCommand(t, st, "c-1")
+			if done := c.Status == store.CommandCompleted; done != tc.completed || c.ErrorCode != tc.code {
+				t.Errorf("command: completed %v, code %q; want %v, %q", done, c.ErrorCode, tc.completed, tc.code)
+			}
+			if tc.completed && (w.CommandID != "" || w.ObservedGeneration != w.Generation) {
+				t.Errorf("after completion: command %q, observed %d of %d", w.CommandID, w.ObservedGeneration, w.Generation)
+			}
+			if tc.power == deleted && w.DeletedAt.IsZero() {
+				t.Errorf("DeletedAt not set")
+			}
+		})
+	}
+}

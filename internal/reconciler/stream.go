@@ -1,0 +1,232 @@
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
+	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/nodepeer"
+	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/workspace"
+)
+
+// Connect serves one node's stream: a Hello first (recorded in the store,
+// its executions folded in as reports), then the node's full desired state,
+// then changes one way and reports and heartbeats the other.
+func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse]) error {
+	first, err := stream.Receive()
+	if err != nil {
+		return err
+	}
+	hello := first.GetHello()
+	if hello == nil || hello.GetNodeId() == "" {
+		return fault.Invalid("hello", "the stream must open with a Hello naming the node")
+	}
+	id := hello.GetNodeId()
+	peer, hasPeer := nodepeer.From(ctx)
+	if hasPeer && peer.NodeID != id {
+		return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
+			Message: "the node certificate does not name node " + id}
+	}
+	if err := r.register(ctx, hello, func(n *store.Node) error {
+		// After an enrollment only its certificate's key may speak for the
+		// node: re-enrolling a node ID shuts out the machine it replaced.
+		if hasPeer {
+			return peer.MayConnect(n.CertKeyHash)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	nc := r.attach(hello)
+	r.log.Info("node connected", "node_id", id, "executions", len(hello.GetExecutions()))
+	defer func() {
+		r.detach(nc)
+		r.log.Info("node disconnected", "node_id", id)
+	}()
+
+	for _, rep := range hello.GetExecutions() {
+		r.report(ctx, id, rep)
+	}
+	// Full desired state, then changes.
+	full, err := r.fullState(ctx, nc)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(full); err != nil {
+		return err
+	}
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			msg, err := stream.Receive()
+			if err != nil {
+				errc <- err
+				return
+			}
+			r.seen(nc)
+			switch b := msg.GetBody().(type) {
+			case *nodev1.ConnectRequest_Report:
+				r.report(ctx, id, b.Report)
+			case *nodev1.ConnectRequest_Heartbeat:
+				r.heartbeat(ctx, id)
+			}
+		}
+	}()
+	r.Kick()
+	for {
+		select {
+		case msg, ok := <-nc.send:
+			if !ok {
+				return nil
+			}
+			if err := stream.Send(msg); err != nil {
+				return err
+			}
+		case err := <-errc:
+			return err
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// register records a Hello in the store: the node (created on its first
+// Hello), its capacity and templates, and that it was seen now. mayConnect
+// vets the stored node first.
+func (r *Reconciler) register(ctx context.Context, hello *nodev1.Hello, mayConnect func(*store.Node) error) error {
+	id, c, now := hello.GetNodeId(), hello.GetCapacity(), r.now()
+	return r.store.InTx(ctx, func(tx store.Tx) error {
+		n, err := tx.GetNode(ctx, id)
+		if errors.Is(err, store.ErrNotFound) {
+			n = &store.Node{ID: id, CreatedAt: now}
+		} else if err != nil {
+			return err
+		}
+		if err := mayConnect(n); err != nil {
+			return err
+		}
+		n.LastSeen, n.MemoryMiB, n.CPUMillis, n.StorageBytes = now, c.GetMemoryMib(), c.GetCpuMillis(), c.GetStorageBytes()
+		if n.Doc, err = proto.Marshal(&nodev1.Hello{NodeId: id, Capacity: c, Templates: hello.GetTemplates()}); err != nil {
+			return err
+		}
+		return tx.UpsertNode(ctx, n)
+	})
+}
+
+// attach makes a Hello's node the connected one of its ID, seen now; a
+// newer stream replaces an older one.
+func (r *Reconciler) attach(hello *nodev1.Hello) *nodeConn {
+	id, c := hello.GetNodeId(), hello.GetCapacity()
+	nc := &nodeConn{id: id, send: make(chan *nodev1.ConnectResponse, 256), lastSeen: r.now(), sent: map[string]uint64{}, pool: c.GetStoragePool()}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if old := r.nodes[id]; old != nil {
+		close(old.send) // a newer stream replaces the old one
+	}
+	r.nodes[id] = nc
+	r.caps[id] = workspace.Capacity{MemoryMiB: c.GetMemoryMib(), CPUMillis: c.GetCpuMillis(), StorageBytes: c.GetStorageBytes()}
+	r.templates[id] = templateMap(hello.GetTemplates())
+	delete(r.quiet, id)
+	return nc
+}
+
+// detach forgets a stream that ended, unless a newer one replaced it. The
+// node stays known (capacity, templates), so its silence is judged.
+func (r *Reconciler) detach(nc *nodeConn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.nodes[nc.id] == nc {
+		delete(r.nodes, nc.id)
+	}
+}
+
+// seen records that a message arrived on nc.
+func (r *Reconciler) seen(nc *nodeConn) {
+	now := r.now()
+	r.mu.Lock()
+	nc.lastSeen = now
+	r.mu.Unlock()
+}
+
+func (r *Reconciler) report(ctx context.Context, node string, rep *nodev1.ExecutionReport) {
+	done, err := r.applyReport(ctx, node, rep)
+	if err != nil {
+		r.log.Error("apply report", "node_id", node, "workspace_id", rep.GetWorkspaceId(), "error", err.Error())
+		return
+	}
+	if done {
+		// Before anything else: waiters return as soon as the commit has.
+		r.store.Notify(store.WorkspaceTopic(rep.GetWorkspaceId()))
+	}
+	r.heartbeat(ctx, node)
+	r.Kick()
+}
+
+// heartbeat records that a node is alive; the store's last_seen is what
+// other replicas and restarts see. It writes at most once a second.
+func (r *Reconciler) heartbeat(ctx context.Context, node string) {
+	now := r.now()
+	r.mu.Lock()
+	nc := r.nodes[node]
+	if nc != nil {
+		if now.Sub(nc.stored) < time.Second {
+			r.mu.Unlock()
+			return // written less than a second ago: no transaction
+		}
+		nc.stored = now
+	}
+	r.mu.Unlock()
+	err := r.store.InTx(ctx, func(tx store.Tx) error {
+		n, err := tx.GetNode(ctx, node)
+		if err != nil {
+			return err
+		}
+		if now.Sub(n.LastSeen) < time.Second {
+			return nil
+		}
+		n.LastSeen = now
+		return tx.UpsertNode(ctx, n)
+	})
+	if err != nil && ctx.Err() == nil {
+		r.log.Warn("record heartbeat", "node_id", node, "error", err.Error())
+	}
+}
+
+// fullState is the desired state of every Workspace on nc's node, which
+// it then counts as sent.
+func (r *Reconciler) fullState(ctx context.Context, nc *nodeConn) (*nodev1.ConnectResponse, error) {
+	var on []*store.Workspace
+	if err := r.store.View(ctx, func(tx store.Tx) error {
+		var err error
+		on, err = tx.WorkspacesOnNode(ctx, nc.id)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	out := &nodev1.DesiredState{Full: true}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, w := range on {
+		d, err := desired(w)
+		if err != nil {
+			return nil, err
+		}
+		out.Workspaces = append(out.Workspaces, d)
+		nc.sent[w.ID] = w.Generation
+	}
+	return &nodev1.ConnectResponse{Desired: out}, nil
+}
+
+func templateMap(list []*nodev1.TemplateInfo) map[string]string {
+	m := make(map[string]string, len(list))
+	for _, t := range list {
+		m[t.GetTemplateId()] = t.GetVersion()
+	}
+	return m
+}
