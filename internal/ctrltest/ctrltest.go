@@ -27,6 +27,7 @@ import (
 	"github.com/kibotos/kibotos/internal/pki"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/store/postgres"
+	"github.com/kibotos/kibotos/internal/store/postgres/pgtest"
 	"github.com/kibotos/kibotos/internal/store/sqlite"
 )
 
@@ -80,7 +81,7 @@ func OpenStore(t testing.TB, pg bool) store.Store {
 			}
 			t.Skipf("%s is not set: skipping PostgreSQL test", PostgresEnv)
 		}
-		st, cleanup, err := postgres.OpenForTest(context.Background(), url)
+		st, cleanup, err := pgtest.Open(context.Background(), url, postgres.Open)
 		if err != nil {
 			t.Fatalf("open postgres: %v", err)
 		}

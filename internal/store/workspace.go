@@ -8,10 +8,18 @@ import (
 // KindWorkspace is the label kind of Workspaces.
 const KindWorkspace Kind = "workspace"
 
+// WorkspaceStateDeleted is the Workspace.State of a Workspace whose deletion
+// completed: kibotos.ctrl.v1.WorkspaceState WORKSPACE_STATE_DELETED (pinned
+// by TestStoredEnums). Listings leave these out unless asked, and both
+// dialects' partial indexes (workspaces_live) test it as a literal.
+const WorkspaceStateDeleted int32 = 8
+
 // Power is the desired power state of a Workspace.
 type Power int
 
-// Desired power states.
+// Desired power states, stored in workspaces.power. The values are the
+// store's own (the reconciler maps them to kibotos.node.v1.Power); being
+// stored, they must never change (TestStoredEnums pins them).
 const (
 	PowerRunning Power = 1
 	PowerStopped Power = 2
@@ -21,7 +29,10 @@ const (
 // ExecState is what the node last reported about a Workspace's execution.
 type ExecState int
 
-// Observed execution states.
+// Observed execution states, stored in workspaces.observed_state. The values
+// are the store's own, NOT those of kibotos.node.v1.ExecState (the
+// reconciler maps one to the other); being stored, they must never change
+// (TestStoredEnums pins them).
 const (
 	ExecNone     ExecState = 0 // nothing reported yet
 	ExecRunning  ExecState = 1 // running, guest ready
@@ -47,8 +58,8 @@ type Workspace struct {
 	Labels map[string]string
 
 	// Query columns, kept equal to what Doc says.
-	State          int32 // WorkspaceState
-	GuestCondition int32 // GuestCondition of the current observation, 0 when none
+	State          int32 // kibotos.ctrl.v1.WorkspaceState
+	GuestCondition int32 // kibotos.ctrl.v1.GuestCondition of the current observation, 0 when none
 	NodeID         string
 
 	// Desired state.
@@ -74,23 +85,7 @@ type WorkspaceQuery struct {
 	Limit          int
 }
 
-// Node is a registered node.
-type Node struct {
-	ID           string
-	CreatedAt    time.Time
-	LastSeen     time.Time
-	MemoryMiB    uint64 // capacity
-	CPUMillis    uint64
-	StorageBytes uint64
-	Doc          []byte // encoded details, opaque to the store
-	// CertKeyHash is the SHA-256 of the public key (PKIX) of the node
-	// certificate issued at the node's latest enrollment; empty for a node
-	// whose certificate was issued by hand. Only that key may connect.
-	CertKeyHash []byte
-}
-
-// WorkspaceTx are the Workspace operations of a transaction. Every Tx
-// implements them.
+// WorkspaceTx are the Workspace operations of a transaction.
 type WorkspaceTx interface {
 	// GetWorkspace returns a Workspace, deleted ones included; ErrNotFound
 	// when absent.
@@ -112,14 +107,4 @@ type WorkspaceTx interface {
 	// and have no command (a placement that failed; they wait for a new
 	// command) are excluded too, so that they never crowd out real work.
 	PendingWorkspaces(ctx context.Context, limit int) ([]*Workspace, error)
-	// ProcessingCommands returns the commands of objectKind still
-	// PROCESSING, oldest first.
-	ProcessingCommands(ctx context.Context, objectKind string, limit int) ([]*Command, error)
-
-	// UpsertNode creates or replaces a node.
-	UpsertNode(ctx context.Context, n *Node) error
-	// GetNode returns a node; ErrNotFound when absent.
-	GetNode(ctx context.Context, id string) (*Node, error)
-	// ListNodes returns every node, by ID.
-	ListNodes(ctx context.Context) ([]*Node, error)
 }

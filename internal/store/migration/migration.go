@@ -1,5 +1,7 @@
 // Package migration loads the versioned SQL migrations each store dialect
-// embeds (migrations/NNNN_name.sql); applying them is the dialect's business.
+// embeds (migrations/NNNN_name.sql) and holds Changes, the table of which
+// version each dialect gives each schema change; applying them is the
+// dialect's business.
 package migration
 
 import (

@@ -21,8 +21,11 @@ var migrationFS embed.FS
 // its own, apart from LockCommand's one-key locks.
 const migrationLockClass = 0x6b69626f // "kibo"
 
-// migrations returns the embedded migrations in version order.
-func migrations() ([]migration.Migration, error) { return migration.Load(migrationFS, "migrations") }
+// migrations returns the embedded migrations in version order, checked
+// against migration.Changes.
+func migrations() ([]migration.Migration, error) {
+	return migration.LoadDialect(migration.Postgres, migrationFS, "migrations")
+}
 
 // migrate applies the migrations not yet recorded in schema_migrations, each
 // in its own transaction, on a dedicated connection holding a session

@@ -41,7 +41,7 @@
 // session advisory lock, recording them in schema_migrations, so replicas
 // starting together migrate once. Tables live in the first schema of the
 // URL's search_path (a search_path connection parameter), public by default.
-// OpenForTest creates a fresh schema for a test and drops it afterwards.
+// Tests open stores in fresh schemas with store/postgres/pgtest.
 //
 // # Conventions
 //
@@ -75,6 +75,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/store/rowcodec"
 )
 
 const (
@@ -246,7 +247,7 @@ func (s *Store) Secret(ctx context.Context, name string, create func() []byte) (
 	if !errors.Is(err, store.ErrNotFound) {
 		return nil, err
 	}
-	nv := nonNil(create())
+	nv := rowcodec.NonNil(create())
 	err = s.inTx(ctx, func(t *txn) (err error) {
 		if _, err := t.exec(ctx, `INSERT INTO secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING`, name, nv); err != nil {
 			return err

@@ -15,6 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/store/migration"
+	"github.com/kibotos/kibotos/internal/store/postgres/pgtest"
+	"github.com/kibotos/kibotos/internal/store/rowcodec"
 	"github.com/kibotos/kibotos/internal/store/storetest"
 )
 
@@ -37,9 +40,9 @@ func testURL(t testing.TB) string {
 
 func openTest(t testing.TB) *Store {
 	t.Helper()
-	s, cleanup, err := OpenForTest(context.Background(), testURL(t))
+	s, cleanup, err := pgtest.Open(context.Background(), testURL(t), Open)
 	if err != nil {
-		t.Fatalf("OpenForTest: %v", err)
+		t.Fatalf("pgtest.Open: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := cleanup(); err != nil {
@@ -58,6 +61,27 @@ var base = time.Date(2024, 3, 1, 12, 0, 0, 0, time.UTC)
 
 func resource(id string, labels map[string]string) *store.Resource {
 	return &store.Resource{Kind: store.KindEgress, ID: id, CreatedAt: base, UpdatedAt: base, Revision: 1, Labels: labels}
+}
+
+// TestMigrationVersions: a new database records the versions and names
+// migration.Changes gives PostgreSQL, which databases already deployed have
+// recorded too (a renumbered file would fail here and there).
+func TestMigrationVersions(t *testing.T) {
+	s := openTest(t)
+	var want []string
+	for _, c := range migration.Changes {
+		if v := c.Version(migration.Postgres); v != 0 {
+			want = append(want, fmt.Sprintf("%d %04d_%s.sql", v, v, c.Name))
+		}
+	}
+	var got string
+	if err := s.pool.QueryRow(context.Background(),
+		`SELECT string_agg(version || ' ' || name, ', ' ORDER BY version) FROM schema_migrations`).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if got != strings.Join(want, ", ") {
+		t.Errorf("schema_migrations = %s, want %s", got, strings.Join(want, ", "))
+	}
 }
 
 // TestMigrateConcurrently opens one schema from several stores at once, as
@@ -363,7 +387,7 @@ func BenchmarkListSelector100k(b *testing.B) {
 	var resources, labels [][]any
 	for i := range n {
 		id := fmt.Sprintf("r%06d", i)
-		at := micros(base.Add(time.Duration(i) * time.Microsecond))
+		at := rowcodec.Micros(base.Add(time.Duration(i) * time.Microsecond))
 		resources = append(resources, []any{"egress", id, at, at, int64(1), []byte{}, int64(1), "{}", int64(1)})
 		for k, v := range map[string]string{
 			"app":   fmt.Sprintf("app-%d", i%10),

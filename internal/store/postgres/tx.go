@@ -2,20 +2,17 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/store/rowcodec"
 )
 
 // errTxDone is returned when a Tx is used after its fn has returned.
@@ -70,6 +67,20 @@ func (t *txn) queryRow(ctx context.Context, sql string, args []any, dest ...any)
 	return nil
 }
 
+// queryOne runs a query expected to return at most one row and scans it
+// with scan; no row is store.ErrNotFound.
+func queryOne[T any](ctx context.Context, t *txn, scan func(rowcodec.Scanner) (T, error), sql string, args ...any) (T, error) {
+	var zero T
+	if err := t.check(); err != nil {
+		return zero, err
+	}
+	v, err := scan(t.tx.QueryRow(ctx, sql, args...))
+	if err != nil {
+		return zero, t.fail(err)
+	}
+	return v, nil
+}
+
 // query runs a query and calls each for every row.
 func (t *txn) query(ctx context.Context, sql string, args []any, each func(pgx.Rows) error) error {
 	if err := t.check(); err != nil {
@@ -109,30 +120,9 @@ func (t *txn) LockCommand(ctx context.Context, commandID string) error {
 	return err
 }
 
-const commandColumns = `command_id, method, fingerprint, object_kind, object_id, kind, initiator,
-	status, result, error_code, error_detail, created_at, completed_at`
-
 // GetCommand implements store.Tx.
 func (t *txn) GetCommand(ctx context.Context, commandID string) (*store.Command, error) {
-	var (
-		c                   store.Command
-		kind, initr, status int64
-		created             int64
-		completed           *int64
-	)
-	err := t.queryRow(ctx, `SELECT `+commandColumns+` FROM commands WHERE command_id = $1`, []any{commandID},
-		&c.ID, &c.Method, &c.Fingerprint, &c.ObjectKind, &c.ObjectID, &kind, &initr,
-		&status, &c.Result, &c.ErrorCode, &c.ErrorDetail, &created, &completed)
-	if err != nil {
-		return nil, err
-	}
-	c.Kind, c.Initiator, c.Status = int(kind), int(initr), store.CommandStatus(status)
-	c.Fingerprint, c.Result, c.ErrorDetail = emptyNil(c.Fingerprint), emptyNil(c.Result), emptyNil(c.ErrorDetail)
-	c.CreatedAt = fromMicros(created)
-	if completed != nil {
-		c.CompletedAt = fromMicros(*completed)
-	}
-	return &c, nil
+	return queryOne(ctx, t, scanCommand, `SELECT `+rowcodec.CommandColumns+` FROM commands WHERE command_id = $1`, commandID)
 }
 
 // InsertCommand implements store.Tx.
@@ -140,10 +130,9 @@ func (t *txn) InsertCommand(ctx context.Context, c *store.Command) error {
 	return t.insertUnique(ctx,
 		fmt.Sprintf("command %q", c.ID),
 		stmt{`SELECT EXISTS (SELECT 1 FROM commands WHERE command_id = $1)`, []any{c.ID}},
-		stmt{`INSERT INTO commands (` + commandColumns + `)
+		stmt{`INSERT INTO commands (` + rowcodec.CommandColumns + `)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
-			[]any{c.ID, c.Method, nonNil(c.Fingerprint), c.ObjectKind, c.ObjectID, int64(c.Kind), int64(c.Initiator),
-				int64(c.Status), nonNil(c.Result), c.ErrorCode, nonNil(c.ErrorDetail), micros(c.CreatedAt), optMicros(c.CompletedAt)}})
+			rowcodec.CommandArgs(c)})
 }
 
 // stmt is a statement and its arguments.
@@ -204,7 +193,7 @@ func (t *txn) UpdateCommand(ctx context.Context, c *store.Command) error {
 	tag, err := t.exec(ctx, `UPDATE commands
 		SET status = $1, result = $2, error_code = $3, error_detail = $4, completed_at = $5
 		WHERE command_id = $6`,
-		int64(c.Status), nonNil(c.Result), c.ErrorCode, nonNil(c.ErrorDetail), optMicros(c.CompletedAt), c.ID)
+		append(rowcodec.CommandUpdateArgs(c), c.ID)...)
 	if err != nil {
 		return err
 	}
@@ -214,42 +203,11 @@ func (t *txn) UpdateCommand(ctx context.Context, c *store.Command) error {
 	return nil
 }
 
-const resourceColumns = `r.kind, r.id, r.created_at, r.updated_at, r.revision, r.spec,
-	r.labels_revision, r.annotations, r.annotations_revision`
-
-// scanResource scans resourceColumns; Labels is left empty.
-func scanResource(row pgx.Row) (*store.Resource, error) {
-	var (
-		r                              store.Resource
-		kind, annotations              string
-		created, updated               int64
-		rev, labelsRev, annotationsRev int64
-	)
-	if err := row.Scan(&kind, &r.ID, &created, &updated, &rev, &r.Spec, &labelsRev, &annotations, &annotationsRev); err != nil {
-		return nil, err
-	}
-	r.Kind = store.Kind(kind)
-	r.CreatedAt, r.UpdatedAt = fromMicros(created), fromMicros(updated)
-	r.Revision, r.LabelsRevision, r.AnnotationsRevision = uint64(rev), uint64(labelsRev), uint64(annotationsRev)
-	r.Spec = emptyNil(r.Spec)
-	r.Labels = map[string]string{}
-	if err := json.Unmarshal([]byte(annotations), &r.Annotations); err != nil {
-		return nil, fmt.Errorf("store/postgres: resource %s/%s: annotations: %w", kind, r.ID, err)
-	}
-	if r.Annotations == nil {
-		r.Annotations = map[string]string{}
-	}
-	return &r, nil
-}
-
 // GetResource implements store.Tx.
 func (t *txn) GetResource(ctx context.Context, kind store.Kind, id string) (*store.Resource, error) {
-	if err := t.check(); err != nil {
-		return nil, err
-	}
-	r, err := scanResource(t.tx.QueryRow(ctx, `SELECT `+resourceColumns+` FROM resources r WHERE r.kind = $1 AND r.id = $2`, string(kind), id))
+	r, err := queryOne(ctx, t, rowcodec.ScanResource, `SELECT `+rowcodec.ResourceColumns+` FROM resources r WHERE r.kind = $1 AND r.id = $2`, string(kind), id)
 	if err != nil {
-		return nil, t.fail(err)
+		return nil, err
 	}
 	err = t.query(ctx, `SELECT key, value FROM labels WHERE kind = $1 AND object_id = $2`, []any{string(kind), id}, func(rows pgx.Rows) error {
 		var k, v string
@@ -265,34 +223,19 @@ func (t *txn) GetResource(ctx context.Context, kind store.Kind, id string) (*sto
 	return r, nil
 }
 
-// resourceArgs returns the values of the mutable columns of r.
-func resourceArgs(r *store.Resource) (rev, labelsRev, annotationsRev int64, annotations string, err error) {
-	if rev, err = u2i("revision", r.Revision); err != nil {
-		return
-	}
-	if labelsRev, err = u2i("labels revision", r.LabelsRevision); err != nil {
-		return
-	}
-	if annotationsRev, err = u2i("annotations revision", r.AnnotationsRevision); err != nil {
-		return
-	}
-	annotations, err = mapJSON(r.Annotations)
-	return
-}
-
 // InsertResource implements store.Tx.
 func (t *txn) InsertResource(ctx context.Context, r *store.Resource) error {
-	rev, labelsRev, annotationsRev, annotations, err := resourceArgs(r)
+	rev, labelsRev, annotationsRev, annotations, err := rowcodec.ResourceArgs(r)
 	if err != nil {
 		return err
 	}
 	inserts := []stmt{{`INSERT INTO resources (kind, id, created_at, updated_at, revision, spec,
 			labels_revision, annotations, annotations_revision)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-		[]any{string(r.Kind), r.ID, micros(r.CreatedAt), micros(r.UpdatedAt), rev, nonNil(r.Spec),
+		[]any{string(r.Kind), r.ID, rowcodec.Micros(r.CreatedAt), rowcodec.Micros(r.UpdatedAt), rev, rowcodec.NonNil(r.Spec),
 			labelsRev, annotations, annotationsRev}}}
 	if len(r.Labels) > 0 {
-		inserts = append(inserts, insertLabels(r.Kind, r.ID, micros(r.CreatedAt), r.Labels))
+		inserts = append(inserts, insertLabels(r.Kind, r.ID, rowcodec.Micros(r.CreatedAt), r.Labels))
 	}
 	return t.insertUnique(ctx,
 		fmt.Sprintf("%s %q", r.Kind, r.ID),
@@ -300,15 +243,21 @@ func (t *txn) InsertResource(ctx context.Context, r *store.Resource) error {
 		inserts...)
 }
 
-// insertLabels returns the statement inserting labels, from two parallel
-// arrays.
-func insertLabels(kind store.Kind, id string, createdAt int64, labels map[string]string) stmt {
-	keys := make([]string, 0, len(labels))
-	values := make([]string, 0, len(labels))
+// labelArrays returns labels as two parallel arrays, for unnest.
+func labelArrays(labels map[string]string) (keys, values []string) {
+	keys = make([]string, 0, len(labels))
+	values = make([]string, 0, len(labels))
 	for k, v := range labels {
 		keys = append(keys, k)
 		values = append(values, v)
 	}
+	return keys, values
+}
+
+// insertLabels returns the statement inserting labels, from two parallel
+// arrays.
+func insertLabels(kind store.Kind, id string, createdAt int64, labels map[string]string) stmt {
+	keys, values := labelArrays(labels)
 	return stmt{`INSERT INTO labels (kind, object_id, key, value, object_created_at)
 		SELECT $1, $2, u.k, u.v, $3 FROM unnest($4::text[], $5::text[]) AS u(k, v)`,
 		[]any{string(kind), id, createdAt, keys, values}}
@@ -317,7 +266,7 @@ func insertLabels(kind store.Kind, id string, createdAt int64, labels map[string
 // UpdateResource implements store.Tx. The labels are replaced wholesale;
 // CreatedAt is not mutable and is kept from the stored row.
 func (t *txn) UpdateResource(ctx context.Context, r *store.Resource) error {
-	rev, labelsRev, annotationsRev, annotations, err := resourceArgs(r)
+	rev, labelsRev, annotationsRev, annotations, err := rowcodec.ResourceArgs(r)
 	if err != nil {
 		return err
 	}
@@ -326,7 +275,7 @@ func (t *txn) UpdateResource(ctx context.Context, r *store.Resource) error {
 		SET updated_at = $1, revision = $2, spec = $3, labels_revision = $4, annotations = $5, annotations_revision = $6
 		WHERE kind = $7 AND id = $8
 		RETURNING created_at`,
-		[]any{micros(r.UpdatedAt), rev, nonNil(r.Spec), labelsRev, annotations, annotationsRev, string(r.Kind), r.ID},
+		[]any{rowcodec.Micros(r.UpdatedAt), rev, rowcodec.NonNil(r.Spec), labelsRev, annotations, annotationsRev, string(r.Kind), r.ID},
 		&created)
 	if err != nil {
 		return err
@@ -376,16 +325,12 @@ func listSQL(q store.ListQuery) (string, []any) {
 		args = append(args, v)
 		return "$" + strconv.Itoa(len(args))
 	}
-	keys := make([]string, 0, len(q.Selector))
-	for k := range q.Selector {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	b.WriteString(`SELECT ` + resourceColumns)
+	keys := rowcodec.SortedKeys(q.Selector)
+	b.WriteString(`SELECT ` + rowcodec.ResourceColumns)
 	if len(keys) == 0 {
 		b.WriteString(` FROM resources r WHERE r.kind = ` + arg(string(q.Kind)))
 		if q.After != nil {
-			b.WriteString(` AND (r.created_at, r.id) > (` + arg(micros(q.After.CreatedAt)) + `, ` + arg(q.After.ID) + `)`)
+			b.WriteString(` AND (r.created_at, r.id) > (` + arg(rowcodec.Micros(q.After.CreatedAt)) + `, ` + arg(q.After.ID) + `)`)
 		}
 		b.WriteString(` ORDER BY r.created_at, r.id LIMIT ` + arg(q.Limit))
 		return b.String(), args
@@ -393,7 +338,7 @@ func listSQL(q store.ListQuery) (string, []any) {
 	b.WriteString(` FROM labels l0 JOIN resources r ON r.kind = l0.kind AND r.id = l0.object_id
 		WHERE l0.kind = ` + arg(string(q.Kind)) + ` AND l0.key = ` + arg(keys[0]) + ` AND l0.value = ` + arg(q.Selector[keys[0]]))
 	if q.After != nil {
-		b.WriteString(` AND (l0.object_created_at, l0.object_id) > (` + arg(micros(q.After.CreatedAt)) + `, ` + arg(q.After.ID) + `)`)
+		b.WriteString(` AND (l0.object_created_at, l0.object_id) > (` + arg(rowcodec.Micros(q.After.CreatedAt)) + `, ` + arg(q.After.ID) + `)`)
 	}
 	for _, k := range keys[1:] {
 		b.WriteString(` AND EXISTS (SELECT 1 FROM labels l
@@ -417,7 +362,7 @@ func (t *txn) ListResources(ctx context.Context, q store.ListQuery) ([]*store.Re
 	var page []*store.Resource
 	byID := map[string]*store.Resource{}
 	err := t.query(ctx, query, args, func(rows pgx.Rows) error {
-		r, err := scanResource(rows)
+		r, err := rowcodec.ScanResource(rows)
 		if err != nil {
 			return err
 		}
@@ -476,51 +421,4 @@ func (t *txn) CountReferences(ctx context.Context, kind store.RefKind, targetID 
 		return 0, err
 	}
 	return int(n), nil
-}
-
-// micros is t in microseconds since the Unix epoch.
-func micros(t time.Time) int64 { return t.UnixMicro() }
-
-// optMicros is micros(t), or NULL for the zero time.
-func optMicros(t time.Time) any {
-	if t.IsZero() {
-		return nil
-	}
-	return t.UnixMicro()
-}
-
-// fromMicros is the UTC time v microseconds after the Unix epoch.
-func fromMicros(v int64) time.Time { return time.UnixMicro(v).UTC() }
-
-// u2i converts a revision to the signed 64-bit column type.
-func u2i(what string, v uint64) (int64, error) {
-	if v > math.MaxInt64 {
-		return 0, fmt.Errorf("store/postgres: %s %d out of range", what, v)
-	}
-	return int64(v), nil
-}
-
-// mapJSON encodes m as a JSON object ("{}" when empty).
-func mapJSON(m map[string]string) (string, error) {
-	if len(m) == 0 {
-		return "{}", nil
-	}
-	b, err := json.Marshal(m)
-	return string(b), err
-}
-
-// nonNil stores nil bytes as an empty bytea (the columns are NOT NULL).
-func nonNil(b []byte) []byte {
-	if b == nil {
-		return []byte{}
-	}
-	return b
-}
-
-// emptyNil returns nil for an empty slice.
-func emptyNil(b []byte) []byte {
-	if len(b) == 0 {
-		return nil
-	}
-	return b
 }

@@ -3,74 +3,22 @@ package postgres
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/store/rowcodec"
 )
 
-// stateDeleted is WORKSPACE_STATE_DELETED. Statements spell it (and the
-// other constants partial indexes test) as a literal, so that generic plans
-// can use the partial indexes too.
-const stateDeleted = 8
-
-// workspaceColumns are the columns scanWorkspace reads, in order.
-const workspaceColumns = `w.id, w.created_at, w.updated_at, w.deleted_at, w.doc, w.state, w.guest_condition,
-	w.node_id, w.power, w.force_stop, w.generation, w.command_id,
-	w.observed_generation, w.observed_state, w.holds_execution, w.observed_at`
-
-// scanWorkspace scans workspaceColumns; Labels is left empty.
-func scanWorkspace(row pgx.Row) (*store.Workspace, error) {
-	var (
-		w                                  store.Workspace
-		created, updated                   int64
-		deleted, observed                  *int64
-		state, guest, power, observedState int32
-		gen, observedGen                   int64
-	)
-	if err := row.Scan(&w.ID, &created, &updated, &deleted, &w.Doc, &state, &guest,
-		&w.NodeID, &power, &w.ForceStop, &gen, &w.CommandID,
-		&observedGen, &observedState, &w.HoldsExecution, &observed); err != nil {
-		return nil, err
-	}
-	w.CreatedAt, w.UpdatedAt = fromMicros(created), fromMicros(updated)
-	if deleted != nil {
-		w.DeletedAt = fromMicros(*deleted)
-	}
-	if observed != nil {
-		w.ObservedAt = fromMicros(*observed)
-	}
-	w.Doc = emptyNil(w.Doc)
-	w.Labels = map[string]string{}
-	w.State, w.GuestCondition, w.Power = state, guest, store.Power(power)
-	w.Generation, w.ObservedGeneration = uint64(gen), uint64(observedGen)
-	w.ObservedState = store.ExecState(observedState)
-	return &w, nil
-}
-
-// workspaceMutable lists the mutable columns of workspaces, in the order
-// workspaceArgs returns their values.
-var workspaceMutable = []string{"updated_at", "deleted_at", "doc", "state", "guest_condition",
-	"node_id", "power", "force_stop", "generation", "command_id",
-	"observed_generation", "observed_state", "holds_execution", "observed_at"}
-
-// workspaceArgs returns the values of workspaceMutable for w.
-func workspaceArgs(w *store.Workspace) ([]any, error) {
-	gen, err := u2i("generation", w.Generation)
-	if err != nil {
-		return nil, err
-	}
-	observedGen, err := u2i("observed generation", w.ObservedGeneration)
-	if err != nil {
-		return nil, err
-	}
-	return []any{micros(w.UpdatedAt), optMicros(w.DeletedAt), nonNil(w.Doc), w.State, w.GuestCondition,
-		w.NodeID, int32(w.Power), w.ForceStop, gen, w.CommandID,
-		observedGen, int32(w.ObservedState), w.HoldsExecution, optMicros(w.ObservedAt)}, nil
-}
+// scanCommand and scanWorkspace read nullable BIGINTs as pgx does without
+// reflection.
+var (
+	scanCommand   = rowcodec.ScanCommand[pgtype.Int8]
+	scanWorkspace = rowcodec.ScanWorkspace[pgtype.Int8]
+)
 
 // placeholders returns "$from, $from+1, ..." for n parameters.
 func placeholders(from, n int) string {
@@ -88,7 +36,7 @@ func (t *txn) GetWorkspace(ctx context.Context, id string) (w *store.Workspace, 
 		return nil, err
 	}
 	b := &pgx.Batch{}
-	b.Queue(`SELECT `+workspaceColumns+` FROM workspaces w WHERE w.id = $1`, id)
+	b.Queue(`SELECT `+rowcodec.WorkspaceColumns+` FROM workspaces w WHERE w.id = $1`, id)
 	b.Queue(`SELECT key, value FROM labels WHERE kind = $1 AND object_id = $2`, string(store.KindWorkspace), id)
 	br := t.tx.SendBatch(ctx, b)
 	defer func() {
@@ -120,15 +68,15 @@ func (t *txn) GetWorkspace(ctx context.Context, id string) (w *store.Workspace, 
 
 // InsertWorkspace implements store.Tx.
 func (t *txn) InsertWorkspace(ctx context.Context, w *store.Workspace) error {
-	args, err := workspaceArgs(w)
+	args, err := rowcodec.WorkspaceArgs(w)
 	if err != nil {
 		return err
 	}
-	inserts := []stmt{{`INSERT INTO workspaces (id, created_at, ` + strings.Join(workspaceMutable, ", ") + `)
-		VALUES (` + placeholders(1, 2+len(workspaceMutable)) + `)`,
-		append([]any{w.ID, micros(w.CreatedAt)}, args...)}}
+	inserts := []stmt{{`INSERT INTO workspaces (id, created_at, ` + strings.Join(rowcodec.WorkspaceMutable, ", ") + `)
+		VALUES (` + placeholders(1, 2+len(rowcodec.WorkspaceMutable)) + `)`,
+		append([]any{w.ID, rowcodec.Micros(w.CreatedAt)}, args...)}}
 	if len(w.Labels) > 0 {
-		inserts = append(inserts, insertLabels(store.KindWorkspace, w.ID, micros(w.CreatedAt), w.Labels))
+		inserts = append(inserts, insertLabels(store.KindWorkspace, w.ID, rowcodec.Micros(w.CreatedAt), w.Labels))
 	}
 	return t.insertUnique(ctx,
 		fmt.Sprintf("workspace %q", w.ID),
@@ -138,8 +86,8 @@ func (t *txn) InsertWorkspace(ctx context.Context, w *store.Workspace) error {
 
 // updateWorkspaceSQL sets every mutable column; $1 is the ID.
 var updateWorkspaceSQL = func() string {
-	set := make([]string, len(workspaceMutable))
-	for i, c := range workspaceMutable {
+	set := make([]string, len(rowcodec.WorkspaceMutable))
+	for i, c := range rowcodec.WorkspaceMutable {
 		set[i] = c + " = $" + strconv.Itoa(i+2)
 	}
 	return `UPDATE workspaces SET ` + strings.Join(set, ", ") + ` WHERE id = $1`
@@ -161,19 +109,14 @@ const (
 // UpdateWorkspace implements store.Tx: the row and its labels are written in
 // one round trip. CreatedAt is not mutable and is kept from the stored row.
 func (t *txn) UpdateWorkspace(ctx context.Context, w *store.Workspace) error {
-	args, err := workspaceArgs(w)
+	args, err := rowcodec.WorkspaceArgs(w)
 	if err != nil {
 		return err
 	}
 	if err := t.check(); err != nil {
 		return err
 	}
-	keys := make([]string, 0, len(w.Labels))
-	values := make([]string, 0, len(w.Labels))
-	for k, v := range w.Labels {
-		keys = append(keys, k)
-		values = append(values, v)
-	}
+	keys, values := labelArrays(w.Labels)
 	kind := string(store.KindWorkspace)
 	b := &pgx.Batch{}
 	b.Queue(updateWorkspaceSQL, append([]any{w.ID}, args...)...)
@@ -199,13 +142,6 @@ func (t *txn) UpdateWorkspace(ctx context.Context, w *store.Workspace) error {
 	return nil
 }
 
-// states returns the states of a filter sorted, without duplicates.
-func states(s []int32) []int32 {
-	s = slices.Clone(s)
-	slices.Sort(s)
-	return slices.Compact(s)
-}
-
 // workspaceListSQL returns the statement and arguments of one ListWorkspaces
 // page (q.Limit > 0).
 //
@@ -229,7 +165,9 @@ func states(s []int32) []int32 {
 // parameters: the planner then picks between the indexes above from the
 // column statistics of those values in every plan, generic ones included.
 // With a parameter, a generic plan would filter a scan of workspaces_list,
-// whose cost for a rare state is the whole table.
+// whose cost for a rare state is the whole table. store.WorkspaceStateDeleted
+// is a literal for the same reason, and because workspaces_live tests it:
+// generic plans can use that partial index too.
 func workspaceListSQL(q store.WorkspaceQuery) (string, []any) {
 	var b strings.Builder
 	var args []any
@@ -238,12 +176,8 @@ func workspaceListSQL(q store.WorkspaceQuery) (string, []any) {
 		return "$" + strconv.Itoa(len(args))
 	}
 	lit := func(v int32) string { return strconv.FormatInt(int64(v), 10) }
-	st := states(q.States)
-	keys := make([]string, 0, len(q.Selector))
-	for k := range q.Selector {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
+	st := rowcodec.States(q.States)
+	keys := rowcodec.SortedKeys(q.Selector)
 	var guest string
 	if q.GuestCondition != 0 {
 		guest = ` AND w.guest_condition = ` + lit(q.GuestCondition)
@@ -251,7 +185,7 @@ func workspaceListSQL(q store.WorkspaceQuery) (string, []any) {
 	// The cursor and the limit are bound once, used by every branch.
 	var afterAt, afterID string
 	if q.After != nil {
-		afterAt, afterID = arg(micros(q.After.CreatedAt)), arg(q.After.ID)
+		afterAt, afterID = arg(rowcodec.Micros(q.After.CreatedAt)), arg(q.After.ID)
 	}
 	limit := arg(q.Limit)
 	after := func(createdAt, id string) {
@@ -261,7 +195,7 @@ func workspaceListSQL(q store.WorkspaceQuery) (string, []any) {
 	}
 
 	if len(keys) > 0 {
-		b.WriteString(`SELECT ` + workspaceColumns + ` FROM labels l0
+		b.WriteString(`SELECT ` + rowcodec.WorkspaceColumns + ` FROM labels l0
 			CROSS JOIN LATERAL (SELECT * FROM workspaces w WHERE w.id = l0.object_id`)
 		switch {
 		case len(st) > 0:
@@ -271,7 +205,7 @@ func workspaceListSQL(q store.WorkspaceQuery) (string, []any) {
 			}
 			b.WriteString(` AND w.state IN (` + strings.Join(lits, ", ") + `)`)
 		case !q.IncludeDeleted:
-			b.WriteString(` AND w.state <> ` + strconv.Itoa(stateDeleted))
+			b.WriteString(` AND w.state <> ` + strconv.Itoa(int(store.WorkspaceStateDeleted)))
 		}
 		b.WriteString(guest + ` OFFSET 0) w
 			WHERE l0.kind = ` + arg(string(store.KindWorkspace)) + ` AND l0.key = ` + arg(keys[0]) + ` AND l0.value = ` + arg(q.Selector[keys[0]]))
@@ -287,7 +221,7 @@ func workspaceListSQL(q store.WorkspaceQuery) (string, []any) {
 
 	// one writes the scan of one state.
 	one := func(s int32) {
-		b.WriteString(`SELECT ` + workspaceColumns + ` FROM workspaces w WHERE w.state = ` + lit(s))
+		b.WriteString(`SELECT ` + rowcodec.WorkspaceColumns + ` FROM workspaces w WHERE w.state = ` + lit(s))
 		after("w.created_at", "w.id")
 		b.WriteString(guest + ` ORDER BY w.created_at, w.id LIMIT ` + limit)
 	}
@@ -295,7 +229,7 @@ func workspaceListSQL(q store.WorkspaceQuery) (string, []any) {
 	case len(st) == 1:
 		one(st[0])
 	case len(st) > 1:
-		b.WriteString(`SELECT ` + workspaceColumns + ` FROM (`)
+		b.WriteString(`SELECT ` + rowcodec.WorkspaceColumns + ` FROM (`)
 		for i, s := range st {
 			if i > 0 {
 				b.WriteString(` UNION ALL `)
@@ -306,9 +240,9 @@ func workspaceListSQL(q store.WorkspaceQuery) (string, []any) {
 		}
 		b.WriteString(`) w ORDER BY w.created_at, w.id LIMIT ` + limit)
 	default:
-		b.WriteString(`SELECT ` + workspaceColumns + ` FROM workspaces w WHERE true`)
+		b.WriteString(`SELECT ` + rowcodec.WorkspaceColumns + ` FROM workspaces w WHERE true`)
 		if !q.IncludeDeleted {
-			b.WriteString(` AND w.state <> ` + strconv.Itoa(stateDeleted))
+			b.WriteString(` AND w.state <> ` + strconv.Itoa(int(store.WorkspaceStateDeleted)))
 		}
 		after("w.created_at", "w.id")
 		b.WriteString(guest + ` ORDER BY w.created_at, w.id LIMIT ` + limit)
@@ -326,7 +260,7 @@ func (t *txn) ListWorkspaces(ctx context.Context, q store.WorkspaceQuery) ([]*st
 }
 
 // workspacesOnNodeSQL is a range scan of the workspaces_node partial index.
-const workspacesOnNodeSQL = `SELECT ` + workspaceColumns + ` FROM workspaces w
+const workspacesOnNodeSQL = `SELECT ` + rowcodec.WorkspaceColumns + ` FROM workspaces w
 	WHERE w.node_id = $1 AND w.deleted_at IS NULL
 	ORDER BY w.created_at, w.id`
 
@@ -338,7 +272,7 @@ func (t *txn) WorkspacesOnNode(ctx context.Context, nodeID string) ([]*store.Wor
 // pendingWorkspacesSQL is a scan of the workspaces_pending partial index,
 // which holds only the Workspaces it returns; its WHERE clause repeats the
 // index's.
-const pendingWorkspacesSQL = `SELECT ` + workspaceColumns + ` FROM workspaces w
+const pendingWorkspacesSQL = `SELECT ` + rowcodec.WorkspaceColumns + ` FROM workspaces w
 	WHERE w.deleted_at IS NULL AND (w.generation > w.observed_generation OR w.node_id = '')
 		AND (w.node_id != '' OR w.command_id != '')
 	ORDER BY w.created_at, w.id LIMIT $1`
@@ -352,8 +286,8 @@ func (t *txn) PendingWorkspaces(ctx context.Context, limit int) ([]*store.Worksp
 	return t.workspaces(ctx, pendingWorkspacesSQL, limit)
 }
 
-// workspaces runs a query of workspaceColumns and then reads the labels of
-// every Workspace it returned with one statement.
+// workspaces runs a query of rowcodec.WorkspaceColumns and then reads the
+// labels of every Workspace it returned with one statement.
 func (t *txn) workspaces(ctx context.Context, query string, args ...any) ([]*store.Workspace, error) {
 	var page []*store.Workspace
 	byID := map[string]*store.Workspace{}
@@ -391,8 +325,8 @@ func (t *txn) workspaces(ctx context.Context, query string, args ...any) ([]*sto
 
 // processingCommandsSQL is a range scan of the commands_processing partial
 // index.
-const processingCommandsSQL = `SELECT ` + commandColumns + ` FROM commands
-	WHERE object_kind = $1 AND status = 1
+var processingCommandsSQL = `SELECT ` + rowcodec.CommandColumns + ` FROM commands
+	WHERE object_kind = $1 AND status = ` + strconv.Itoa(int(store.CommandProcessing)) + `
 	ORDER BY created_at, command_id LIMIT $2`
 
 // ProcessingCommands implements store.Tx, oldest (by CreatedAt, then ID)
@@ -416,88 +350,34 @@ func (t *txn) ProcessingCommands(ctx context.Context, objectKind string, limit i
 	return out, nil
 }
 
-// scanCommand scans commandColumns.
-func scanCommand(row pgx.Row) (*store.Command, error) {
-	var (
-		c                   store.Command
-		kind, initr, status int64
-		created             int64
-		completed           *int64
-	)
-	if err := row.Scan(&c.ID, &c.Method, &c.Fingerprint, &c.ObjectKind, &c.ObjectID, &kind, &initr,
-		&status, &c.Result, &c.ErrorCode, &c.ErrorDetail, &created, &completed); err != nil {
-		return nil, err
-	}
-	c.Kind, c.Initiator, c.Status = int(kind), int(initr), store.CommandStatus(status)
-	c.Fingerprint, c.Result, c.ErrorDetail = emptyNil(c.Fingerprint), emptyNil(c.Result), emptyNil(c.ErrorDetail)
-	c.CreatedAt = fromMicros(created)
-	if completed != nil {
-		c.CompletedAt = fromMicros(*completed)
-	}
-	return &c, nil
-}
-
-const nodeColumns = `id, created_at, last_seen, memory_mib, cpu_millis, storage_bytes, doc, cert_key_hash`
-
-// scanNode scans nodeColumns.
-func scanNode(row pgx.Row) (*store.Node, error) {
-	var (
-		n                 store.Node
-		created, seen     int64
-		memory, cpu, stor int64
-	)
-	if err := row.Scan(&n.ID, &created, &seen, &memory, &cpu, &stor, &n.Doc, &n.CertKeyHash); err != nil {
-		return nil, err
-	}
-	n.CreatedAt, n.LastSeen = fromMicros(created), fromMicros(seen)
-	n.MemoryMiB, n.CPUMillis, n.StorageBytes = uint64(memory), uint64(cpu), uint64(stor)
-	n.Doc, n.CertKeyHash = emptyNil(n.Doc), emptyNil(n.CertKeyHash)
-	return &n, nil
-}
-
 // UpsertNode implements store.Tx. Replacing a node keeps the CreatedAt it
 // was first stored with. Unlike the inserts of new objects this is an
 // INSERT … ON CONFLICT: nodes are few and mostly replaced, and replacing one
 // writes no index entry (a HOT update), so its predicate lock on the
 // primary key's page conflicts only with the registration of a new node.
 func (t *txn) UpsertNode(ctx context.Context, n *store.Node) error {
-	memory, err := u2i("memory", n.MemoryMiB)
+	args, err := rowcodec.NodeArgs(n)
 	if err != nil {
 		return err
 	}
-	cpu, err := u2i("cpu", n.CPUMillis)
-	if err != nil {
-		return err
-	}
-	stor, err := u2i("storage", n.StorageBytes)
-	if err != nil {
-		return err
-	}
-	_, err = t.exec(ctx, `INSERT INTO nodes (`+nodeColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+	_, err = t.exec(ctx, `INSERT INTO nodes (`+rowcodec.NodeColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 		ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen, memory_mib = excluded.memory_mib,
 			cpu_millis = excluded.cpu_millis, storage_bytes = excluded.storage_bytes, doc = excluded.doc,
 			cert_key_hash = excluded.cert_key_hash`,
-		n.ID, micros(n.CreatedAt), micros(n.LastSeen), memory, cpu, stor, nonNil(n.Doc), nonNil(n.CertKeyHash))
+		args...)
 	return err
 }
 
 // GetNode implements store.Tx.
 func (t *txn) GetNode(ctx context.Context, id string) (*store.Node, error) {
-	if err := t.check(); err != nil {
-		return nil, err
-	}
-	n, err := scanNode(t.tx.QueryRow(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE id = $1`, id))
-	if err != nil {
-		return nil, t.fail(err)
-	}
-	return n, nil
+	return queryOne(ctx, t, rowcodec.ScanNode, `SELECT `+rowcodec.NodeColumns+` FROM nodes WHERE id = $1`, id)
 }
 
 // ListNodes implements store.Tx.
 func (t *txn) ListNodes(ctx context.Context) ([]*store.Node, error) {
 	var out []*store.Node
-	err := t.query(ctx, `SELECT `+nodeColumns+` FROM nodes ORDER BY id`, nil, func(rows pgx.Rows) error {
-		n, err := scanNode(rows)
+	err := t.query(ctx, `SELECT `+rowcodec.NodeColumns+` FROM nodes ORDER BY id`, nil, func(rows pgx.Rows) error {
+		n, err := rowcodec.ScanNode(rows)
 		if err != nil {
 			return err
 		}

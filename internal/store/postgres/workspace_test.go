@@ -93,7 +93,7 @@ func TestWorkspaceQueryPlans(t *testing.T) {
 			}
 			switch {
 			case i%100 < 5:
-				w.State, w.GuestCondition, w.DeletedAt = stateDeleted, 0, w.CreatedAt
+				w.State, w.GuestCondition, w.DeletedAt = store.WorkspaceStateDeleted, 0, w.CreatedAt
 			case i%100 < 10:
 				w.State, w.GuestCondition = 5, 0
 			case i%100 == 99:
@@ -150,7 +150,7 @@ func TestWorkspaceQueryPlans(t *testing.T) {
 	add("common state", store.WorkspaceQuery{States: []int32{3}}, "ROW(created_at, id) > ROW(")
 	add("rare state", store.WorkspaceQuery{States: []int32{6}},
 		"Index Scan using workspaces_state on workspaces w", "(state = 6) AND (ROW(created_at, id) > ROW(")
-	add("deleted state", store.WorkspaceQuery{States: []int32{stateDeleted}},
+	add("deleted state", store.WorkspaceQuery{States: []int32{store.WorkspaceStateDeleted}},
 		"Index Scan using workspaces_state on workspaces w", "(state = 8) AND (ROW(created_at, id) > ROW(")
 	add("states", store.WorkspaceQuery{States: []int32{6, 5, 3}},
 		"Merge Append", "using workspaces_state on workspaces", "(state = 6) AND (ROW(created_at, id) > ROW(",
@@ -196,6 +196,25 @@ func TestWorkspaceQueryPlans(t *testing.T) {
 			if !tc.sort && hasSortNode(plan) {
 				t.Errorf("%s (%s): plan sorts: a page would cost more than its rows", tc.name, mode)
 			}
+		}
+	}
+}
+
+// TestPartialIndexConstants: the partial indexes test the stored values the
+// statements spell, store.WorkspaceStateDeleted and store.CommandProcessing.
+func TestPartialIndexConstants(t *testing.T) {
+	s := openTest(t)
+	for index, want := range map[string]string{
+		"workspaces_live":     fmt.Sprintf("WHERE (state <> %d)", store.WorkspaceStateDeleted),
+		"commands_processing": fmt.Sprintf("WHERE (status = %d)", store.CommandProcessing),
+	} {
+		var def string
+		if err := s.pool.QueryRow(context.Background(),
+			`SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema() AND indexname = $1`, index).Scan(&def); err != nil {
+			t.Fatalf("%s: %v", index, err)
+		}
+		if !strings.HasSuffix(def, want) {
+			t.Errorf("%s: %s, want it to end with %q", index, def, want)
 		}
 	}
 }

@@ -13,8 +13,11 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-// migrations returns the embedded migrations in version order.
-func migrations() ([]migration.Migration, error) { return migration.Load(migrationFS, "migrations") }
+// migrations returns the embedded migrations in version order, checked
+// against migration.Changes.
+func migrations() ([]migration.Migration, error) {
+	return migration.LoadDialect(migration.SQLite, migrationFS, "migrations")
+}
 
 // migrate applies the migrations not yet recorded in schema_migrations, in
 // order, in one BEGIN IMMEDIATE transaction: a second process opening the

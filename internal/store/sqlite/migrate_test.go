@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/store/migration"
+	"github.com/kibotos/kibotos/internal/store/rowcodec"
 )
 
 // createAtVersion creates a database at path with the first version
@@ -91,7 +93,7 @@ func TestMigrateResourcesListOrder(t *testing.T) {
 			if want == nil {
 				want = map[string]string{}
 			}
-			if !maps.Equal(got.Labels, want) || got.CreatedAt != fromMicros(r.created) || got.UpdatedAt != fromMicros(r.created+1) ||
+			if !maps.Equal(got.Labels, want) || got.CreatedAt != rowcodec.FromMicros(r.created) || got.UpdatedAt != rowcodec.FromMicros(r.created+1) ||
 				got.Revision != 3 || got.LabelsRevision != 2 || got.AnnotationsRevision != 1 || fmt.Sprintf("%x", got.Spec) != r.spec {
 				t.Errorf("%s/%s after migrating: %+v", r.kind, r.id, got)
 			}
@@ -114,7 +116,7 @@ func TestMigrateResourcesListOrder(t *testing.T) {
 			t.Errorf("selector after migrating: %v, want %v", got, want)
 		}
 		page, err = tx.ListResources(ctx, store.ListQuery{Kind: store.KindEgress, Selector: map[string]string{"app": "web"},
-			After: &store.Cursor{CreatedAt: fromMicros(20), ID: "eg-aa"}, Limit: 10})
+			After: &store.Cursor{CreatedAt: rowcodec.FromMicros(20), ID: "eg-aa"}, Limit: 10})
 		if err != nil {
 			return err
 		}
@@ -139,7 +141,7 @@ func TestMigrateResourcesListOrder(t *testing.T) {
 	if err := s.InTx(ctx, func(tx store.Tx) error { return tx.InsertResource(ctx, dup) }); !errors.Is(err, store.ErrDuplicate) {
 		t.Errorf("insert of a duplicate ID: %v, want ErrDuplicate", err)
 	}
-	dup.CreatedAt = fromMicros(20)
+	dup.CreatedAt = rowcodec.FromMicros(20)
 	if err := s.InTx(ctx, func(tx store.Tx) error { return tx.InsertResource(ctx, dup) }); !errors.Is(err, store.ErrDuplicate) {
 		t.Errorf("insert of a duplicate ID and created_at: %v, want ErrDuplicate", err)
 	}
@@ -200,4 +202,22 @@ func resourceIDs(rs []*store.Resource) []string {
 		ids = append(ids, r.ID)
 	}
 	return ids
+}
+
+// TestMigrationVersions: a new database records the versions and names
+// migration.Changes gives SQLite, which databases already deployed have
+// recorded too (a renumbered file would fail here and there).
+func TestMigrationVersions(t *testing.T) {
+	s := openTest(t)
+	var want []string
+	for _, c := range migration.Changes {
+		if v := c.Version(migration.SQLite); v != 0 {
+			want = append(want, fmt.Sprintf("%d %04d_%s.sql", v, v, c.Name))
+		}
+	}
+	var got string
+	readerRow(t, s, `SELECT group_concat(version || ' ' || name, ', ') FROM (SELECT * FROM schema_migrations ORDER BY version)`, nil, &got)
+	if got != strings.Join(want, ", ") {
+		t.Errorf("schema_migrations = %s, want %s", got, strings.Join(want, ", "))
+	}
 }

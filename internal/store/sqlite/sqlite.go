@@ -76,6 +76,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/store/rowcodec"
 )
 
 const (
@@ -455,7 +456,7 @@ func (s *Store) Secret(ctx context.Context, name string, create func() []byte) (
 	if !errors.Is(err, store.ErrNotFound) {
 		return nil, err
 	}
-	nv := nonNil(create())
+	nv := rowcodec.NonNil(create())
 	err = s.inTx(ctx, func(t *txn) (err error) {
 		if _, err := t.exec(ctx, `INSERT INTO secrets (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING`, name, nv); err != nil {
 			return err

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/store/rowcodec"
 	"github.com/kibotos/kibotos/internal/store/storetest"
 )
 
@@ -546,7 +547,7 @@ func TestListQueryPlans(t *testing.T) {
 		// By ID: resources_id, whose entries hold the primary key.
 		byID := "SEARCH r USING INDEX resources_id (kind=? AND id=?)"
 		cases = append(cases,
-			planCase{"get", `SELECT ` + resourceColumns + ` FROM resources r WHERE r.kind = ? AND r.id = ?`, []any{"egress", "r0001"}, []string{byID}},
+			planCase{"get", `SELECT ` + rowcodec.ResourceColumnsWithLabels + ` FROM resources r WHERE r.kind = ? AND r.id = ?`, []any{"egress", "r0001"}, []string{byID}},
 			planCase{"update", `UPDATE resources AS r SET revision = 2 WHERE kind = ? AND id = ?`, []any{"egress", "r0001"},
 				[]string{"SEARCH r USING COVERING INDEX resources_id (kind=? AND id=?)"}},
 			planCase{"delete", `DELETE FROM resources AS r WHERE kind = ? AND id = ?`, []any{"egress", "r0001"},
@@ -633,7 +634,7 @@ func seedList(b *testing.B, s *Store, n int) *store.Cursor {
 			SELECT 'egress', 'eg-' || lower(hex(randomblob(10))), ? + i, ? + i, 1, x'',
 				json_object('app', 'app-' || (i % 10), 'shard', 'shard-' || (i % 100), 'tier', 'tier-' || (i % 3)), 1, '{}', 1
 			FROM seq`,
-			n, micros(base), micros(base)); err != nil {
+			n, rowcodec.Micros(base), rowcodec.Micros(base)); err != nil {
 			return err
 		}
 		// In creation order, as InsertResource would have.
@@ -651,7 +652,7 @@ func seedList(b *testing.B, s *Store, n int) *store.Cursor {
 	// is prepared again on every run.
 	at := base.Add(time.Duration(n*9/10) * time.Microsecond)
 	deep := &store.Cursor{CreatedAt: at}
-	readerRow(b, s, `SELECT id FROM resources WHERE kind = 'egress' AND created_at = ?`, []any{micros(at)}, &deep.ID)
+	readerRow(b, s, `SELECT id FROM resources WHERE kind = 'egress' AND created_at = ?`, []any{rowcodec.Micros(at)}, &deep.ID)
 	b.Logf("inserted %d resources with 3 labels each in %v", n, time.Since(start))
 	return deep
 }

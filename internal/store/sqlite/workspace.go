@@ -5,91 +5,24 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/store/rowcodec"
 )
 
-// stateDeleted is WORKSPACE_STATE_DELETED. Statements spell it (and the
-// other constants partial indexes test) as a literal: SQLite uses a partial
-// index only when the query's WHERE clause contains the index's terms.
-const stateDeleted = 8
-
-// workspaceColumns are the columns scanWorkspace reads, in order.
-const workspaceColumns = `w.id, w.created_at, w.updated_at, w.deleted_at, w.doc, w.state, w.guest_condition,
-	w.node_id, w.power, w.force_stop, w.generation, w.command_id,
-	w.observed_generation, w.observed_state, w.holds_execution, w.observed_at`
-
-// scanWorkspace scans workspaceColumns; Labels is left empty.
-func scanWorkspace(row scanner) (*store.Workspace, error) {
-	var (
-		w                                  store.Workspace
-		created, updated                   int64
-		deleted, observed                  sql.NullInt64
-		state, guest, power, observedState int64
-		forceStop, holds                   int64
-		gen, observedGen                   int64
-	)
-	if err := row.Scan(&w.ID, &created, &updated, &deleted, &w.Doc, &state, &guest,
-		&w.NodeID, &power, &forceStop, &gen, &w.CommandID,
-		&observedGen, &observedState, &holds, &observed); err != nil {
-		return nil, err
-	}
-	w.CreatedAt, w.UpdatedAt = fromMicros(created), fromMicros(updated)
-	if deleted.Valid {
-		w.DeletedAt = fromMicros(deleted.Int64)
-	}
-	if observed.Valid {
-		w.ObservedAt = fromMicros(observed.Int64)
-	}
-	w.Doc = emptyNil(w.Doc)
-	w.Labels = map[string]string{}
-	w.State, w.GuestCondition = int32(state), int32(guest)
-	w.Power, w.ForceStop = store.Power(power), forceStop != 0
-	w.Generation, w.ObservedGeneration = uint64(gen), uint64(observedGen)
-	w.ObservedState, w.HoldsExecution = store.ExecState(observedState), holds != 0
-	return &w, nil
-}
-
-// workspaceMutable lists the mutable columns of workspaces, in the order
-// workspaceArgs returns their values.
-var workspaceMutable = []string{"updated_at", "deleted_at", "doc", "state", "guest_condition",
-	"node_id", "power", "force_stop", "generation", "command_id",
-	"observed_generation", "observed_state", "holds_execution", "observed_at"}
-
-// workspaceArgs returns the values of workspaceMutable for w.
-func workspaceArgs(w *store.Workspace) ([]any, error) {
-	gen, err := u2i("generation", w.Generation)
-	if err != nil {
-		return nil, err
-	}
-	observedGen, err := u2i("observed generation", w.ObservedGeneration)
-	if err != nil {
-		return nil, err
-	}
-	return []any{micros(w.UpdatedAt), optMicros(w.DeletedAt), nonNil(w.Doc), int64(w.State), int64(w.GuestCondition),
-		w.NodeID, int64(w.Power), b2i(w.ForceStop), gen, w.CommandID,
-		observedGen, int64(w.ObservedState), b2i(w.HoldsExecution), optMicros(w.ObservedAt)}, nil
-}
-
-func b2i(b bool) int64 {
-	if b {
-		return 1
-	}
-	return 0
-}
+// scanCommand and scanWorkspace read nullable BIGINTs as database/sql does.
+var (
+	scanCommand   = rowcodec.ScanCommand[sql.NullInt64]
+	scanWorkspace = rowcodec.ScanWorkspace[sql.NullInt64]
+)
 
 // GetWorkspace implements store.Tx.
 func (t *txn) GetWorkspace(ctx context.Context, id string) (*store.Workspace, error) {
-	c, err := t.stmtCtx(ctx)
+	w, err := queryOne(ctx, t, scanWorkspace, `SELECT `+rowcodec.WorkspaceColumns+` FROM workspaces w WHERE w.id = ?`, id)
 	if err != nil {
 		return nil, err
-	}
-	w, err := scanWorkspace(t.c.queryRow(c, `SELECT `+workspaceColumns+` FROM workspaces w WHERE w.id = ?`, id))
-	if err != nil {
-		return nil, t.fail(err)
 	}
 	err = t.query(ctx, `SELECT key, value FROM labels WHERE kind = ? AND object_id = ?`, []any{string(store.KindWorkspace), id},
 		func(rows *sql.Rows) error {
@@ -108,31 +41,31 @@ func (t *txn) GetWorkspace(ctx context.Context, id string) (*store.Workspace, er
 
 // InsertWorkspace implements store.Tx.
 func (t *txn) InsertWorkspace(ctx context.Context, w *store.Workspace) error {
-	args, err := workspaceArgs(w)
+	args, err := rowcodec.WorkspaceArgs(w)
 	if err != nil {
 		return err
 	}
-	n, err := t.execN(ctx, `INSERT INTO workspaces (id, created_at, `+strings.Join(workspaceMutable, ", ")+`)
-		VALUES (?, ?`+strings.Repeat(", ?", len(workspaceMutable))+`)
+	n, err := t.execN(ctx, `INSERT INTO workspaces (id, created_at, `+strings.Join(rowcodec.WorkspaceMutable, ", ")+`)
+		VALUES (?, ?`+strings.Repeat(", ?", len(rowcodec.WorkspaceMutable))+`)
 		ON CONFLICT (id) DO NOTHING`,
-		append([]any{w.ID, micros(w.CreatedAt)}, args...)...)
+		append([]any{w.ID, rowcodec.Micros(w.CreatedAt)}, args...)...)
 	if err != nil {
 		return err
 	}
 	if n == 0 {
 		return fmt.Errorf("%w: workspace %q", store.ErrDuplicate, w.ID)
 	}
-	labels, err := mapJSON(w.Labels)
+	labels, err := rowcodec.MapJSON(w.Labels)
 	if err != nil {
 		return err
 	}
-	return t.insertLabels(ctx, store.KindWorkspace, w.ID, micros(w.CreatedAt), labels)
+	return t.insertLabels(ctx, store.KindWorkspace, w.ID, rowcodec.Micros(w.CreatedAt), labels)
 }
 
 // updateWorkspaceSQL sets every mutable column.
 var updateWorkspaceSQL = func() string {
-	set := make([]string, len(workspaceMutable))
-	for i, c := range workspaceMutable {
+	set := make([]string, len(rowcodec.WorkspaceMutable))
+	for i, c := range rowcodec.WorkspaceMutable {
 		set[i] = c + " = ?"
 	}
 	return `UPDATE workspaces SET ` + strings.Join(set, ", ") + ` WHERE id = ? RETURNING created_at`
@@ -142,7 +75,7 @@ var updateWorkspaceSQL = func() string {
 // from the stored row. Only the labels that changed are written: the
 // reconciler updates Workspaces often, mostly without touching their labels.
 func (t *txn) UpdateWorkspace(ctx context.Context, w *store.Workspace) error {
-	args, err := workspaceArgs(w)
+	args, err := rowcodec.WorkspaceArgs(w)
 	if err != nil {
 		return err
 	}
@@ -150,7 +83,7 @@ func (t *txn) UpdateWorkspace(ctx context.Context, w *store.Workspace) error {
 	if err := t.queryRow(ctx, updateWorkspaceSQL, append(args, w.ID), &created); err != nil {
 		return err
 	}
-	j, err := mapJSON(w.Labels)
+	j, err := rowcodec.MapJSON(w.Labels)
 	if err != nil {
 		return err
 	}
@@ -173,13 +106,6 @@ func (t *txn) UpdateWorkspace(ctx context.Context, w *store.Workspace) error {
 	return err
 }
 
-// states returns the states of a filter sorted, without duplicates.
-func states(s []int32) []int32 {
-	s = slices.Clone(s)
-	slices.Sort(s)
-	return slices.Compact(s)
-}
-
 // workspaceListSQL returns the statement and arguments of one ListWorkspaces
 // page (q.Limit > 0).
 //
@@ -197,16 +123,15 @@ func states(s []int32) []int32 {
 //
 // SQLite picks these indexes from the shape of the statement, whatever the
 // parameter values, so they are parameters; TestWorkspaceQueryPlans pins
-// the plans.
+// the plans. The exception is store.WorkspaceStateDeleted, spelled as a
+// literal like every constant a partial index tests (workspaces_live): SQLite
+// uses a partial index only when the query's WHERE clause contains the
+// index's terms as written.
 func workspaceListSQL(q store.WorkspaceQuery) (string, []any) {
 	var b strings.Builder
 	var args []any
-	st := states(q.States)
-	keys := make([]string, 0, len(q.Selector))
-	for k := range q.Selector {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
+	st := rowcodec.States(q.States)
+	keys := rowcodec.SortedKeys(q.Selector)
 	guest := func() {
 		if q.GuestCondition != 0 {
 			b.WriteString(` AND w.guest_condition = ?`)
@@ -216,12 +141,12 @@ func workspaceListSQL(q store.WorkspaceQuery) (string, []any) {
 	after := func(createdAt, id string) {
 		if q.After != nil {
 			b.WriteString(` AND (` + createdAt + `, ` + id + `) > (?, ?)`)
-			args = append(args, micros(q.After.CreatedAt), q.After.ID)
+			args = append(args, rowcodec.Micros(q.After.CreatedAt), q.After.ID)
 		}
 	}
 
 	if len(keys) > 0 {
-		b.WriteString(`SELECT ` + workspaceColumns + ` FROM labels l0 CROSS JOIN workspaces w
+		b.WriteString(`SELECT ` + rowcodec.WorkspaceColumns + ` FROM labels l0 CROSS JOIN workspaces w
 			WHERE l0.kind = ? AND l0.key = ? AND l0.value = ? AND w.id = l0.object_id`)
 		args = append(args, string(store.KindWorkspace), keys[0], q.Selector[keys[0]])
 		after("l0.object_created_at", "l0.object_id")
@@ -237,7 +162,7 @@ func workspaceListSQL(q store.WorkspaceQuery) (string, []any) {
 				args = append(args, int64(s))
 			}
 		case !q.IncludeDeleted:
-			b.WriteString(` AND w.state != ` + strconv.Itoa(stateDeleted))
+			b.WriteString(` AND w.state != ` + strconv.Itoa(int(store.WorkspaceStateDeleted)))
 		}
 		guest()
 		b.WriteString(` ORDER BY l0.object_created_at, l0.object_id LIMIT ?`)
@@ -247,7 +172,7 @@ func workspaceListSQL(q store.WorkspaceQuery) (string, []any) {
 
 	// one writes the scan of one state.
 	one := func(s int32) {
-		b.WriteString(`SELECT ` + workspaceColumns + ` FROM workspaces w WHERE w.state = ?`)
+		b.WriteString(`SELECT ` + rowcodec.WorkspaceColumns + ` FROM workspaces w WHERE w.state = ?`)
 		args = append(args, int64(s))
 		after("w.created_at", "w.id")
 		guest()
@@ -270,9 +195,9 @@ func workspaceListSQL(q store.WorkspaceQuery) (string, []any) {
 		b.WriteString(`) ORDER BY created_at, id LIMIT ?`)
 		args = append(args, q.Limit)
 	default:
-		b.WriteString(`SELECT ` + workspaceColumns + ` FROM workspaces w WHERE true`)
+		b.WriteString(`SELECT ` + rowcodec.WorkspaceColumns + ` FROM workspaces w WHERE true`)
 		if !q.IncludeDeleted {
-			b.WriteString(` AND w.state != ` + strconv.Itoa(stateDeleted))
+			b.WriteString(` AND w.state != ` + strconv.Itoa(int(store.WorkspaceStateDeleted)))
 		}
 		after("w.created_at", "w.id")
 		guest()
@@ -292,7 +217,7 @@ func (t *txn) ListWorkspaces(ctx context.Context, q store.WorkspaceQuery) ([]*st
 }
 
 // workspacesOnNodeSQL is a range scan of the workspaces_node partial index.
-const workspacesOnNodeSQL = `SELECT ` + workspaceColumns + ` FROM workspaces w
+const workspacesOnNodeSQL = `SELECT ` + rowcodec.WorkspaceColumns + ` FROM workspaces w
 	WHERE w.node_id = ? AND w.deleted_at IS NULL
 	ORDER BY w.created_at, w.id`
 
@@ -304,7 +229,7 @@ func (t *txn) WorkspacesOnNode(ctx context.Context, nodeID string) ([]*store.Wor
 // pendingWorkspacesSQL is a scan of the workspaces_pending partial index,
 // which holds only the Workspaces it returns; its WHERE clause repeats the
 // index's.
-const pendingWorkspacesSQL = `SELECT ` + workspaceColumns + ` FROM workspaces w
+const pendingWorkspacesSQL = `SELECT ` + rowcodec.WorkspaceColumns + ` FROM workspaces w
 	WHERE w.deleted_at IS NULL AND (w.generation > w.observed_generation OR w.node_id = '')
 		AND (w.node_id != '' OR w.command_id != '')
 	ORDER BY w.created_at, w.id LIMIT ?`
@@ -318,8 +243,8 @@ func (t *txn) PendingWorkspaces(ctx context.Context, limit int) ([]*store.Worksp
 	return t.workspaces(ctx, pendingWorkspacesSQL, limit)
 }
 
-// workspaces runs a query of workspaceColumns and then reads the labels of
-// every Workspace it returned with one statement.
+// workspaces runs a query of rowcodec.WorkspaceColumns and then reads the
+// labels of every Workspace it returned with one statement.
 func (t *txn) workspaces(ctx context.Context, query string, args ...any) ([]*store.Workspace, error) {
 	var page []*store.Workspace
 	byID := map[string]*store.Workspace{}
@@ -361,8 +286,8 @@ func (t *txn) workspaces(ctx context.Context, query string, args ...any) ([]*sto
 
 // processingCommandsSQL is a range scan of the commands_processing partial
 // index.
-const processingCommandsSQL = `SELECT ` + commandColumns + ` FROM commands
-	WHERE object_kind = ? AND status = 1
+var processingCommandsSQL = `SELECT ` + rowcodec.CommandColumns + ` FROM commands
+	WHERE object_kind = ? AND status = ` + strconv.Itoa(int(store.CommandProcessing)) + `
 	ORDER BY created_at, command_id LIMIT ?`
 
 // ProcessingCommands implements store.Tx, oldest (by CreatedAt, then ID)
@@ -386,86 +311,31 @@ func (t *txn) ProcessingCommands(ctx context.Context, objectKind string, limit i
 	return out, nil
 }
 
-// scanCommand scans commandColumns.
-func scanCommand(row interface{ Scan(...any) error }) (*store.Command, error) {
-	var (
-		c                   store.Command
-		created             int64
-		completed           sql.NullInt64
-		status, kind, initr int64
-	)
-	if err := row.Scan(&c.ID, &c.Method, &c.Fingerprint, &c.ObjectKind, &c.ObjectID, &kind, &initr,
-		&status, &c.Result, &c.ErrorCode, &c.ErrorDetail, &created, &completed); err != nil {
-		return nil, err
-	}
-	c.Kind, c.Initiator, c.Status = int(kind), int(initr), store.CommandStatus(status)
-	c.Fingerprint, c.Result, c.ErrorDetail = emptyNil(c.Fingerprint), emptyNil(c.Result), emptyNil(c.ErrorDetail)
-	c.CreatedAt = fromMicros(created)
-	if completed.Valid {
-		c.CompletedAt = fromMicros(completed.Int64)
-	}
-	return &c, nil
-}
-
-const nodeColumns = `id, created_at, last_seen, memory_mib, cpu_millis, storage_bytes, doc, cert_key_hash`
-
-// scanNode scans nodeColumns.
-func scanNode(row scanner) (*store.Node, error) {
-	var (
-		n                 store.Node
-		created, seen     int64
-		memory, cpu, stor int64
-	)
-	if err := row.Scan(&n.ID, &created, &seen, &memory, &cpu, &stor, &n.Doc, &n.CertKeyHash); err != nil {
-		return nil, err
-	}
-	n.CreatedAt, n.LastSeen = fromMicros(created), fromMicros(seen)
-	n.MemoryMiB, n.CPUMillis, n.StorageBytes = uint64(memory), uint64(cpu), uint64(stor)
-	n.Doc, n.CertKeyHash = emptyNil(n.Doc), emptyNil(n.CertKeyHash)
-	return &n, nil
-}
-
 // UpsertNode implements store.Tx. Replacing a node keeps the CreatedAt it
 // was first stored with.
 func (t *txn) UpsertNode(ctx context.Context, n *store.Node) error {
-	memory, err := u2i("memory", n.MemoryMiB)
+	args, err := rowcodec.NodeArgs(n)
 	if err != nil {
 		return err
 	}
-	cpu, err := u2i("cpu", n.CPUMillis)
-	if err != nil {
-		return err
-	}
-	storage, err := u2i("storage", n.StorageBytes)
-	if err != nil {
-		return err
-	}
-	_, err = t.exec(ctx, `INSERT INTO nodes (`+nodeColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+	_, err = t.exec(ctx, `INSERT INTO nodes (`+rowcodec.NodeColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen, memory_mib = excluded.memory_mib,
 			cpu_millis = excluded.cpu_millis, storage_bytes = excluded.storage_bytes, doc = excluded.doc,
 			cert_key_hash = excluded.cert_key_hash`,
-		n.ID, micros(n.CreatedAt), micros(n.LastSeen), memory, cpu, storage, nonNil(n.Doc), nonNil(n.CertKeyHash))
+		args...)
 	return err
 }
 
 // GetNode implements store.Tx.
 func (t *txn) GetNode(ctx context.Context, id string) (*store.Node, error) {
-	c, err := t.stmtCtx(ctx)
-	if err != nil {
-		return nil, err
-	}
-	n, err := scanNode(t.c.queryRow(c, `SELECT `+nodeColumns+` FROM nodes WHERE id = ?`, id))
-	if err != nil {
-		return nil, t.fail(err)
-	}
-	return n, nil
+	return queryOne(ctx, t, rowcodec.ScanNode, `SELECT `+rowcodec.NodeColumns+` FROM nodes WHERE id = ?`, id)
 }
 
 // ListNodes implements store.Tx.
 func (t *txn) ListNodes(ctx context.Context) ([]*store.Node, error) {
 	var out []*store.Node
-	err := t.query(ctx, `SELECT `+nodeColumns+` FROM nodes ORDER BY id`, nil, func(rows *sql.Rows) error {
-		n, err := scanNode(rows)
+	err := t.query(ctx, `SELECT `+rowcodec.NodeColumns+` FROM nodes ORDER BY id`, nil, func(rows *sql.Rows) error {
+		n, err := rowcodec.ScanNode(rows)
 		if err != nil {
 			return err
 		}

@@ -53,7 +53,7 @@ func TestWorkspaceQueryPlans(t *testing.T) {
 				Generation:     uint64(i % 3),
 				Labels:         map[string]string{"a": fmt.Sprint(i % 10), "b": fmt.Sprint(i % 7)},
 			}
-			if w.State == stateDeleted {
+			if w.State == store.WorkspaceStateDeleted {
 				w.DeletedAt = w.CreatedAt
 			}
 			if err := tx.InsertWorkspace(ctx, w); err != nil {
@@ -221,5 +221,21 @@ func TestMigrateLabelsKept(t *testing.T) {
 	var check string
 	if readerRow(t, s, `PRAGMA integrity_check`, nil, &check); check != "ok" {
 		t.Errorf("integrity_check: %q", check)
+	}
+}
+
+// TestPartialIndexConstants: the partial indexes test the stored values the
+// statements spell, store.WorkspaceStateDeleted and store.CommandProcessing.
+func TestPartialIndexConstants(t *testing.T) {
+	s := openTest(t)
+	for index, want := range map[string]string{
+		"workspaces_live":     fmt.Sprintf("WHERE state != %d", store.WorkspaceStateDeleted),
+		"commands_processing": fmt.Sprintf("WHERE status = %d", store.CommandProcessing),
+	} {
+		var ddl string
+		readerRow(t, s, `SELECT sql FROM sqlite_schema WHERE type = 'index' AND name = ?`, []any{index}, &ddl)
+		if !strings.HasSuffix(ddl, want) {
+			t.Errorf("%s: %s, want it to end with %q", index, ddl, want)
+		}
 	}
 }

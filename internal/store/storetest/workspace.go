@@ -16,11 +16,8 @@ import (
 	"github.com/kibotos/kibotos/internal/store"
 )
 
-// stateDeleted is WORKSPACE_STATE_DELETED, the state ListWorkspaces leaves
-// out unless asked.
-const stateDeleted = 8
-
-// workspaceTests are the conformance tests of store.WorkspaceTx.
+// workspaceTests are the conformance tests of store.WorkspaceTx, store.NodeTx
+// and CommandTx.ProcessingCommands.
 var workspaceTests = []struct {
 	name string
 	fn   func(*testing.T, store.Store)
@@ -139,7 +136,7 @@ func matches(q store.WorkspaceQuery, w *store.Workspace) bool {
 			return false
 		}
 	case !q.IncludeDeleted:
-		if w.State == stateDeleted {
+		if w.State == store.WorkspaceStateDeleted {
 			return false
 		}
 	}
@@ -255,7 +252,7 @@ func testWorkspaces(t *testing.T, s store.Store) {
 		DeletedAt:          base.Add(6*time.Second + 1),
 		Doc:                []byte("doc v2"),
 		Labels:             map[string]string{"app": "api", "new": "x"},
-		State:              stateDeleted,
+		State:              store.WorkspaceStateDeleted,
 		GuestCondition:     0,
 		NodeID:             "node-b",
 		Power:              store.PowerDeleted,
@@ -482,7 +479,7 @@ func testListWorkspacesFilters(t *testing.T, s store.Store) {
 			w := newWorkspace(fmt.Sprintf("ws-%03d", 159-i), base.Add(time.Duration(i/2)*time.Millisecond), labels)
 			w.State = int32(1 + i%8)
 			w.GuestCondition = int32(i % 3)
-			if w.State == stateDeleted {
+			if w.State == store.WorkspaceStateDeleted {
 				w.DeletedAt = w.CreatedAt.Add(time.Second)
 			}
 			all = append(all, storedWorkspace(w))
@@ -501,12 +498,12 @@ func testListWorkspacesFilters(t *testing.T, s store.Store) {
 		{},
 		{IncludeDeleted: true},
 		{States: []int32{3}},
-		{States: []int32{stateDeleted}},
+		{States: []int32{store.WorkspaceStateDeleted}},
 		{States: []int32{5, 3}},
 		{States: []int32{5, 3, 3, 5}},
 		{States: []int32{1, 2, 3, 4, 5, 6, 7}},
-		{States: []int32{1, stateDeleted}}, // States wins over IncludeDeleted
-		{States: []int32{2, stateDeleted}, IncludeDeleted: true}, // and is not widened by it
+		{States: []int32{1, store.WorkspaceStateDeleted}},                       // States wins over IncludeDeleted
+		{States: []int32{2, store.WorkspaceStateDeleted}, IncludeDeleted: true}, // and is not widened by it
 		{States: []int32{9}},
 		{States: []int32{0, 9, 4}},
 		{States: []int32{-1, 3}, GuestCondition: -2},
@@ -521,7 +518,7 @@ func testListWorkspacesFilters(t *testing.T, s store.Store) {
 		{Selector: map[string]string{"app": "app-9"}},
 		{Selector: map[string]string{"app": "app-1", "missing": "x"}},
 		{Selector: map[string]string{"app": "app-1"}, IncludeDeleted: true},
-		{Selector: map[string]string{"tier": "tier-0"}, States: []int32{stateDeleted}},
+		{Selector: map[string]string{"tier": "tier-0"}, States: []int32{store.WorkspaceStateDeleted}},
 		{Selector: map[string]string{"tier": "tier-1"}, States: []int32{2, 4, 6}},
 		{Selector: map[string]string{"even": ""}, GuestCondition: 1},
 		{Selector: map[string]string{"app": "app-3", "tier": "tier-2"}, States: []int32{4, 8}, GuestCondition: 2},
@@ -572,7 +569,7 @@ func testListWorkspacesPaging(t *testing.T, s store.Store) {
 		{},
 		{IncludeDeleted: true},
 		{States: []int32{2}},
-		{States: []int32{2, 3, stateDeleted}},
+		{States: []int32{2, 3, store.WorkspaceStateDeleted}},
 		{Selector: map[string]string{"all": "yes"}},
 		{Selector: map[string]string{"all": "yes"}, IncludeDeleted: true},
 	} {
@@ -624,7 +621,7 @@ func testWorkspacesOnNode(t *testing.T, s store.Store) {
 				w.NodeID = ""
 			case 2:
 				// Deletion completed.
-				w.State, w.DeletedAt = stateDeleted, base.Add(time.Hour)
+				w.State, w.DeletedAt = store.WorkspaceStateDeleted, base.Add(time.Hour)
 			case 3:
 				// Deleting: still on the node.
 				w.State = 7
@@ -671,7 +668,7 @@ func testWorkspacesOnNode(t *testing.T, s store.Store) {
 		if err != nil {
 			return err
 		}
-		w.State, w.DeletedAt = stateDeleted, base.Add(2*time.Hour)
+		w.State, w.DeletedAt = store.WorkspaceStateDeleted, base.Add(2*time.Hour)
 		return tx.UpdateWorkspace(ctx, w)
 	})
 	if diff := gocmp.Diff(workspaceIDs(want[2:]), workspaceIDs(onNode("node-a"))); diff != "" {
@@ -714,7 +711,7 @@ func testPendingWorkspaces(t *testing.T, s store.Store) {
 		w := newWorkspace(c.id, base.Add(time.Duration(c.secondsAfter)*time.Second), map[string]string{"id": c.id})
 		w.Generation, w.ObservedGeneration, w.NodeID, w.CommandID = c.gen, c.obs, c.node, c.command
 		if c.deleted {
-			w.State, w.DeletedAt = stateDeleted, base
+			w.State, w.DeletedAt = store.WorkspaceStateDeleted, base
 		}
 		ws = append(ws, w)
 		if c.wantPending {
@@ -749,7 +746,7 @@ func testPendingWorkspaces(t *testing.T, s store.Store) {
 		for id, f := range map[string]func(*store.Workspace){
 			"ahead":    func(w *store.Workspace) { w.ObservedGeneration = w.Generation },
 			"unplaced": func(w *store.Workspace) { w.NodeID = "n" },
-			"a-first":  func(w *store.Workspace) { w.State, w.DeletedAt = stateDeleted, base.Add(time.Hour) },
+			"a-first":  func(w *store.Workspace) { w.State, w.DeletedAt = store.WorkspaceStateDeleted, base.Add(time.Hour) },
 			"done":     func(w *store.Workspace) { w.Generation++ },
 		} {
 			w, err := tx.GetWorkspace(ctx, id)

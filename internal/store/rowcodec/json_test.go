@@ -1,4 +1,4 @@
-package sqlite
+package rowcodec
 
 import (
 	"encoding/json"
@@ -28,14 +28,14 @@ func TestJSONMap(t *testing.T) {
 		{in: `{"a":"b""c":"d"}`, err: true},
 	} {
 		_, plain := plainJSONMap(tc.in)
-		got, err := jsonMap(tc.in)
+		got, err := JSONMap(tc.in)
 		if (err != nil) != tc.err || plain != tc.plain || err == nil && !maps.Equal(got, tc.want) || err == nil && got == nil {
-			t.Errorf("jsonMap(%s) = %v, %v (plain %v); want %v (plain %v, error %v)", tc.in, got, err, plain, tc.want, tc.plain, tc.err)
+			t.Errorf("JSONMap(%s) = %v, %v (plain %v); want %v (plain %v, error %v)", tc.in, got, err, plain, tc.want, tc.plain, tc.err)
 		}
 	}
 }
 
-// FuzzJSONMap checks that jsonMap decodes what mapJSON encodes, and that
+// FuzzJSONMap checks that JSONMap decodes what MapJSON encodes, and that
 // whatever plainJSONMap accepts, encoding/json decodes alike.
 func FuzzJSONMap(f *testing.F) {
 	f.Add("app", "web", "tier", `"front" \ end`)
@@ -43,7 +43,7 @@ func FuzzJSONMap(f *testing.F) {
 	f.Add("a", "\x00\xff", "b", "\U0001F600")
 	f.Fuzz(func(t *testing.T, k1, v1, k2, v2 string) {
 		m := map[string]string{k1: v1, k2: v2}
-		j, err := mapJSON(m)
+		j, err := MapJSON(m)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -51,9 +51,9 @@ func FuzzJSONMap(f *testing.F) {
 		if err := json.Unmarshal([]byte(j), &want); err != nil {
 			t.Fatal(err)
 		}
-		got, err := jsonMap(j)
+		got, err := JSONMap(j)
 		if err != nil || !maps.Equal(got, want) {
-			t.Errorf("jsonMap(%s) = %v, %v; want %v", j, got, err, want)
+			t.Errorf("JSONMap(%s) = %v, %v; want %v", j, got, err, want)
 		}
 		for _, in := range []string{k1, v1, k2 + v2} {
 			if p, ok := plainJSONMap(in); ok {

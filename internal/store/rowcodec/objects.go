@@ -1,0 +1,199 @@
+package rowcodec
+
+import (
+	"fmt"
+
+	"github.com/kibotos/kibotos/internal/store"
+)
+
+// CommandColumns are the columns of commands, in the order ScanCommand reads
+// them and CommandArgs returns their values.
+const CommandColumns = `command_id, method, fingerprint, object_kind, object_id, kind, initiator,
+	status, result, error_code, error_detail, created_at, completed_at`
+
+// ScanCommand scans CommandColumns; N is the driver's nullable BIGINT.
+func ScanCommand[N NullInt64](row Scanner) (*store.Command, error) {
+	var (
+		c                   store.Command
+		kind, initr, status int64
+		created             int64
+		completed           N
+	)
+	if err := row.Scan(&c.ID, &c.Method, &c.Fingerprint, &c.ObjectKind, &c.ObjectID, &kind, &initr,
+		&status, &c.Result, &c.ErrorCode, &c.ErrorDetail, &created, &completed); err != nil {
+		return nil, err
+	}
+	c.Kind, c.Initiator, c.Status = int(kind), int(initr), store.CommandStatus(status)
+	c.Fingerprint, c.Result, c.ErrorDetail = EmptyNil(c.Fingerprint), EmptyNil(c.Result), EmptyNil(c.ErrorDetail)
+	c.CreatedAt, c.CompletedAt = FromMicros(created), fromOptMicros(completed)
+	return &c, nil
+}
+
+// CommandArgs returns the values of CommandColumns for c.
+func CommandArgs(c *store.Command) []any {
+	return []any{c.ID, c.Method, NonNil(c.Fingerprint), c.ObjectKind, c.ObjectID, int64(c.Kind), int64(c.Initiator),
+		int64(c.Status), NonNil(c.Result), c.ErrorCode, NonNil(c.ErrorDetail), Micros(c.CreatedAt), OptMicros(c.CompletedAt)}
+}
+
+// CommandUpdateArgs returns the values of the mutable columns of commands,
+// status, result, error_code, error_detail and completed_at, for c.
+func CommandUpdateArgs(c *store.Command) []any {
+	return []any{int64(c.Status), NonNil(c.Result), c.ErrorCode, NonNil(c.ErrorDetail), OptMicros(c.CompletedAt)}
+}
+
+// ResourceColumns are the columns of resources (as r) that ScanResource
+// reads, in order. ResourceColumnsWithLabels adds labels, the JSON copy of
+// a resource's labels that SQLite keeps in the row; ScanResourceWithLabels
+// reads them.
+const (
+	ResourceColumns = `r.kind, r.id, r.created_at, r.updated_at, r.revision, r.spec,
+	r.labels_revision, r.annotations, r.annotations_revision`
+	ResourceColumnsWithLabels = `r.kind, r.id, r.created_at, r.updated_at, r.revision, r.spec,
+	r.labels, r.labels_revision, r.annotations, r.annotations_revision`
+)
+
+// ScanResource scans ResourceColumns; Labels is left empty, for the caller
+// to fill from the labels table.
+func ScanResource(row Scanner) (*store.Resource, error) { return scanResource(row, false) }
+
+// ScanResourceWithLabels scans ResourceColumnsWithLabels.
+func ScanResourceWithLabels(row Scanner) (*store.Resource, error) { return scanResource(row, true) }
+
+func scanResource(row Scanner, withLabels bool) (*store.Resource, error) {
+	var (
+		r                              store.Resource
+		kind, labels, annotations      string
+		created, updated               int64
+		rev, labelsRev, annotationsRev int64
+	)
+	dest := []any{&kind, &r.ID, &created, &updated, &rev, &r.Spec, &labels, &labelsRev, &annotations, &annotationsRev}
+	if !withLabels {
+		dest = append(dest[:6], dest[7:]...)
+	}
+	if err := row.Scan(dest...); err != nil {
+		return nil, err
+	}
+	r.Kind = store.Kind(kind)
+	r.CreatedAt, r.UpdatedAt = FromMicros(created), FromMicros(updated)
+	r.Revision, r.LabelsRevision, r.AnnotationsRevision = uint64(rev), uint64(labelsRev), uint64(annotationsRev)
+	r.Spec = EmptyNil(r.Spec)
+	var err error
+	if !withLabels {
+		r.Labels = map[string]string{}
+	} else if r.Labels, err = JSONMap(labels); err != nil {
+		return nil, fmt.Errorf("store: resource %s/%s: labels: %w", kind, r.ID, err)
+	}
+	if r.Annotations, err = JSONMap(annotations); err != nil {
+		return nil, fmt.Errorf("store: resource %s/%s: annotations: %w", kind, r.ID, err)
+	}
+	return &r, nil
+}
+
+// ResourceArgs returns the values of the mutable columns of r but spec and
+// labels: revision, labels_revision, annotations (MapJSON) and
+// annotations_revision.
+func ResourceArgs(r *store.Resource) (rev, labelsRev, annotationsRev int64, annotations string, err error) {
+	if rev, err = U2I("revision", r.Revision); err != nil {
+		return
+	}
+	if labelsRev, err = U2I("labels revision", r.LabelsRevision); err != nil {
+		return
+	}
+	if annotationsRev, err = U2I("annotations revision", r.AnnotationsRevision); err != nil {
+		return
+	}
+	annotations, err = MapJSON(r.Annotations)
+	return
+}
+
+// WorkspaceColumns are the columns of workspaces (as w) that ScanWorkspace
+// reads, in order.
+const WorkspaceColumns = `w.id, w.created_at, w.updated_at, w.deleted_at, w.doc, w.state, w.guest_condition,
+	w.node_id, w.power, w.force_stop, w.generation, w.command_id,
+	w.observed_generation, w.observed_state, w.holds_execution, w.observed_at`
+
+// WorkspaceMutable lists the mutable columns of workspaces, in the order
+// WorkspaceArgs returns their values.
+var WorkspaceMutable = []string{"updated_at", "deleted_at", "doc", "state", "guest_condition",
+	"node_id", "power", "force_stop", "generation", "command_id",
+	"observed_generation", "observed_state", "holds_execution", "observed_at"}
+
+// ScanWorkspace scans WorkspaceColumns; N is the driver's nullable BIGINT.
+// Labels is left empty, for the caller to fill from the labels table.
+// force_stop and holds_execution are BOOLEAN in PostgreSQL and 0 or 1 in
+// SQLite, both of which scan into a bool.
+func ScanWorkspace[N NullInt64](row Scanner) (*store.Workspace, error) {
+	var (
+		w                                  store.Workspace
+		created, updated                   int64
+		deleted, observed                  N
+		state, guest, power, observedState int64
+		gen, observedGen                   int64
+	)
+	if err := row.Scan(&w.ID, &created, &updated, &deleted, &w.Doc, &state, &guest,
+		&w.NodeID, &power, &w.ForceStop, &gen, &w.CommandID,
+		&observedGen, &observedState, &w.HoldsExecution, &observed); err != nil {
+		return nil, err
+	}
+	w.CreatedAt, w.UpdatedAt = FromMicros(created), FromMicros(updated)
+	w.DeletedAt, w.ObservedAt = fromOptMicros(deleted), fromOptMicros(observed)
+	w.Doc = EmptyNil(w.Doc)
+	w.Labels = map[string]string{}
+	w.State, w.GuestCondition, w.Power = int32(state), int32(guest), store.Power(power)
+	w.Generation, w.ObservedGeneration = uint64(gen), uint64(observedGen)
+	w.ObservedState = store.ExecState(observedState)
+	return &w, nil
+}
+
+// WorkspaceArgs returns the values of WorkspaceMutable for w. Bools are
+// bools: SQLite's driver stores them as 1 and 0.
+func WorkspaceArgs(w *store.Workspace) ([]any, error) {
+	gen, err := U2I("generation", w.Generation)
+	if err != nil {
+		return nil, err
+	}
+	observedGen, err := U2I("observed generation", w.ObservedGeneration)
+	if err != nil {
+		return nil, err
+	}
+	return []any{Micros(w.UpdatedAt), OptMicros(w.DeletedAt), NonNil(w.Doc), int64(w.State), int64(w.GuestCondition),
+		w.NodeID, int64(w.Power), w.ForceStop, gen, w.CommandID,
+		observedGen, int64(w.ObservedState), w.HoldsExecution, OptMicros(w.ObservedAt)}, nil
+}
+
+// NodeColumns are the columns of nodes, in the order ScanNode reads them and
+// NodeArgs returns their values.
+const NodeColumns = `id, created_at, last_seen, memory_mib, cpu_millis, storage_bytes, doc, cert_key_hash`
+
+// ScanNode scans NodeColumns.
+func ScanNode(row Scanner) (*store.Node, error) {
+	var (
+		n                 store.Node
+		created, seen     int64
+		memory, cpu, stor int64
+	)
+	if err := row.Scan(&n.ID, &created, &seen, &memory, &cpu, &stor, &n.Doc, &n.CertKeyHash); err != nil {
+		return nil, err
+	}
+	n.CreatedAt, n.LastSeen = FromMicros(created), FromMicros(seen)
+	n.MemoryMiB, n.CPUMillis, n.StorageBytes = uint64(memory), uint64(cpu), uint64(stor)
+	n.Doc, n.CertKeyHash = EmptyNil(n.Doc), EmptyNil(n.CertKeyHash)
+	return &n, nil
+}
+
+// NodeArgs returns the values of NodeColumns for n.
+func NodeArgs(n *store.Node) ([]any, error) {
+	memory, err := U2I("memory", n.MemoryMiB)
+	if err != nil {
+		return nil, err
+	}
+	cpu, err := U2I("cpu", n.CPUMillis)
+	if err != nil {
+		return nil, err
+	}
+	stor, err := U2I("storage", n.StorageBytes)
+	if err != nil {
+		return nil, err
+	}
+	return []any{n.ID, Micros(n.CreatedAt), Micros(n.LastSeen), memory, cpu, stor, NonNil(n.Doc), NonNil(n.CertKeyHash)}, nil
+}
