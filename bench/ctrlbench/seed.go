@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
-	"github.com/kibotos/kibotos/internal/catalog"
+	"github.com/kibotos/kibotos/internal/ids"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/store/postgres"
 	"github.com/kibotos/kibotos/internal/store/sqlite"
@@ -75,7 +75,7 @@ func (sd *seeder) growTo(ctx context.Context, spec string, total int) error {
 			at := sd.base.Add(time.Duration(i) * time.Microsecond)
 			rows = append(rows, &store.Resource{
 				Kind:                store.KindEgress,
-				ID:                  catalog.NewID("eg-"),
+				ID:                  ids.New("eg-"),
 				CreatedAt:           at,
 				UpdatedAt:           at,
 				Revision:            1,

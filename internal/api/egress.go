@@ -20,10 +20,10 @@ type Egresses struct {
 
 var _ ctrlv1connect.EgressServiceHandler = (*Egresses)(nil)
 
-// EgressKind describes Egresses to the catalog.
-func EgressKind(checker *netguard.Checker) catalog.Kind[*ctrlv1.EgressSpec] {
-	return catalog.Kind[*ctrlv1.EgressSpec]{
-		Store: store.KindEgress, Noun: "egress", IDPrefix: "eg-", IDField: "egress_id",
+// EgressType describes Egresses to the catalog.
+func EgressType(checker *netguard.Checker) catalog.ObjectType[*ctrlv1.EgressSpec] {
+	return catalog.ObjectType[*ctrlv1.EgressSpec]{
+		ResourceKind: store.KindEgress, Noun: "egress", IDPrefix: "eg-", IDField: "egress_id",
 		NewSpec:  func() *ctrlv1.EgressSpec { return &ctrlv1.EgressSpec{} },
 		Validate: egress.ValidateSpec,
 		Check: func(ctx context.Context, field string, s *ctrlv1.EgressSpec) error {

@@ -21,10 +21,10 @@ type Resolvers struct {
 
 var _ ctrlv1connect.ResolverServiceHandler = (*Resolvers)(nil)
 
-// ResolverKind describes Resolvers to the catalog.
-func ResolverKind(checker *netguard.Checker) catalog.Kind[*ctrlv1.ResolverSpec] {
-	return catalog.Kind[*ctrlv1.ResolverSpec]{
-		Store: store.KindResolver, Noun: "resolver", IDPrefix: "rs-", IDField: "resolver_id",
+// ResolverType describes Resolvers to the catalog.
+func ResolverType(checker *netguard.Checker) catalog.ObjectType[*ctrlv1.ResolverSpec] {
+	return catalog.ObjectType[*ctrlv1.ResolverSpec]{
+		ResourceKind: store.KindResolver, Noun: "resolver", IDPrefix: "rs-", IDField: "resolver_id",
 		NewSpec:  func() *ctrlv1.ResolverSpec { return &ctrlv1.ResolverSpec{} },
 		Validate: egress.ValidateResolverSpec,
 		Check: func(ctx context.Context, field string, s *ctrlv1.ResolverSpec) error {

@@ -1,7 +1,10 @@
 // Package apierr is the one place that turns domain errors into Connect
 // errors. Every error the ctrl API returns carries exactly one
-// kibotos.ctrl.v1.ErrorDetail; this package builds it, and its interceptor
-// makes sure no error leaves a handler without one.
+// kibotos.ctrl.v1.ErrorDetail; this package attaches it (a fault's own, see
+// fault.Error.Detail), and its interceptor makes sure no error leaves a
+// handler without one. The domain packages (internal/command,
+// internal/workspace, internal/catalog, ...) do not speak Connect: they
+// return faults, recorded failures included (deps_test.go checks it).
 //
 // Internal errors are masked at the edge: the caller gets an error ID, the
 // log gets the original.
@@ -15,7 +18,6 @@ import (
 	"log/slog"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/kibotos/kibotos"
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
@@ -46,54 +48,11 @@ func Code(k fault.Kind) connect.Code {
 	return connect.CodeInternal
 }
 
-// Reason maps a domain reason to the API enum.
-func Reason(r fault.Reason) ctrlv1.FailureReason {
-	if r == fault.ReasonUnspecified {
-		return ctrlv1.FailureReason_FAILURE_REASON_UNSPECIFIED
-	}
-	v, ok := ctrlv1.FailureReason_value["FAILURE_REASON_"+string(r)]
-	if !ok {
-		return ctrlv1.FailureReason_FAILURE_REASON_INTERNAL
-	}
-	return ctrlv1.FailureReason(v)
-}
-
-// Settled reports whether err is a decision that must be recorded with its
-// command ID: a domain fault made on a well-formed request that a resend of
-// the same request cannot change.
-func Settled(err error) bool {
-	fe, ok := fault.As(err)
-	if !ok || fe.Retryable {
-		return false
-	}
-	switch fe.Kind {
-	case fault.KindNotFound, fault.KindAlreadyExists, fault.KindFailedPrecondition,
-		fault.KindAborted, fault.KindResourceExhausted, fault.KindInvalidArgument,
-		fault.KindPermissionDenied:
-		return true
-	}
-	return false
-}
-
-// Detail builds the ErrorDetail of a fault.
-func Detail(fe *fault.Error) *ctrlv1.ErrorDetail {
-	return &ctrlv1.ErrorDetail{
-		Reason:    Reason(fe.Reason),
-		Retryable: fe.Retryable,
-		Message:   fe.Message,
-		Stage:     fe.Stage,
-		Field:     fe.Field,
-
-		ObservedWorkspace: fe.ObservedWorkspace,
-	}
-}
-
-// FromFault returns the Connect error for a fault. settled marks the
-// recorded result of a command ID.
-func FromFault(fe *fault.Error, settled bool) *connect.Error {
-	d := Detail(fe)
-	d.CommandSettled = settled
-	return FromDetail(Code(fe.Kind), d)
+// FromFault returns the Connect error of a fault: its Kind's code and its
+// ErrorDetail (command_settled when the fault is a command's recorded
+// result).
+func FromFault(fe *fault.Error) *connect.Error {
+	return FromDetail(Code(fe.Kind), fe.Detail())
 }
 
 // FromDetail returns a Connect error carrying d.
@@ -103,28 +62,6 @@ func FromDetail(code connect.Code, d *ctrlv1.ErrorDetail) *connect.Error {
 		ce.AddDetail(ed)
 	}
 	return ce
-}
-
-// Encode returns the stored form of a settled failure: its code name and
-// encoded ErrorDetail (with command_settled set).
-func Encode(fe *fault.Error) (code string, detail []byte, err error) {
-	d := Detail(fe)
-	d.CommandSettled = true
-	b, err := proto.Marshal(d)
-	return Code(fe.Kind).String(), b, err
-}
-
-// Decode rebuilds the Connect error of a stored failure.
-func Decode(code string, detail []byte) *connect.Error {
-	var c connect.Code
-	if err := c.UnmarshalText([]byte(code)); err != nil {
-		c = connect.CodeInternal
-	}
-	d := &ctrlv1.ErrorDetail{}
-	if err := proto.Unmarshal(detail, d); err != nil {
-		d = &ctrlv1.ErrorDetail{Reason: ctrlv1.FailureReason_FAILURE_REASON_INTERNAL, Message: "stored error detail unreadable", CommandSettled: true}
-	}
-	return FromDetail(c, d)
 }
 
 // defaultReasons gives errors that carry no detail (produced by the
@@ -159,7 +96,7 @@ func Convert(ctx context.Context, log *slog.Logger, procedure string, err error)
 		return nil
 	}
 	if fe, ok := fault.As(err); ok && fe.Kind != fault.KindInternal {
-		return FromFault(fe, false)
+		return FromFault(fe)
 	}
 	var ce *connect.Error
 	if errors.As(err, &ce) && ce.Code() != connect.CodeInternal && ce.Code() != connect.CodeUnknown {

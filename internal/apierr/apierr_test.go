@@ -1,13 +1,15 @@
 package apierr
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/kibotos/kibotos"
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
@@ -34,56 +36,14 @@ func TestCodeTable(t *testing.T) {
 		if got := Code(k); got != c {
 			t.Errorf("Code(%v) = %v, want %v", k, got, c)
 		}
+		// A recorded failure stores its Kind's name, which the API shows
+		// as the code (WorkspaceCommand.error.code).
+		if k.String() != c.String() {
+			t.Errorf("Kind %v is named unlike its code %v", k, c)
+		}
 	}
 	if len(codes) != len(want) {
 		t.Errorf("codes has %d entries, the test pins %d", len(codes), len(want))
-	}
-}
-
-// TestReasonTable checks that every domain reason has its API value.
-func TestReasonTable(t *testing.T) {
-	reasons := []fault.Reason{
-		fault.ReasonInvalidArgument, fault.ReasonInvalidCommandID, fault.ReasonReservedCommandID,
-		fault.ReasonCommandIDReused, fault.ReasonNotFound, fault.ReasonRevisionMismatch,
-		fault.ReasonExpirationRevisionMismatch, fault.ReasonStateConflict, fault.ReasonConflict,
-		fault.ReasonCapacityExhausted, fault.ReasonCapabilityUnavailable, fault.ReasonSessionExpired,
-		fault.ReasonTimedOut, fault.ReasonNodeUnreachable, fault.ReasonGuestWritebackFailed,
-		fault.ReasonGuestUnresponsive, fault.ReasonExecutionFailed, fault.ReasonEndpointForbidden,
-		fault.ReasonPageTokenInvalid, fault.ReasonPermissionDenied, fault.ReasonUnavailable, fault.ReasonInternal,
-	}
-	for _, r := range reasons {
-		got := Reason(r)
-		if got.String() != "FAILURE_REASON_"+string(r) {
-			t.Errorf("Reason(%s) = %v", r, got)
-		}
-	}
-	if got := Reason(fault.ReasonUnspecified); got != ctrlv1.FailureReason_FAILURE_REASON_UNSPECIFIED {
-		t.Errorf("Reason(unspecified) = %v", got)
-	}
-	// Every API value except UNSPECIFIED is reachable from a domain reason.
-	if len(reasons) != len(ctrlv1.FailureReason_name)-1 {
-		t.Errorf("%d domain reasons for %d API reasons", len(reasons), len(ctrlv1.FailureReason_name)-1)
-	}
-}
-
-func TestSettled(t *testing.T) {
-	tests := []struct {
-		err  error
-		want bool
-	}{
-		{fault.NotFound("egress", "x"), true},
-		{fault.RevisionMismatch("expected_revision", 1, 2), true},
-		{fault.Precondition(fault.ReasonConflict, "in use"), true},
-		{fault.Invalid("f", "bad"), true},
-		{fault.Unavailable(fault.ReasonUnavailable, "later"), false},
-		{fault.Internal("boom"), false},
-		{errors.New("plain"), false},
-		{context.Canceled, false},
-	}
-	for _, tt := range tests {
-		if got := Settled(tt.err); got != tt.want {
-			t.Errorf("Settled(%v) = %v, want %v", tt.err, got, tt.want)
-		}
 	}
 }
 
@@ -112,15 +72,30 @@ func TestConvertMasksInternal(t *testing.T) {
 	}
 }
 
-func TestEncodeDecode(t *testing.T) {
+// TestRecorded: a recorded failure reaches the wire as it was recorded:
+// the code of its Kind, and the stored ErrorDetail unchanged.
+func TestRecorded(t *testing.T) {
 	fe := fault.RevisionMismatch("expected_revision", 1, 2)
-	code, b, err := Encode(fe)
+	fe.Stage = "admission"
+	fe.ObservedWorkspace = &ctrlv1.Workspace{WorkspaceId: "ws-1", State: ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED}
+	code, b, err := fault.Encode(fe)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ce := Decode(code, b)
+	stored := &ctrlv1.ErrorDetail{}
+	if err := proto.Unmarshal(b, stored); err != nil {
+		t.Fatal(err)
+	}
+	ce := FromFault(fault.Decode(code, b))
 	d, _ := kibotos.Detail(ce)
-	if ce.Code() != connect.CodeAborted || !d.GetCommandSettled() || d.GetReason() != ctrlv1.FailureReason_FAILURE_REASON_REVISION_MISMATCH {
-		t.Fatalf("Decode(Encode) = %v %v", ce, d)
+	if ce.Code().String() != code || ce.Code() != connect.CodeAborted || ce.Message() != fe.Message {
+		t.Errorf("FromFault(Decode(Encode)) = %v, want aborted %q", ce, fe.Message)
+	}
+	if diff := cmp.Diff(stored, d, protocmp.Transform()); diff != "" || !d.GetCommandSettled() {
+		t.Errorf("detail differs from the recorded one (-recorded +wire):\n%s", diff)
+	}
+	// A fault that is not a recorded result is not settled.
+	if d, _ := kibotos.Detail(Convert(t.Context(), nil, "/p", fe)); d.GetCommandSettled() {
+		t.Error("a fresh fault is marked command_settled")
 	}
 }

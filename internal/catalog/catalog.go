@@ -7,27 +7,27 @@ package catalog
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base32"
 	"errors"
 	"maps"
-	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kibotos/kibotos/internal/command"
 	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/ids"
 	"github.com/kibotos/kibotos/internal/labels"
 	"github.com/kibotos/kibotos/internal/paging"
 	"github.com/kibotos/kibotos/internal/store"
 )
 
-// Kind describes one kind of catalog object.
-type Kind[S proto.Message] struct {
-	// Store is the resource kind in the store.
-	Store store.Kind
-	// Noun names the kind in messages ("egress").
+// ObjectType describes one type of catalog object: its spec S and its
+// rules.
+type ObjectType[S proto.Message] struct {
+	// ResourceKind is the kind of its rows in the store (and the
+	// ObjectKind of its commands).
+	ResourceKind store.Kind
+	// Noun names the type in messages ("egress").
 	Noun string
 	// IDPrefix starts every ID ("eg-").
 	IDPrefix string
@@ -51,9 +51,9 @@ type Object[S proto.Message] struct {
 	Spec S
 }
 
-// Service runs the operations of one kind.
+// Service runs the operations of one object type.
 type Service[S proto.Message] struct {
-	Kind   Kind[S]
+	Type   ObjectType[S]
 	Engine *command.Engine
 	Store  store.Store
 	Pages  *paging.Codec
@@ -68,51 +68,23 @@ func (s *Service[S]) now() time.Time {
 }
 
 func (s *Service[S]) decode(r *store.Resource) (*Object[S], error) {
-	spec := s.Kind.NewSpec()
+	spec := s.Type.NewSpec()
 	if err := proto.Unmarshal(r.Spec, spec); err != nil {
-		return nil, fault.Internal("decode %s spec: %v", s.Kind.Noun, err)
+		return nil, fault.Internal("decode %s spec: %v", s.Type.Noun, err)
 	}
 	return &Object[S]{Resource: r, Spec: spec}, nil
 }
 
 func (s *Service[S]) load(ctx context.Context, tx store.Tx, id string) (*store.Resource, error) {
-	r, err := tx.GetResource(ctx, s.Kind.Store, id)
+	r, err := tx.GetResource(ctx, s.Type.ResourceKind, id)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, fault.NotFound(s.Kind.Noun, id)
+		return nil, fault.NotFound(s.Type.Noun, id)
 	}
 	return r, err
 }
 
 func (s *Service[S]) validateID(id string) error {
-	return ValidateID(s.Kind.IDField, s.Kind.IDPrefix, s.Kind.Noun, id)
-}
-
-// ValidateID checks an object ID given in field: required (invalid_argument);
-// one that cannot exist — another kind's prefix, too long — is not_found
-// without a look-up.
-func ValidateID(field, prefix, noun, id string) error {
-	if id == "" {
-		return fault.Invalid(field, "%s is required", field)
-	}
-	if !strings.HasPrefix(id, prefix) || len(id) > 64 {
-		return fault.NotFound(noun, Truncate(id))
-	}
-	return nil
-}
-
-// Truncate shortens a caller's string for an error message.
-func Truncate(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
-}
-
-// NewID returns a fresh object ID with prefix: 20 characters of base32.
-func NewID(prefix string) string {
-	var b [13]byte
-	_, _ = rand.Read(b[:])
-	return prefix + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:])[:20])
+	return ids.Validate(s.Type.IDField, s.Type.IDPrefix, s.Type.Noun, id)
 }
 
 // Respond converts an object to the method's response.
@@ -122,7 +94,7 @@ type Respond[S proto.Message, Resp proto.Message] func(*Object[S]) Resp
 func Create[S proto.Message, Req command.Input, Resp proto.Message](ctx context.Context, s *Service[S], method string, req Req,
 	spec S, lbls, annotations map[string]string, respond Respond[S, Resp], newResp func() Resp) (Resp, error) {
 	var zero Resp
-	if err := s.Kind.Validate("spec", spec); err != nil {
+	if err := s.Type.Validate("spec", spec); err != nil {
 		return zero, err
 	}
 	if err := labels.ValidateLabels("labels", lbls); err != nil {
@@ -132,8 +104,8 @@ func Create[S proto.Message, Req command.Input, Resp proto.Message](ctx context.
 		return zero, err
 	}
 	return command.Execute(ctx, s.Engine, command.Spec[Req, Resp]{
-		Method: method, ObjectKind: string(s.Kind.Store), Request: req, NewResponse: newResp,
-		Prepare: func(ctx context.Context) error { return s.Kind.Check(ctx, "spec", spec) },
+		Method: method, ObjectKind: string(s.Type.ResourceKind), Request: req, NewResponse: newResp,
+		Prepare: func(ctx context.Context) error { return s.Type.Check(ctx, "spec", spec) },
 		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (Resp, error) {
 			b, err := marshal(spec)
 			if err != nil {
@@ -141,7 +113,7 @@ func Create[S proto.Message, Req command.Input, Resp proto.Message](ctx context.
 			}
 			now := s.now()
 			r := &store.Resource{
-				Kind: s.Kind.Store, ID: NewID(s.Kind.IDPrefix), CreatedAt: now, UpdatedAt: now,
+				Kind: s.Type.ResourceKind, ID: ids.New(s.Type.IDPrefix), CreatedAt: now, UpdatedAt: now,
 				Revision: 1, Spec: b,
 				Labels: nonNil(lbls), LabelsRevision: 1,
 				Annotations: nonNil(annotations), AnnotationsRevision: 1,
@@ -179,7 +151,7 @@ func (s *Service[S]) Get(ctx context.Context, id string) (*Object[S], error) {
 // List returns one page of objects in creation order, and the token of the
 // next page ("" on the last).
 func (s *Service[S]) List(ctx context.Context, pageSize uint32, token string, selector map[string]string) ([]*Object[S], string, error) {
-	rows, next, err := ListPage(ctx, s.Store, s.Pages, s.Kind.Store, pageSize, token, selector)
+	rows, next, err := ListPage(ctx, s.Store, s.Pages, s.Type.ResourceKind, pageSize, token, selector)
 	if err != nil {
 		return nil, "", err
 	}
@@ -245,12 +217,12 @@ func Update[S proto.Message, Req command.Input, Resp proto.Message](ctx context.
 	if expected == 0 {
 		return zero, fault.Invalid("expected_revision", "expected_revision is required")
 	}
-	if err := s.Kind.Validate("spec", spec); err != nil {
+	if err := s.Type.Validate("spec", spec); err != nil {
 		return zero, err
 	}
 	return command.Execute(ctx, s.Engine, command.Spec[Req, Resp]{
-		Method: method, ObjectKind: string(s.Kind.Store), ObjectID: id, Request: req, NewResponse: newResp,
-		Prepare: func(ctx context.Context) error { return s.Kind.Check(ctx, "spec", spec) },
+		Method: method, ObjectKind: string(s.Type.ResourceKind), ObjectID: id, Request: req, NewResponse: newResp,
+		Prepare: func(ctx context.Context) error { return s.Type.Check(ctx, "spec", spec) },
 		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (Resp, error) {
 			r, err := s.load(ctx, tx, id)
 			if err != nil {
@@ -266,8 +238,8 @@ func Update[S proto.Message, Req command.Input, Resp proto.Message](ctx context.
 			if same(cur.Spec, spec) {
 				return respond(cur), nil
 			}
-			if s.Kind.GuardUpdate != nil {
-				if err := s.Kind.GuardUpdate(ctx, tx, id, cur.Spec, spec); err != nil {
+			if s.Type.GuardUpdate != nil {
+				if err := s.Type.GuardUpdate(ctx, tx, id, cur.Spec, spec); err != nil {
 					return zero, err
 				}
 			}
@@ -299,22 +271,22 @@ func Delete[S proto.Message, Req command.Input, Resp proto.Message](ctx context.
 		return zero, err
 	}
 	return command.Execute(ctx, s.Engine, command.Spec[Req, Resp]{
-		Method: method, ObjectKind: string(s.Kind.Store), ObjectID: id, Request: req, NewResponse: resp,
+		Method: method, ObjectKind: string(s.Type.ResourceKind), ObjectID: id, Request: req, NewResponse: resp,
 		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (Resp, error) {
 			if _, err := s.load(ctx, tx, id); err != nil {
 				return zero, err
 			}
-			for _, k := range s.Kind.DeleteRefs {
+			for _, k := range s.Type.DeleteRefs {
 				n, err := tx.CountReferences(ctx, k, id)
 				if err != nil {
 					return zero, err
 				}
 				if n > 0 {
 					return zero, fault.Precondition(fault.ReasonConflict,
-						"%s %q is referenced by the network policy of %d non-deleted workspace(s)", s.Kind.Noun, id, n)
+						"%s %q is referenced by the network policy of %d non-deleted workspace(s)", s.Type.Noun, id, n)
 				}
 			}
-			if err := tx.DeleteResource(ctx, s.Kind.Store, id); err != nil {
+			if err := tx.DeleteResource(ctx, s.Type.ResourceKind, id); err != nil {
 				return zero, err
 			}
 			return resp(), nil
@@ -348,7 +320,7 @@ func UpdateMap[S proto.Message, Req command.Input, Resp proto.Message](ctx conte
 		return zero, err
 	}
 	return command.Execute(ctx, s.Engine, command.Spec[Req, Resp]{
-		Method: method, ObjectKind: string(s.Kind.Store), ObjectID: id, Request: req, NewResponse: newResp,
+		Method: method, ObjectKind: string(s.Type.ResourceKind), ObjectID: id, Request: req, NewResponse: newResp,
 		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (Resp, error) {
 			r, err := s.load(ctx, tx, id)
 			if err != nil {

@@ -11,8 +11,12 @@
 //     endpoint's name); its failures record nothing;
 //  4. one write transaction locks the ID, looks it up again, runs the
 //     decision, and records the result with its effect. A settled failure
-//     (a decision such as not_found or aborted) rolls the effect back and is
-//     recorded on its own, so that a resend replays it.
+//     (a decision such as not_found or aborted, see Settles) rolls the effect
+//     back and is recorded on its own, so that a resend replays it.
+//
+// Failures are faults (internal/fault) throughout: a recorded one is
+// returned as a *fault.Error with Settled set, and internal/apierr alone
+// turns it into the Connect error of the API.
 package command
 
 import (
@@ -21,12 +25,10 @@ import (
 	"errors"
 	"time"
 
-	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
-	"github.com/kibotos/kibotos/internal/apierr"
 	"github.com/kibotos/kibotos/internal/commandid"
 	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/store"
@@ -74,8 +76,9 @@ type Spec[Req proto.Message, Resp proto.Message] struct {
 	// may be set by Decide for creations through Record.ObjectID).
 	ObjectKind string
 	ObjectID   string
-	// Kind is the API command kind (e.g. a WorkspaceCommandKind), 0 for none.
-	Kind int
+	// CommandKind is the API command kind (e.g. a WorkspaceCommandKind), 0
+	// for none.
+	CommandKind int
 	// Request is the caller's request.
 	Request Req
 	// Normalize, when set, clears input fields the fingerprint must ignore
@@ -86,8 +89,8 @@ type Spec[Req proto.Message, Resp proto.Message] struct {
 	// nothing.
 	Prepare func(ctx context.Context) error
 	// Decide runs inside the write transaction. It returns the response, or
-	// a fault: a settled fault is recorded and replayed, any other error is
-	// returned without recording.
+	// a fault: a fault that Settles the command is recorded and replayed,
+	// any other error is returned without recording.
 	Decide func(ctx context.Context, tx store.Tx, rec *store.Command) (Resp, error)
 	// NewResponse allocates an empty response for replays.
 	NewResponse func() Resp
@@ -129,6 +132,23 @@ func Fingerprint[Req proto.Message](method string, req Req, normalize func(Req))
 	return h.Sum(nil), nil
 }
 
+// Settles reports whether err settles its command: a domain fault decided
+// on a well-formed request that a resend of the same request cannot change.
+// Such a failure is recorded with the command ID and replayed.
+func Settles(err error) bool {
+	fe, ok := fault.As(err)
+	if !ok || fe.Retryable {
+		return false
+	}
+	switch fe.Kind {
+	case fault.KindNotFound, fault.KindAlreadyExists, fault.KindFailedPrecondition,
+		fault.KindAborted, fault.KindResourceExhausted, fault.KindInvalidArgument,
+		fault.KindPermissionDenied:
+		return true
+	}
+	return false
+}
+
 // errSettled carries a settled fault out of the first transaction so that
 // its effects roll back.
 type errSettled struct{ fe *fault.Error }
@@ -136,7 +156,8 @@ type errSettled struct{ fe *fault.Error }
 func (e errSettled) Error() string { return e.fe.Error() }
 
 // Execute runs a command once per command ID and returns its recorded
-// result.
+// result: the response, or the recorded failure as a *fault.Error with
+// Settled set.
 func Execute[Req proto.Message, Resp proto.Message](ctx context.Context, e *Engine, s Spec[Req, Resp]) (Resp, error) {
 	var zero Resp
 	id, field, _ := commandID(s.Request)
@@ -180,7 +201,7 @@ func Execute[Req proto.Message, Resp proto.Message](ctx context.Context, e *Engi
 		rec := s.record(id, fp, e.now())
 		out, err := s.Decide(ctx, tx, rec)
 		if err != nil {
-			if apierr.Settled(err) {
+			if Settles(err) {
 				fe, _ := fault.As(err)
 				return errSettled{fe}
 			}
@@ -213,7 +234,7 @@ func Execute[Req proto.Message, Resp proto.Message](ctx context.Context, e *Engi
 // result is the answer).
 func recordFailure[Req proto.Message, Resp proto.Message](ctx context.Context, e *Engine, s Spec[Req, Resp], id, field string, fp []byte, fe *fault.Error) (Resp, error) {
 	var zero Resp
-	code, detail, err := apierr.Encode(fe)
+	code, detail, err := fault.Encode(fe)
 	if err != nil {
 		return zero, fault.Internal("encode failure: %v", err)
 	}
@@ -233,7 +254,9 @@ func recordFailure[Req proto.Message, Resp proto.Message](ctx context.Context, e
 	if replayed != nil {
 		return replay(s, replayed, fp, field)
 	}
-	return zero, apierr.FromFault(fe, true)
+	settled := *fe
+	settled.Settled = true
+	return zero, &settled
 }
 
 // claim locks a command ID inside a write transaction and returns the
@@ -253,7 +276,7 @@ func claim(ctx context.Context, tx store.Tx, id string) (*store.Command, error) 
 func (s Spec[Req, Resp]) record(id string, fp []byte, now time.Time) *store.Command {
 	return &store.Command{
 		ID: id, Method: s.Method, Fingerprint: fp,
-		ObjectKind: s.ObjectKind, ObjectID: s.ObjectID, Kind: s.Kind,
+		ObjectKind: s.ObjectKind, ObjectID: s.ObjectID, Kind: s.CommandKind,
 		Initiator: int(ctrlv1.CommandInitiator_COMMAND_INITIATOR_CALLER),
 		Status:    store.CommandCompleted, CreatedAt: now, CompletedAt: now,
 	}
@@ -272,7 +295,7 @@ func replay[Req proto.Message, Resp proto.Message](s Spec[Req, Resp], rec *store
 	// with an error replays its result: the first answer. Only failures
 	// decided at admission have no result.
 	if rec.ErrorCode != "" && len(rec.Result) == 0 {
-		return zero, apierr.Decode(rec.ErrorCode, rec.ErrorDetail)
+		return zero, fault.Decode(rec.ErrorCode, rec.ErrorDetail)
 	}
 	out := s.NewResponse()
 	if err := proto.Unmarshal(rec.Result, out); err != nil {
@@ -283,10 +306,6 @@ func replay[Req proto.Message, Resp proto.Message](s Spec[Req, Resp], rec *store
 
 func storeErr(err error) error {
 	if _, ok := fault.As(err); ok {
-		return err
-	}
-	var ce *connect.Error
-	if errors.As(err, &ce) {
 		return err
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {

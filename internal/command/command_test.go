@@ -2,9 +2,17 @@ package command
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/testing/protocmp"
+
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/store/sqlite"
 )
 
 func TestFingerprint(t *testing.T) {
@@ -50,5 +58,76 @@ func TestFingerprint(t *testing.T) {
 		if !bytes.Equal(fa, fb) {
 			t.Fatal("map order changes the fingerprint")
 		}
+	}
+}
+
+func TestSettles(t *testing.T) {
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{fault.NotFound("egress", "x"), true},
+		{fault.RevisionMismatch("expected_revision", 1, 2), true},
+		{fault.Precondition(fault.ReasonConflict, "in use"), true},
+		{fault.Invalid("f", "bad"), true},
+		{fault.Unavailable(fault.ReasonUnavailable, "later"), false},
+		{fault.Internal("boom"), false},
+		{errors.New("plain"), false},
+		{context.Canceled, false},
+	}
+	for _, tt := range tests {
+		if got := Settles(tt.err); got != tt.want {
+			t.Errorf("Settles(%v) = %v, want %v", tt.err, got, tt.want)
+		}
+	}
+}
+
+// TestReplaySettledFailure: a settled failure comes back as a fault with
+// Settled set and all its content, on the first answer and on every resend,
+// without running the decision again.
+func TestReplaySettledFailure(t *testing.T) {
+	st, err := sqlite.Open(t.Context(), t.TempDir()+"/ctrl.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	e := &Engine{Store: st}
+	refusal := &fault.Error{Kind: fault.KindFailedPrecondition, Reason: fault.ReasonStateConflict, Field: "workspace_id",
+		Message: "stop is not accepted", Stage: "admission",
+		ObservedWorkspace: &ctrlv1.Workspace{WorkspaceId: "ws-1", State: ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED}}
+	decided := 0
+	spec := func(ws string) Spec[*ctrlv1.StopWorkspaceRequest, *ctrlv1.StopWorkspaceResponse] {
+		return Spec[*ctrlv1.StopWorkspaceRequest, *ctrlv1.StopWorkspaceResponse]{
+			Method: "/m", ObjectKind: "workspace", ObjectID: ws, CommandKind: 2,
+			Request:     &ctrlv1.StopWorkspaceRequest{Metadata: &ctrlv1.CommandMetadata{CommandId: "c-1"}, WorkspaceId: ws},
+			NewResponse: func() *ctrlv1.StopWorkspaceResponse { return &ctrlv1.StopWorkspaceResponse{} },
+			Decide: func(context.Context, store.Tx, *store.Command) (*ctrlv1.StopWorkspaceResponse, error) {
+				decided++
+				return nil, refusal
+			},
+		}
+	}
+	want := *refusal
+	want.Settled = true
+	for i := range 2 {
+		_, err := Execute(t.Context(), e, spec("ws-1"))
+		fe, ok := fault.As(err)
+		if !ok {
+			t.Fatalf("Execute #%d = %v, want a fault", i, err)
+		}
+		if diff := cmp.Diff(&want, fe, protocmp.Transform()); diff != "" {
+			t.Errorf("Execute #%d (-want +got):\n%s", i, diff)
+		}
+	}
+	if decided != 1 {
+		t.Errorf("Decide ran %d times, want once", decided)
+	}
+	if refusal.Settled {
+		t.Error("Execute changed the decision's fault")
+	}
+	// The same ID with another request is not a replay.
+	_, err = Execute(t.Context(), e, spec("ws-2"))
+	if fe, ok := fault.As(err); !ok || fe.Reason != fault.ReasonCommandIDReused || fe.Settled {
+		t.Errorf("Execute(other request) = %#v, want COMMAND_ID_REUSED, not settled", err)
 	}
 }

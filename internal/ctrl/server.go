@@ -132,10 +132,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.recon = reconciler.New(reconciler.Config{Store: cfg.Store, Log: log, Now: cfg.Now, NodeGrace: cfg.NodeGrace})
 	mux.Handle(ctrlv1connect.NewServerInfoServiceHandler(info, opts))
 	mux.Handle(ctrlv1connect.NewEgressServiceHandler(api.NewEgresses(&catalog.Service[*ctrlv1.EgressSpec]{
-		Kind: api.EgressKind(cfg.Checker), Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
+		Type: api.EgressType(cfg.Checker), Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 	}), opts))
 	mux.Handle(ctrlv1connect.NewResolverServiceHandler(api.NewResolvers(&catalog.Service[*ctrlv1.ResolverSpec]{
-		Kind: api.ResolverKind(cfg.Checker), Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
+		Type: api.ResolverType(cfg.Checker), Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 	}), opts))
 	mux.Handle(ctrlv1connect.NewWorkspaceServiceHandler(api.NewWorkspaces(&workspace.Service{
 		Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,

@@ -30,14 +30,15 @@ import (
 	"github.com/kibotos/kibotos/internal/catalog"
 	"github.com/kibotos/kibotos/internal/command"
 	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/ids"
 	"github.com/kibotos/kibotos/internal/nodepeer"
 	"github.com/kibotos/kibotos/internal/paging"
 	"github.com/kibotos/kibotos/internal/pki"
 	"github.com/kibotos/kibotos/internal/store"
 )
 
-// Kind is the store kind of enrollments.
-const Kind store.Kind = "enrollment"
+// ResourceKind is the store kind of enrollments.
+const ResourceKind store.Kind = "enrollment"
 
 // Limits of a token's lifetime.
 const (
@@ -62,7 +63,7 @@ var nodeIDPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 // digits and '-', starting and ending with a letter or digit.
 func ValidateNodeID(field, id string) error {
 	if !nodeIDPattern.MatchString(id) {
-		return fault.Invalid(field, "node ID %q must be 1 to 63 lower-case letters, digits or '-', starting and ending with a letter or digit", catalog.Truncate(id))
+		return fault.Invalid(field, "node ID %q must be 1 to 63 lower-case letters, digits or '-', starting and ending with a letter or digit", ids.Truncate(id))
 	}
 	return nil
 }
@@ -206,7 +207,7 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateEnrollmentReques
 		return nil, fault.Invalid("ttl", "ttl must be between 1s and %s (zero selects %s)", MaxTTL, DefaultTTL)
 	}
 	resp, err := command.Execute(ctx, s.Engine, command.Spec[*ctrlv1.CreateEnrollmentRequest, *ctrlv1.CreateEnrollmentResponse]{
-		Method: CreateMethod, ObjectKind: string(Kind), Request: req,
+		Method: CreateMethod, ObjectKind: string(ResourceKind), Request: req,
 		NewResponse: func() *ctrlv1.CreateEnrollmentResponse { return &ctrlv1.CreateEnrollmentResponse{} },
 		Decide: func(ctx context.Context, tx store.Tx, cmd *store.Command) (*ctrlv1.CreateEnrollmentResponse, error) {
 			now := s.now()
@@ -215,7 +216,7 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateEnrollmentReques
 			if err != nil {
 				return nil, fault.Internal("encode enrollment: %v", err)
 			}
-			r := &store.Resource{Kind: Kind, ID: catalog.NewID(idPrefix), CreatedAt: now, UpdatedAt: now,
+			r := &store.Resource{Kind: ResourceKind, ID: ids.New(idPrefix), CreatedAt: now, UpdatedAt: now,
 				Revision: 1, Spec: b, LabelsRevision: 1, AnnotationsRevision: 1,
 				Labels: map[string]string{}, Annotations: map[string]string{}}
 			if err := tx.InsertResource(ctx, r); err != nil {
@@ -234,9 +235,9 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateEnrollmentReques
 }
 
 func (s *Service) load(ctx context.Context, tx store.Tx, id string) (*store.Resource, *record, error) {
-	r, err := tx.GetResource(ctx, Kind, id)
+	r, err := tx.GetResource(ctx, ResourceKind, id)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, nil, fault.NotFound("enrollment", catalog.Truncate(id))
+		return nil, nil, fault.NotFound("enrollment", ids.Truncate(id))
 	} else if err != nil {
 		return nil, nil, err
 	}
@@ -245,7 +246,7 @@ func (s *Service) load(ctx context.Context, tx store.Tx, id string) (*store.Reso
 }
 
 func validateID(id string) error {
-	return catalog.ValidateID("enrollment_id", idPrefix, "enrollment", id)
+	return ids.Validate("enrollment_id", idPrefix, "enrollment", id)
 }
 
 // Get serves GetEnrollment.
@@ -273,7 +274,7 @@ func (s *Service) List(ctx context.Context, pageSize uint32, token string) ([]*c
 	if err := s.Served(); err != nil {
 		return nil, "", err
 	}
-	rows, next, err := catalog.ListPage(ctx, s.Store, s.Pages, Kind, pageSize, token, nil)
+	rows, next, err := catalog.ListPage(ctx, s.Store, s.Pages, ResourceKind, pageSize, token, nil)
 	if err != nil {
 		return nil, "", err
 	}
@@ -387,7 +388,7 @@ func (s *Service) Enroll(ctx context.Context, req *nodev1.EnrollRequest) (*nodev
 		case nodeID == "":
 			nodeID = hostNodeID(req.GetHostname())
 			if err := ValidateNodeID("hostname", nodeID); err != nil {
-				return fault.Invalid("node_id", "the host name %q is not a usable node ID; start kibotos-node with --node-id", catalog.Truncate(req.GetHostname()))
+				return fault.Invalid("node_id", "the host name %q is not a usable node ID; start kibotos-node with --node-id", ids.Truncate(req.GetHostname()))
 			}
 		}
 		n, err := tx.GetNode(ctx, nodeID)

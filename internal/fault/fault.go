@@ -1,7 +1,13 @@
 // Package fault defines the domain error type that every Kibotos package
 // returns. A fault says what went wrong in domain terms (a Kind, a Reason, the
 // offending field); internal/apierr is the one place that turns it into a
-// Connect error carrying a kibotos.ctrl.v1.ErrorDetail.
+// Connect error.
+//
+// A fault's public form is a kibotos.ctrl.v1.ErrorDetail (Detail); a failure
+// recorded with a command ID is stored as its Kind's name and that encoded
+// detail (Encode), and read back as a fault whose Settled flag is set
+// (Decode). Domain packages record and replay failures with these, without
+// any transport.
 //
 // Messages must never contain secrets: callers build them from field names
 // and public values only.
@@ -10,12 +16,15 @@ package fault
 import (
 	"errors"
 	"fmt"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 )
 
 // Kind is the class of failure. Each Kind maps to exactly one Connect code in
-// internal/apierr.
+// internal/apierr, and its name is that code's name.
 type Kind int
 
 const (
@@ -55,6 +64,16 @@ func (k Kind) String() string {
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
 
+// ParseKind returns the Kind named name (its String).
+func ParseKind(name string) (Kind, bool) {
+	for k, n := range kindNames {
+		if n == name {
+			return Kind(k), true
+		}
+	}
+	return KindInternal, false
+}
+
 // Reason is the fine-grained cause, mirrored one to one by the FailureReason
 // enum of the public API.
 type Reason string
@@ -85,6 +104,29 @@ const (
 	ReasonInternal                   Reason = "INTERNAL"
 )
 
+const enumPrefix = "FAILURE_REASON_"
+
+// Enum returns the FailureReason of the public API; INTERNAL for a reason
+// the API does not know.
+func (r Reason) Enum() ctrlv1.FailureReason {
+	if r == ReasonUnspecified {
+		return ctrlv1.FailureReason_FAILURE_REASON_UNSPECIFIED
+	}
+	v, ok := ctrlv1.FailureReason_value[enumPrefix+string(r)]
+	if !ok {
+		return ctrlv1.FailureReason_FAILURE_REASON_INTERNAL
+	}
+	return ctrlv1.FailureReason(v)
+}
+
+// ReasonOf returns the domain reason of a FailureReason of the public API.
+func ReasonOf(r ctrlv1.FailureReason) Reason {
+	if r == ctrlv1.FailureReason_FAILURE_REASON_UNSPECIFIED {
+		return ReasonUnspecified
+	}
+	return Reason(strings.TrimPrefix(r.String(), enumPrefix))
+}
+
 // Error is a domain failure.
 type Error struct {
 	Kind   Kind
@@ -102,6 +144,9 @@ type Error struct {
 	// failed, for a refusal by its state or one of its revisions: the
 	// caller tells the two apart with it and decides what to do next.
 	ObservedWorkspace *ctrlv1.Workspace
+	// Settled marks the recorded result of a command ID: every resend of
+	// the same request gets it again (command_settled in the API).
+	Settled bool
 }
 
 func (e *Error) Error() string {
@@ -114,6 +159,57 @@ func (e *Error) Error() string {
 		s += " (" + string(e.Reason) + ")"
 	}
 	return s
+}
+
+// Detail returns the public form of e.
+func (e *Error) Detail() *ctrlv1.ErrorDetail {
+	return &ctrlv1.ErrorDetail{
+		Reason:         e.Reason.Enum(),
+		Retryable:      e.Retryable,
+		CommandSettled: e.Settled,
+		Message:        e.Message,
+		Stage:          e.Stage,
+		Field:          e.Field,
+
+		ObservedWorkspace: e.ObservedWorkspace,
+	}
+}
+
+// FromDetail returns the fault of kind whose public form is d.
+func FromDetail(kind Kind, d *ctrlv1.ErrorDetail) *Error {
+	return &Error{
+		Kind:              kind,
+		Reason:            ReasonOf(d.GetReason()),
+		Field:             d.GetField(),
+		Message:           d.GetMessage(),
+		Retryable:         d.GetRetryable(),
+		Stage:             d.GetStage(),
+		ObservedWorkspace: d.GetObservedWorkspace(),
+		Settled:           d.GetCommandSettled(),
+	}
+}
+
+// Encode returns the recorded form of a command's failure: the name of its
+// Kind and its encoded ErrorDetail, with command_settled set.
+func Encode(e *Error) (code string, detail []byte, err error) {
+	d := e.Detail()
+	d.CommandSettled = true
+	b, err := proto.Marshal(d)
+	return e.Kind.String(), b, err
+}
+
+// Decode returns the fault of a recorded failure (see Encode). Settled is
+// what the record says; an unreadable record is an internal fault.
+func Decode(code string, detail []byte) *Error {
+	k, ok := ParseKind(code)
+	if !ok {
+		k = KindInternal
+	}
+	d := &ctrlv1.ErrorDetail{}
+	if err := proto.Unmarshal(detail, d); err != nil {
+		d = &ctrlv1.ErrorDetail{Reason: ctrlv1.FailureReason_FAILURE_REASON_INTERNAL, Message: "stored error detail unreadable", CommandSettled: true}
+	}
+	return FromDetail(k, d)
 }
 
 // As returns the *Error in err's chain.

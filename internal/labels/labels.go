@@ -1,5 +1,6 @@
-// Package labels validates and matches object labels, annotations and label
-// selectors, following the Kubernetes rules.
+// Package labels validates object labels, annotations and label selectors,
+// following the Kubernetes rules, and encodes them canonically (Canonical).
+// Selectors are matched by the store's queries.
 //
 // A key is an optional prefix and '/' followed by a name. The prefix is a DNS
 // subdomain: lower-case RFC 1123 labels ([a-z0-9] at both ends, [a-z0-9-]
@@ -47,16 +48,6 @@ const (
 	maxValueLen    = 63
 	displayLen     = 80
 )
-
-// ValidateKey checks the syntax of a label or annotation key. It does not
-// refuse reserved keys. field is used as the Field of the returned
-// *fault.Error.
-func ValidateKey(field, key string) error {
-	if p := keyProblem(key); p != "" {
-		return fault.Invalid(field, "key %s: %s", quote(key), p)
-	}
-	return nil
-}
 
 // IsReserved reports whether key has a prefix reserved for the server:
 // "kibotos.io" or any subdomain of it.
@@ -126,19 +117,6 @@ func ValidateSelector(field string, m map[string]string) error {
 		}
 	}
 	return nil
-}
-
-// Matches reports whether labels satisfy selector: every selector key must be
-// present in labels with exactly the same value (an empty selector value
-// requires the label to be present and empty). An empty selector matches
-// everything.
-func Matches(selector, labels map[string]string) bool {
-	for k, want := range selector {
-		if got, ok := labels[k]; !ok || got != want {
-			return false
-		}
-	}
-	return true
 }
 
 // Canonical returns a deterministic encoding of m for fingerprints and for

@@ -87,15 +87,22 @@ var keyTests = []struct {
 	{"Kibotos.io/x", false, false},
 }
 
-func TestValidateKey(t *testing.T) {
+// TestKeys checks key syntax through selectors (which accept reserved
+// keys) and labels (which refuse them).
+func TestKeys(t *testing.T) {
 	for _, tt := range keyTests {
-		err := ValidateKey("spec.key", tt.key)
+		field := "sel[" + quote(tt.key) + "]"
+		err := ValidateSelector("sel", map[string]string{tt.key: ""})
 		if tt.ok {
 			if err != nil {
-				t.Errorf("ValidateKey(%q) = %v, want nil", tt.key, err)
+				t.Errorf("ValidateSelector(%q) = %v, want nil", tt.key, err)
 			}
 		} else {
-			wantInvalid(t, err, "spec.key")
+			wantInvalid(t, err, field)
+		}
+		lerr := ValidateLabels("labels", map[string]string{tt.key: ""})
+		if (lerr == nil) != (tt.ok && !tt.reserved) {
+			t.Errorf("ValidateLabels(%q) = %v, want ok %v", tt.key, lerr, tt.ok && !tt.reserved)
 		}
 		if got := IsReserved(tt.key); got != tt.reserved {
 			t.Errorf("IsReserved(%q) = %v, want %v", tt.key, got, tt.reserved)
@@ -245,35 +252,6 @@ func TestMessages(t *testing.T) {
 	}
 }
 
-func TestMatches(t *testing.T) {
-	labels := map[string]string{"app": "web", "tier": "", "kibotos.io/owner": "alice"}
-	tests := []struct {
-		sel  map[string]string
-		want bool
-	}{
-		{nil, true},
-		{map[string]string{}, true},
-		{map[string]string{"app": "web"}, true},
-		{map[string]string{"app": "web", "tier": ""}, true},
-		{map[string]string{"kibotos.io/owner": "alice"}, true},
-		{map[string]string{"app": "Web"}, false},
-		{map[string]string{"app": "web", "tier": "x"}, false},
-		{map[string]string{"missing": ""}, false},
-		{map[string]string{"app": ""}, false},
-	}
-	for _, tt := range tests {
-		if got := Matches(tt.sel, labels); got != tt.want {
-			t.Errorf("Matches(%v) = %v, want %v", tt.sel, got, tt.want)
-		}
-	}
-	if Matches(map[string]string{"a": ""}, nil) {
-		t.Error("non-empty selector matched nil labels")
-	}
-	if !Matches(nil, nil) {
-		t.Error("empty selector did not match nil labels")
-	}
-}
-
 func TestCanonical(t *testing.T) {
 	a := map[string]string{"b": "2", "a": "1", "c": ""}
 	first := Canonical(a)
@@ -349,17 +327,19 @@ func refValidKey(key string) bool {
 
 func refValidValue(v string) bool { return v == "" || refValidName(v) }
 
-func FuzzValidateKey(f *testing.F) {
+// FuzzKey checks key syntax against the reference: through a selector,
+// which accepts reserved keys, and through labels, which refuse them.
+func FuzzKey(f *testing.F) {
 	f.Fuzz(func(t *testing.T, key string) {
 		want := refValidKey(key)
-		err := ValidateKey("k", key)
+		err := ValidateSelector("k", map[string]string{key: ""})
 		if (err == nil) != want {
-			t.Fatalf("ValidateKey(%q) = %v, reference accepts: %v", key, err, want)
+			t.Fatalf("key %q: %v, reference accepts: %v", key, err, want)
 		}
 		if err != nil {
 			fe, ok := fault.As(err)
-			if !ok || fe.Kind != fault.KindInvalidArgument || fe.Field != "k" {
-				t.Fatalf("ValidateKey(%q) = %#v", key, err)
+			if !ok || fe.Kind != fault.KindInvalidArgument || fe.Field != "k["+quote(key)+"]" {
+				t.Fatalf("key %q: %#v", key, err)
 			}
 			if len(fe.Message) > 600 {
 				t.Fatalf("message is %d bytes long", len(fe.Message))
@@ -403,15 +383,6 @@ func FuzzSelector(f *testing.F) {
 		lerr := ValidateLabels("labels", sel)
 		if (lerr == nil) != (want && !IsReserved(key)) {
 			t.Fatalf("ValidateLabels(%q: %q) = %v", key, value, lerr)
-		}
-		if !Matches(sel, sel) || !Matches(sel, map[string]string{key: value, key + "x": "y"}) {
-			t.Fatal("selector does not match its own labels")
-		}
-		if Matches(sel, nil) || Matches(sel, map[string]string{key: value + "x"}) || Matches(sel, map[string]string{key + "x": value}) {
-			t.Fatal("selector matches different labels")
-		}
-		if !Matches(nil, sel) {
-			t.Fatal("empty selector does not match")
 		}
 		c := Canonical(sel)
 		if !bytes.Equal(c, Canonical(map[string]string{key: value})) {

@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
-	"github.com/kibotos/kibotos/internal/apierr"
 	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/workspace"
@@ -177,7 +176,7 @@ func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bo
 		}
 		fe := placementFailure(reason)
 		pub.State, pub.HoldsExecution = ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED, false
-		pub.Failure = apierr.Detail(fe)
+		pub.Failure = fe.Detail()
 		w.ObservedGeneration = w.Generation
 		if err := complete(ctx, tx, w, pub, fe, now); err != nil {
 			return err

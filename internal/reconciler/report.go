@@ -11,7 +11,6 @@ import (
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
-	"github.com/kibotos/kibotos/internal/apierr"
 	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/workspace"
@@ -133,7 +132,7 @@ func (r *Reconciler) applyReport(ctx context.Context, nodeID string, rep *nodev1
 			w.ObservedState = execState(rep.GetState())
 			out := derive(w, pub, rep)
 			if out.err != nil {
-				pub.Failure = apierr.Detail(out.err)
+				pub.Failure = out.err.Detail()
 			}
 			if pub.GetState() == ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETED {
 				w.DeletedAt = now
@@ -206,7 +205,7 @@ func complete(ctx context.Context, tx store.Tx, w *store.Workspace, pub *ctrlv1.
 	}
 	rec.Status, rec.CompletedAt = store.CommandCompleted, now
 	if fe != nil {
-		rec.ErrorCode, rec.ErrorDetail, err = apierr.Encode(fe)
+		rec.ErrorCode, rec.ErrorDetail, err = fault.Encode(fe)
 		if err != nil {
 			return err
 		}

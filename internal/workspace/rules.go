@@ -113,16 +113,10 @@ func shortState(s ctrlv1.WorkspaceState) string {
 	return n
 }
 
-// Limits of a create request.
-const (
-	MiB = 1 << 20
-	// DefaultCapacityBytes is the writable layer size when a create names none.
-	DefaultCapacityBytes = 1 << 30
-	// MinCapacityBytes is the smallest writable layer (ext4 needs room).
-	MinCapacityBytes = 16 * MiB
-	// DefaultTemplate is the template of a create that names none.
-	DefaultTemplate = "default"
-)
+// DefaultTemplate is the template of a create that names none. The sizes
+// of a create (writable layer bounds, vCPU rounding) are in
+// internal/workspace/limits.
+const DefaultTemplate = "default"
 
 // CheckExpirationSpec validates an expiration a request sets. A policy needs
 // a deadline in the future; no policy clears.
@@ -178,6 +172,3 @@ func CheckExpirationRevision(expected uint64, cur *ctrlv1.Expiration) error {
 	}
 	return nil
 }
-
-// VCPUs rounds millicores up to whole vCPUs.
-func VCPUs(cpuMillis uint32) uint32 { return (cpuMillis + 999) / 1000 }

@@ -114,14 +114,6 @@ func TestCheckExpirationRevision(t *testing.T) {
 	}
 }
 
-func TestVCPUs(t *testing.T) {
-	for in, want := range map[uint32]uint32{1: 1, 999: 1, 1000: 1, 1001: 2, 1500: 2, 2000: 2, 2001: 3} {
-		if got := VCPUs(in); got != want {
-			t.Errorf("VCPUs(%d) = %d, want %d", in, got, want)
-		}
-	}
-}
-
 func TestUnderlying(t *testing.T) {
 	tests := []struct {
 		w    store.Workspace

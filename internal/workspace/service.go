@@ -13,18 +13,30 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
-	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
-	"github.com/kibotos/kibotos/internal/apierr"
-	"github.com/kibotos/kibotos/internal/catalog"
 	"github.com/kibotos/kibotos/internal/command"
 	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/ids"
 	"github.com/kibotos/kibotos/internal/labels"
 	"github.com/kibotos/kibotos/internal/paging"
 	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/workspace/limits"
 )
 
 // ObjectKind names Workspaces in command records.
 const ObjectKind = "workspace"
+
+// idPrefix starts every Workspace ID.
+const idPrefix = "ws-"
+
+// The procedures of the commands the Service names itself (UpdateMap is
+// given its own). A procedure is part of each command's fingerprint, so
+// these never change; a test pins them to the generated handler's.
+const (
+	createMethod = "/kibotos.ctrl.v1.WorkspaceService/CreateWorkspace"
+	startMethod  = "/kibotos.ctrl.v1.WorkspaceService/StartWorkspace"
+	stopMethod   = "/kibotos.ctrl.v1.WorkspaceService/StopWorkspace"
+	deleteMethod = "/kibotos.ctrl.v1.WorkspaceService/DeleteWorkspace"
+)
 
 // Capacity is the largest a single node offers; zero when no node is known.
 type Capacity struct {
@@ -153,13 +165,13 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 	}
 	capacity := req.GetWritableLayerCapacityBytes()
 	if capacity == 0 {
-		capacity = DefaultCapacityBytes
+		capacity = limits.DefaultCapacityBytes
 	}
-	if capacity%MiB != 0 {
+	if capacity%limits.MiB != 0 {
 		return nil, fault.Invalid("writable_layer_capacity_bytes", "capacity %d is not a whole number of MiB", capacity)
 	}
-	if capacity < MinCapacityBytes {
-		return nil, fault.Invalid("writable_layer_capacity_bytes", "capacity must be at least %d MiB", MinCapacityBytes/MiB)
+	if capacity < limits.MinCapacityBytes {
+		return nil, fault.Invalid("writable_layer_capacity_bytes", "capacity must be at least %d MiB", limits.MinCapacityBytes/limits.MiB)
 	}
 	tmpl := req.GetTemplateId()
 	if tmpl == "" {
@@ -188,8 +200,8 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 	}
 	defer s.kick()
 	return command.Execute(ctx, s.Engine, command.Spec[*ctrlv1.CreateWorkspaceRequest, *ctrlv1.CreateWorkspaceResponse]{
-		Method: ctrlv1connect.WorkspaceServiceCreateWorkspaceProcedure, ObjectKind: ObjectKind,
-		Kind: int(ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_CREATE), Request: req, Normalize: normalize,
+		Method: createMethod, ObjectKind: ObjectKind,
+		CommandKind: int(ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_CREATE), Request: req, Normalize: normalize,
 		NewResponse: func() *ctrlv1.CreateWorkspaceResponse { return &ctrlv1.CreateWorkspaceResponse{} },
 		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (*ctrlv1.CreateWorkspaceResponse, error) {
 			if c := s.MaxCapacity(); c.MemoryMiB > 0 && (uint64(res.GetMemoryMib()) > c.MemoryMiB || uint64(res.GetCpuMillis()) > c.CPUMillis ||
@@ -197,7 +209,7 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 				return nil, &fault.Error{Kind: fault.KindResourceExhausted, Reason: fault.ReasonCapacityExhausted, Field: "resources",
 					Message: "the request exceeds the capacity of every node (" + strconv.FormatUint(c.MemoryMiB, 10) + " MiB, " + strconv.FormatUint(c.CPUMillis, 10) + " millicores at most)"}
 			}
-			id := catalog.NewID("ws-")
+			id := ids.New(idPrefix)
 			exp := &ctrlv1.Expiration{Revision: 1}
 			if e := req.GetExpiration(); e != nil && e.GetPolicy() != ctrlv1.ExpirationPolicy_EXPIRATION_POLICY_UNSPECIFIED {
 				exp.Policy, exp.Deadline = e.GetPolicy(), e.GetDeadline()
@@ -467,7 +479,7 @@ func run[Req command.Input, Resp proto.Message](ctx context.Context, s *Service,
 	// previous command: wake its waiters.
 	defer s.Store.Notify(store.WorkspaceTopic(t.id))
 	return command.Execute(ctx, s.Engine, command.Spec[Req, Resp]{
-		Method: t.method, ObjectKind: ObjectKind, ObjectID: t.id, Kind: int(t.kind), Request: req, NewResponse: empty,
+		Method: t.method, ObjectKind: ObjectKind, ObjectID: t.id, CommandKind: int(t.kind), Request: req, NewResponse: empty,
 		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (Resp, error) {
 			w, pub, err := s.load(ctx, tx, t.id)
 			if err != nil {
@@ -512,7 +524,7 @@ func Supersede(ctx context.Context, tx store.Tx, id, by string, now time.Time) e
 	}
 	fe := fault.Precondition(fault.ReasonConflict, "superseded by command %q", by)
 	fe.Stage = "superseded"
-	old.ErrorCode, old.ErrorDetail, err = apierr.Encode(fe)
+	old.ErrorCode, old.ErrorDetail, err = fault.Encode(fe)
 	if err != nil {
 		return err
 	}
@@ -532,7 +544,7 @@ func status(w *store.Workspace, pub *ctrlv1.Workspace) Status {
 // Start admits a start command.
 func (s *Service) Start(ctx context.Context, req *ctrlv1.StartWorkspaceRequest) (*ctrlv1.StartWorkspaceResponse, error) {
 	return run(ctx, s, req, transition{
-		method: ctrlv1connect.WorkspaceServiceStartWorkspaceProcedure, kind: ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_START,
+		method: startMethod, kind: ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_START,
 		id: req.GetWorkspaceId(), expected: req.GetExpectedExpirationRevision(),
 		apply: func(_ store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, _ time.Time) error {
 			if err := Admit(OpStart, status(w, pub)); err != nil {
@@ -559,7 +571,7 @@ func (s *Service) Stop(ctx context.Context, req *ctrlv1.StopWorkspaceRequest) (*
 		}
 	}
 	_, err := run(ctx, s, req, transition{
-		method: ctrlv1connect.WorkspaceServiceStopWorkspaceProcedure, kind: ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_STOP,
+		method: stopMethod, kind: ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_STOP,
 		id: req.GetWorkspaceId(), expected: req.GetExpectedExpirationRevision(),
 		apply: func(_ store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, _ time.Time) error {
 			op := OpStop
@@ -591,7 +603,7 @@ func (s *Service) Stop(ctx context.Context, req *ctrlv1.StopWorkspaceRequest) (*
 // Delete admits a delete command and waits for it.
 func (s *Service) Delete(ctx context.Context, req *ctrlv1.DeleteWorkspaceRequest) (*ctrlv1.DeleteWorkspaceResponse, error) {
 	_, err := run(ctx, s, req, transition{
-		method: ctrlv1connect.WorkspaceServiceDeleteWorkspaceProcedure, kind: ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_DELETE,
+		method: deleteMethod, kind: ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_DELETE,
 		id: req.GetWorkspaceId(), expected: req.GetExpectedExpirationRevision(),
 		apply: func(_ store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, _ time.Time) error {
 			if err := Admit(OpDelete, status(w, pub)); err != nil {
@@ -632,7 +644,7 @@ func (s *Service) wait(ctx context.Context, id, workspaceID string) (*store.Comm
 		fe.Stage = "wait"
 		return nil, fe
 	case rec.ErrorCode != "":
-		return nil, apierr.Decode(rec.ErrorCode, rec.ErrorDetail)
+		return nil, fault.Decode(rec.ErrorCode, rec.ErrorDetail)
 	}
 	return rec, nil
 }
@@ -650,7 +662,7 @@ func (s *Service) UpdateMap(ctx context.Context, method string, req command.Inpu
 		return nil, err
 	}
 	out, err := command.Execute(ctx, s.Engine, command.Spec[command.Input, *ctrlv1.GetWorkspaceResponse]{
-		Method: method, ObjectKind: ObjectKind, ObjectID: id, Kind: int(kind), Request: req,
+		Method: method, ObjectKind: ObjectKind, ObjectID: id, CommandKind: int(kind), Request: req,
 		NewResponse: func() *ctrlv1.GetWorkspaceResponse { return &ctrlv1.GetWorkspaceResponse{} },
 		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (*ctrlv1.GetWorkspaceResponse, error) {
 			w, pub, err := s.load(ctx, tx, id)

@@ -8,11 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/kibotos/kibotos"
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/internal/command"
 	"github.com/kibotos/kibotos/internal/fault"
@@ -350,7 +348,7 @@ func TestStopWaitsForNotification(t *testing.T) {
 			return err
 		}
 		rec.Status, rec.CompletedAt = store.CommandCompleted, time.Now().UTC().Truncate(time.Microsecond)
-		rec.ErrorCode = connect.CodeFailedPrecondition.String()
+		rec.ErrorCode = fault.KindFailedPrecondition.String()
 		return tx.UpdateCommand(t.Context(), rec)
 	})
 	if err != nil {
@@ -359,12 +357,7 @@ func TestStopWaitsForNotification(t *testing.T) {
 	st.Notify(store.WorkspaceTopic(w.GetWorkspaceId()))
 	select {
 	case err := <-done:
-		if connect.CodeOf(err) != connect.CodeFailedPrecondition {
-			t.Fatalf("Stop = %v, want the recorded failed_precondition", err)
-		}
-		if _, ok := kibotos.Detail(err); !ok {
-			t.Fatalf("Stop = %v carries no detail", err)
-		}
+		wantFault(t, "Stop", err, fault.KindFailedPrecondition, "")
 	case <-time.After(5 * time.Second):
 		t.Fatal("the stop did not return on the notification")
 	}
