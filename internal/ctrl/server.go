@@ -247,8 +247,8 @@ func (s *Server) verifyPeer(r *http.Request, role string) (string, error) {
 		return "", errors.New("no client CA configured")
 	}
 	leaf := r.TLS.PeerCertificates[0]
-	isNode := len(leaf.Subject.OrganizationalUnit) > 0 && leaf.Subject.OrganizationalUnit[0] == pki.RoleNode
-	if isNode != (role == pki.RoleNode) {
+	id := pki.IdentityOf(leaf)
+	if (id.Role == pki.RoleNode) != (role == pki.RoleNode) {
 		return "", errors.New("certificate role does not match the API")
 	}
 	if time.Now().After(leaf.NotAfter) {
@@ -260,16 +260,8 @@ func (s *Server) verifyPeer(r *http.Request, role string) (string, error) {
 	if ca == nil {
 		ca = &connAuth{}
 	}
-	ca.once.Do(func() {
-		inter := x509.NewCertPool()
-		for _, c := range r.TLS.PeerCertificates[1:] {
-			inter.AddCert(c)
-		}
-		_, ca.err = leaf.Verify(x509.VerifyOptions{
-			Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-		})
-	})
-	return leaf.Subject.CommonName, ca.err
+	ca.once.Do(func() { ca.err = pki.VerifyClientChain(r.TLS.PeerCertificates, pool) })
+	return id.CommonName, ca.err
 }
 
 // connAuth caches the verification of a connection's client chain.
