@@ -104,12 +104,19 @@ func (r *Reconciler) push(w *store.Workspace) {
 		r.log.Error("encode desired state", "workspace_id", w.ID, "error", err.Error())
 		return
 	}
+	r.offer(nc, w.ID, &nodev1.ConnectResponse{Desired: &nodev1.DesiredState{Workspaces: []*nodev1.DesiredWorkspace{d}}})
+}
+
+// offer queues msg, the desired state of workspace id, on nc's stream. A
+// stream that is backed up forgets it was sent, so the next pass retries;
+// one that was replaced meanwhile never sends it, and the new stream starts
+// with the full state.
+func (r *Reconciler) offer(nc *nodeConn, id string, msg *nodev1.ConnectResponse) {
 	select {
-	case nc.send <- &nodev1.ConnectResponse{Desired: &nodev1.DesiredState{Workspaces: []*nodev1.DesiredWorkspace{d}}}:
+	case nc.send <- msg:
 	default:
-		// The stream is backed up: forget it was sent, the next pass retries.
 		r.mu.Lock()
-		delete(nc.sent, w.ID)
+		delete(nc.sent, id)
 		r.mu.Unlock()
 	}
 }

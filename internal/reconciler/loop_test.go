@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"testing"
 	"time"
 
@@ -159,5 +160,25 @@ func TestPassPushes(t *testing.T) {
 	}
 	if w, _ := load(t, st, "ws-1"); w.NodeID != "n1" {
 		t.Errorf("NodeID = %q, want n1", w.NodeID)
+	}
+}
+
+// TestOfferToReplacedStream: a push that took a node's connection just
+// before a newer stream replaced it sends into the old one without
+// panicking (its send channel used to be closed), and the old stream is told
+// it was replaced.
+func TestOfferToReplacedStream(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	h := hello("n1", 4096, 4000, "", workspace.DefaultTemplate)
+	old := connectNode(t, r, h)
+	connectNode(t, r, h)
+	select {
+	case <-old.replaced:
+	default:
+		t.Fatal("the replaced stream was not told")
+	}
+	r.offer(old, "ws-1", &nodev1.ConnectResponse{})
+	for range 300 { // past the buffer: the backed-up path too
+		r.offer(old, "ws-1", &nodev1.ConnectResponse{})
 	}
 }

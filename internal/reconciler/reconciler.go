@@ -74,8 +74,12 @@ type Reconciler struct {
 
 // nodeConn is one connected node's stream.
 type nodeConn struct {
-	id       string
-	send     chan *nodev1.ConnectResponse
+	id   string
+	send chan *nodev1.ConnectResponse
+	// replaced is closed when a newer stream of the same node replaces this
+	// one. send is never closed: a push that took this connection just
+	// before it was replaced must not panic.
+	replaced chan struct{}
 	lastSeen time.Time         // last message received, by the reconciler's clock
 	sent     map[string]uint64 // workspace → generation pushed
 	pool     string

@@ -81,10 +81,9 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 	r.Kick()
 	for {
 		select {
-		case msg, ok := <-nc.send:
-			if !ok {
-				return nil
-			}
+		case <-nc.replaced:
+			return nil
+		case msg := <-nc.send:
 			if err := stream.Send(msg); err != nil {
 				return err
 			}
@@ -123,11 +122,12 @@ func (r *Reconciler) register(ctx context.Context, hello *nodev1.Hello, mayConne
 // newer stream replaces an older one.
 func (r *Reconciler) attach(hello *nodev1.Hello) *nodeConn {
 	id, c := hello.GetNodeId(), hello.GetCapacity()
-	nc := &nodeConn{id: id, send: make(chan *nodev1.ConnectResponse, 256), lastSeen: r.now(), sent: map[string]uint64{}, pool: c.GetStoragePool()}
+	nc := &nodeConn{id: id, send: make(chan *nodev1.ConnectResponse, 256), replaced: make(chan struct{}),
+		lastSeen: r.now(), sent: map[string]uint64{}, pool: c.GetStoragePool()}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if old := r.nodes[id]; old != nil {
-		close(old.send) // a newer stream replaces the old one
+		close(old.replaced) // a newer stream replaces the old one
 	}
 	r.nodes[id] = nc
 	r.caps[id] = workspace.Capacity{MemoryMiB: c.GetMemoryMib(), CPUMillis: c.GetCpuMillis(), StorageBytes: c.GetStorageBytes()}
