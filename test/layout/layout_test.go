@@ -247,3 +247,57 @@ func goList(t *testing.T, dir string, args ...string) []string {
 	}
 	return paths
 }
+
+// TestArchitectureListsEveryPackage: docs/architecture.md's Layout names
+// every package of the module with its job, and names no package that is
+// gone.
+func TestArchitectureListsEveryPackage(t *testing.T) {
+	base := root(t)
+	data, err := os.ReadFile(filepath.Join(base, "docs", "architecture.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(data)
+	i := strings.Index(text, "## Layout")
+	if i < 0 {
+		t.Fatal("docs/architecture.md has no Layout section")
+	}
+	block := text[i:]
+	start := strings.Index(block, "```\n")
+	end := strings.Index(block[start+4:], "```")
+	if start < 0 || end < 0 {
+		t.Fatal("the Layout section has no code block")
+	}
+	listed := map[string]bool{}
+	for _, line := range strings.Split(block[start+4:start+4+end], "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		if strings.HasSuffix(f[0], "/") {
+			listed[strings.TrimSuffix(f[0], "/")] = true
+		}
+		if f[0] == "*.go" {
+			listed["."] = true
+		}
+	}
+	packages := map[string]bool{}
+	for _, dir := range goList(t, base, "-f", "{{.Dir}}", "./...") {
+		rel, err := filepath.Rel(base, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rel == "gen" || strings.HasPrefix(rel, "gen/") {
+			continue
+		}
+		packages[rel] = true
+		if !listed[rel] {
+			t.Errorf("package %s is not in docs/architecture.md's Layout", rel)
+		}
+	}
+	for p := range listed {
+		if !packages[p] && !exists(filepath.Join(base, p)) {
+			t.Errorf("docs/architecture.md's Layout names %s, which does not exist", p)
+		}
+	}
+}
