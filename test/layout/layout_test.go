@@ -144,7 +144,17 @@ func exists(path string) bool {
 	return err == nil
 }
 
-// TestDependencies: the SDK and the guest stay free of the server. The
+// testHelpers are the packages that only tests may import.
+var testHelpers = []string{
+	module + "/internal/store/storetest",
+	module + "/internal/store/postgres/pgtest",
+	module + "/internal/ctrltest",
+	module + "/internal/node/agent/agenttest",
+	"testing",
+}
+
+// TestDependencies: the SDK and the guest stay free of the server, and no
+// production binary carries test helpers. The
 // guest runs inside every workspace, as PID 1, under the workspace's memory
 // limit: no SQL driver, store, CLI, metrics or control-plane code.
 func TestDependencies(t *testing.T) {
@@ -179,6 +189,10 @@ func TestDependencies(t *testing.T) {
 			"github.com/spf13/cobra",
 			"gvisor.dev/gvisor",
 		)},
+		// Production binaries carry no test helpers.
+		{module + "/cmd/kibotos-ctrl", testHelpers},
+		{module + "/cmd/kibotos-node", testHelpers},
+		{module + "/cmd/kibo", append(slices.Clone(testHelpers), server...)},
 	} {
 		t.Run(strings.TrimPrefix(tc.pkg, module), func(t *testing.T) {
 			deps := goList(t, base, "-deps", "-f", "{{.ImportPath}}", tc.pkg)
@@ -186,7 +200,7 @@ func TestDependencies(t *testing.T) {
 				t.Fatal("go list -deps listed nothing")
 			}
 			for _, dep := range deps {
-				if tc.pkg != module && dep == module+"/internal/node/sandbox" {
+				if tc.pkg == module+"/cmd/kibotos-guest" && dep == module+"/internal/node/sandbox" {
 					t.Errorf("%s depends on the node's sandbox runtime", tc.pkg)
 				}
 				for _, f := range tc.forbidden {
