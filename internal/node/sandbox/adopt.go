@@ -25,7 +25,7 @@ func (r *Runtime) Adopt(ctx context.Context) error {
 		return ErrClosed
 	}
 	var errs []error
-	ents, err := os.ReadDir(filepath.Join(r.root, "exec"))
+	ents, err := os.ReadDir(r.execDir())
 	if err != nil {
 		return err
 	}
@@ -47,14 +47,14 @@ func (r *Runtime) Adopt(ctx context.Context) error {
 			orphans[n] = true
 		}
 	}
-	if loops, err := attachedLoops(filepath.Join(r.root, "layers"), true); err == nil {
+	if loops, err := attachedLoops(r.layersDir(), true); err == nil {
 		for _, l := range loops {
 			if ws, ok := strings.CutSuffix(filepath.Base(l.Backing), ".img"); ok {
 				orphans[ws] = true
 			}
 		}
 	}
-	if runs, err := os.ReadDir(filepath.Join(r.root, "run")); err == nil {
+	if runs, err := os.ReadDir(r.runsDir()); err == nil {
 		for _, d := range runs {
 			orphans[d.Name()] = true
 		}
@@ -91,7 +91,7 @@ func (r *Runtime) adoptOne(ctx context.Context, ws string) error {
 	}
 	wasRunning := st.Phase == phaseRunning
 	kind, msg := EventExited, "the execution exited while the node agent was away"
-	if b, err := os.ReadFile(filepath.Join(r.runDir(ws), "sock", protocol.PoweroffMarker)); err == nil {
+	if b, err := os.ReadFile(r.poweroffMarkerPath(ws)); err == nil {
 		kind, msg = EventGuestExited, "the guest powered off: "+strings.TrimSpace(string(b))
 	}
 	rerr := r.releaseLeftovers(ws)

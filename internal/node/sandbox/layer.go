@@ -16,8 +16,8 @@ const MinCapacityBytes = 16 << 20
 
 const mib = 1 << 20
 
-func (r *Runtime) layerPath(ws string) string { return filepath.Join(r.root, "layers", ws+".img") }
-
+// checkCapacity reports a capacity that is not whole MiB or is below
+// MinCapacityBytes as ErrCapacity.
 func checkCapacity(c uint64) error {
 	if c%mib != 0 {
 		return fmt.Errorf("%w: %d bytes is not a whole number of MiB", ErrCapacity, c)
@@ -70,7 +70,7 @@ func (r *Runtime) ensureLayer(ctx context.Context, ws string, capacity uint64) (
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return false, err
 	}
-	_, seedErr, err := createLayerImage(ctx, filepath.Join(r.root, seedDirName), path, capacity)
+	_, seedErr, err := createLayerImage(ctx, r.seedDir(), path, capacity)
 	if seedErr != nil {
 		r.log.Warn("writable layer: seed unusable, formatted with mkfs.ext4", "workspace_id", ws,
 			"capacity_bytes", capacity, "err", seedErr)

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,10 +55,6 @@ var (
 	seedSeq   atomic.Uint64
 )
 
-func seedPath(seedDir string, capacity uint64) string {
-	return filepath.Join(seedDir, strconv.FormatUint(capacity, 10)+".img")
-}
-
 // mkfsLayer makes path (which must not exist) a sparse file of exactly
 // capacity bytes holding a fresh ext4 filesystem, and fsyncs it.
 func mkfsLayer(ctx context.Context, path string, capacity uint64) error {
@@ -101,7 +96,7 @@ func CreateLayerImage(ctx context.Context, seedDir, path string, capacity uint64
 // back to mkfs.ext4 on any failure; without, it always runs mkfs.ext4. It
 // returns whether a seed was used and, if a seed failed, why.
 func createLayerImage(ctx context.Context, seedDir, path string, capacity uint64) (seeded bool, seedErr, err error) {
-	tmp := path + ".new"
+	tmp := layerTmpPath(path)
 	_ = os.Remove(tmp)
 	if seedDir != "" {
 		if seedErr = cloneFromSeed(ctx, seedDir, tmp, capacity); seedErr == nil {

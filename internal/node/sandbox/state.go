@@ -50,8 +50,6 @@ type execState struct {
 	BootID string `json:"boot_id"`
 }
 
-func (r *Runtime) statePath(ws string) string { return filepath.Join(r.root, "exec", ws+".json") }
-
 // writeState replaces the state file atomically. Which crash does each
 // step of a write guard against?
 //

@@ -1,0 +1,68 @@
+package sandbox
+
+import (
+	"fmt"
+	"regexp"
+)
+
+// Spec is what one execution is started with.
+type Spec struct {
+	// WorkspaceID names the workspace ("ws-..."): [A-Za-z0-9][A-Za-z0-9._-],
+	// at most 63 characters. One execution per workspace at a time.
+	WorkspaceID string
+	// Generation is the desired generation this execution was started
+	// for; recorded and reported back in Status and Events.
+	Generation uint64
+	// TemplateDir is the read-only rootfs directory (the lower layer).
+	TemplateDir string
+	// CapacityBytes is the writable layer's size when it is created, a
+	// whole number of MiB, at least MinCapacityBytes. An existing layer
+	// keeps its size (Resize grows it).
+	CapacityBytes uint64
+	// MemoryMiB is the memory limit.
+	MemoryMiB uint32
+	// CPUMillis: the quota is ceil(CPUMillis/1000) whole vCPUs.
+	CPUMillis uint32
+	// PidsMax limits the number of tasks; 0 selects Config.DefaultPidsMax.
+	PidsMax int
+}
+
+// VCPUs is the number of whole vCPUs cpuMillis rounds up to.
+func VCPUs(cpuMillis uint32) uint32 { return (cpuMillis + 999) / 1000 }
+
+var workspaceIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// checkWorkspaceID reports a malformed workspace id as ErrInvalidSpec.
+func checkWorkspaceID(ws string) error {
+	if !workspaceIDRe.MatchString(ws) {
+		return fmt.Errorf("%w: workspace id %q", ErrInvalidSpec, ws)
+	}
+	return nil
+}
+
+// validate checks s before a start and fills in its defaults (PidsMax).
+// Its errors are ErrInvalidSpec or ErrCapacity (Permanent).
+func (r *Runtime) validate(s *Spec) error {
+	if err := checkWorkspaceID(s.WorkspaceID); err != nil {
+		return err
+	}
+	if err := CheckTemplateDir(s.TemplateDir); err != nil {
+		return err
+	}
+	if err := checkCapacity(s.CapacityBytes); err != nil {
+		return err
+	}
+	if s.MemoryMiB < 16 {
+		return fmt.Errorf("%w: memory %d MiB is below 16 MiB", ErrInvalidSpec, s.MemoryMiB)
+	}
+	if s.CPUMillis == 0 {
+		return fmt.Errorf("%w: cpu_millis must be greater than zero", ErrInvalidSpec)
+	}
+	if s.PidsMax < 0 {
+		return fmt.Errorf("%w: pids max %d", ErrInvalidSpec, s.PidsMax)
+	}
+	if s.PidsMax == 0 {
+		s.PidsMax = r.cfg.DefaultPidsMax
+	}
+	return nil
+}

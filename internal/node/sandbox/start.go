@@ -1,0 +1,481 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/internal/guest/protocol"
+)
+
+// Start starts an execution for s and returns once its guest agent answers.
+// It is idempotent: a workspace that already runs an execution is left
+// alone (nil). A failed start is rolled back completely (the layer stays).
+func (r *Runtime) Start(ctx context.Context, s Spec) error {
+	if r.closed() {
+		return ErrClosed
+	}
+	if err := r.validate(&s); err != nil {
+		return err
+	}
+	ws := s.WorkspaceID
+	unlock, err := r.lockWS(ctx, ws)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if e := r.get(ws); e != nil {
+		if e.alive() {
+			return nil
+		}
+		if err := r.killAndRelease(e); err != nil {
+			return err
+		}
+	} else if st, err := r.readState(ws); err == nil {
+		if e := r.adoptLocked(st); e != nil {
+			return nil
+		}
+	}
+	if err := r.releaseLeftovers(ws); err != nil {
+		return err
+	}
+	return r.start(ctx, s)
+}
+
+// start sets up an execution for s and starts it; Start has validated s,
+// holds the workspace lock and has released whatever the workspace still
+// held. The steps, in this order (it is tuned: each step's system calls
+// and their order matter, see bench_test.go):
+//
+//  1. startLayer: the writable layer is made in the background meanwhile;
+//  2. newExecState, writeState: the record, phase starting;
+//  3. createCgroup: the cgroup and its limits;
+//  4. prepareRunDir, openLog: a fresh run directory, the guest log;
+//  5. the layer (waited for) is attached to a loop device;
+//  6. openInitPipes, launchShim: the init shim starts in new namespaces,
+//     born in the cgroup when the host allows it;
+//  7. track: the shim is the execution now (pidfd, watcher); a shim not
+//     born in the cgroup is moved there;
+//  8. configureShim, waitShimSetup: the shim mounts, pivots and execs the
+//     guest;
+//  9. waitGuest: the guest's first answer;
+//  10. markRunning: the record, phase running; health pings start.
+//
+// On any error what was set up is released again (the layer stays).
+func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
+	ws := s.WorkspaceID
+	t0 := time.Now()
+	layer := r.startLayer(ctx, ws, s.CapacityBytes)
+	defer layer.wait()
+	st := r.newExecState(s)
+	if err := r.writeState(st); err != nil {
+		return fmt.Errorf("%w: state: %v", ErrStart, err)
+	}
+	var e *execution
+	defer func() {
+		if err == nil {
+			return
+		}
+		var rerr error
+		if e != nil {
+			rerr = r.killAndRelease(e)
+		} else {
+			rerr = r.releaseResources(st)
+		}
+		if rerr != nil {
+			r.log.Error("rollback of a failed start", "workspace_id", ws, "err", rerr)
+		}
+	}()
+
+	if err := r.createCgroup(st.Cgroup, s); err != nil {
+		return fmt.Errorf("%w: cgroup: %v", ErrStart, err)
+	}
+	run, err := r.prepareRunDir(ws)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrStart, err)
+	}
+	logf, err := openLog(r.logPath(ws))
+	if err != nil {
+		return fmt.Errorf("%w: log: %v", ErrStart, err)
+	}
+	defer logf.Close()
+	lr := layer.wait()
+	if lr.err != nil {
+		return fmt.Errorf("%w: writable layer: %v", ErrStart, lr.err)
+	}
+	loopf, dev, err := attachLoop(st.Layer)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrStart, err)
+	}
+	defer loopf.Close()
+	st.Loop = dev
+	pipes, err := openInitPipes()
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrStart, err)
+	}
+	defer pipes.closeNodeEnds()
+	cmd, joined, startErr := r.launchShim(ws, st.Cgroup, func() *exec.Cmd { return r.shimCmd(logf, loopf, pipes) })
+	pipes.closeShimEnds()
+	loopf.Close() // the shim holds the device until its mount does
+	if startErr != nil {
+		return fmt.Errorf("%w: init shim: %v", ErrStart, startErr)
+	}
+	e = r.track(ws, cmd, st)
+	// No state file write here: until the guest answers, the record
+	// written before the cgroup (phase starting) is all a restarted node
+	// needs. It releases such a start through the cgroup, and the shim is
+	// in the cgroup from before it is configured (born there, or migrated
+	// just below); a shim the node never configured exits by itself when
+	// the configuration pipe ends. The pid is recorded with the running
+	// phase.
+	if !joined {
+		if err := r.cg.addProc(st.Cgroup, st.PID); err != nil {
+			return fmt.Errorf("%w: cgroup: %v", ErrStart, err)
+		}
+	}
+	if err := r.configureShim(pipes.cfgW, s, dev, run); err != nil {
+		return fmt.Errorf("%w: configure init shim: %v", ErrStart, err)
+	}
+	if err := waitShimSetup(ctx, pipes.statR); err != nil {
+		return err
+	}
+	tExec := time.Now()
+	if err := r.waitGuest(ctx, e, pipes.readyR); err != nil {
+		return err
+	}
+	if err := r.markRunning(e, st); err != nil {
+		return fmt.Errorf("%w: state: %v", ErrStart, err)
+	}
+	r.startHealth(e)
+	r.log.Info("execution started", "workspace_id", ws, "generation", s.Generation, "pid", st.PID,
+		"loop", dev, "layer_created", lr.created, "setup", tExec.Sub(t0), "total", time.Since(t0))
+	return nil
+}
+
+// pendingLayer is the writable layer that startLayer makes in the
+// background.
+type pendingLayer struct {
+	c    chan layerResult
+	res  layerResult
+	done bool
+}
+
+// layerResult is the outcome of ensureLayer.
+type layerResult struct {
+	created bool
+	err     error
+}
+
+// startLayer makes the writable layer (ensureLayer) in the background. A
+// first start makes it while the record, the cgroup and the run directory
+// are set up: both end in fsyncs, which the filesystem may then commit
+// together. start waits for it on every return, so that no layer appears
+// after Start returned (a Delete may follow).
+func (r *Runtime) startLayer(ctx context.Context, ws string, capacity uint64) pendingLayer {
+	c := make(chan layerResult, 1)
+	go func() {
+		created, err := r.ensureLayer(ctx, ws, capacity)
+		c <- layerResult{created, err}
+	}()
+	return pendingLayer{c: c}
+}
+
+// wait waits for the layer; later calls return the same result.
+func (l *pendingLayer) wait() layerResult {
+	if !l.done {
+		l.res, l.done = <-l.c, true
+	}
+	return l.res
+}
+
+// newExecState is the record of a start of s, in phase starting.
+func (r *Runtime) newExecState(s Spec) *execState {
+	return &execState{
+		WorkspaceID:   s.WorkspaceID,
+		Generation:    s.Generation,
+		Phase:         phaseStarting,
+		Cgroup:        r.cgroupRel(s.WorkspaceID),
+		Layer:         r.layerPath(s.WorkspaceID),
+		TemplateDir:   s.TemplateDir,
+		CapacityBytes: s.CapacityBytes,
+		MemoryMiB:     s.MemoryMiB,
+		CPUMillis:     s.CPUMillis,
+		PidsMax:       s.PidsMax,
+		StartedAt:     time.Now().UTC(),
+		BootID:        bootID,
+	}
+}
+
+// createCgroup creates the execution's cgroup rel with the limits of s.
+// cgMu keeps pruneCgroupBase from removing the runtime's cgroup, the
+// parent, in between.
+func (r *Runtime) createCgroup(rel string, s Spec) error {
+	r.cgMu.Lock()
+	err := r.cg.create(rel, limits{
+		MemoryBytes: uint64(s.MemoryMiB) * mib,
+		VCPUs:       VCPUs(s.CPUMillis),
+		PidsMax:     s.PidsMax,
+	})
+	r.cgMu.Unlock()
+	return err
+}
+
+// prepareRunDir makes the run directory of ws afresh, with the mount
+// points the shim uses (sock, layer, root), and returns it.
+func (r *Runtime) prepareRunDir(ws string) (string, error) {
+	run := r.runDir(ws)
+	if err := r.removeRunDir(ws); err != nil {
+		return "", err
+	}
+	for _, d := range []string{"sock", "layer", "root"} {
+		if err := os.MkdirAll(filepath.Join(run, d), 0o700); err != nil {
+			return "", err
+		}
+	}
+	return run, nil
+}
+
+// initPipes connect the node and the init shim. The shim inherits its ends
+// as fds 3 (cfgR), 4 (statW) and 6 (readyW); fd 5 is the loop device.
+type initPipes struct {
+	cfgR, cfgW     *os.File // the shim's configuration (initConfig, JSON)
+	statR, statW   *os.File // a setup error of the shim; its exec of the guest closes it empty
+	readyR, readyW *os.File // the guest's readiness signal (protocol.ReadyByte)
+}
+
+// openInitPipes opens the pipes; on error none is left open.
+func openInitPipes() (initPipes, error) {
+	var p initPipes
+	var err error
+	if p.cfgR, p.cfgW, err = os.Pipe(); err != nil {
+		return initPipes{}, err
+	}
+	if p.statR, p.statW, err = os.Pipe(); err != nil {
+		p.cfgR.Close()
+		p.cfgW.Close()
+		return initPipes{}, err
+	}
+	if p.readyR, p.readyW, err = os.Pipe(); err != nil {
+		p.cfgR.Close()
+		p.statW.Close()
+		p.statR.Close()
+		p.cfgW.Close()
+		return initPipes{}, err
+	}
+	return p, nil
+}
+
+// closeShimEnds closes the shim's ends once it has them (or failed to
+// start).
+func (p initPipes) closeShimEnds() {
+	p.cfgR.Close()
+	p.statW.Close()
+	p.readyW.Close()
+}
+
+// closeNodeEnds closes the node's ends (cfgW may be closed already).
+func (p initPipes) closeNodeEnds() {
+	p.readyR.Close()
+	p.statR.Close()
+	p.cfgW.Close()
+}
+
+// shimCmd is the command of the init shim: its own session and new
+// namespaces, its output to the guest log, the pipes and the loop device
+// inherited as fds 3 to 6.
+func (r *Runtime) shimCmd(logf, loopf *os.File, p initPipes) *exec.Cmd {
+	return &exec.Cmd{
+		Path:       r.cfg.InitBinary,
+		Args:       []string{initArg0},
+		Env:        []string{},
+		Dir:        "/",
+		Stdout:     logf,
+		Stderr:     logf,
+		ExtraFiles: []*os.File{p.cfgR, p.statW, loopf, p.readyW}, // fds 3, 4, 5, 6
+		SysProcAttr: &syscall.SysProcAttr{
+			// Own session and no parent-death signal: the execution
+			// outlives the node agent.
+			Setsid: true,
+			Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS |
+				unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
+		},
+	}
+}
+
+// launchShim starts the init shim from mk. It is born in its cgroup rel
+// when the host allows it (see cgroups.startIn; joined is true); otherwise
+// a fresh command is started outside, and the caller moves it in with
+// addProc before it configures it.
+func (r *Runtime) launchShim(ws, rel string, mk func() *exec.Cmd) (cmd *exec.Cmd, joined bool, err error) {
+	cmd, why := r.cg.startIn(rel, mk)
+	joined = cmd != nil
+	switch {
+	case why != nil && joined:
+		r.log.Warn("init shim started inside its cgroup, but", "workspace_id", ws, "err", why)
+	case why != nil:
+		r.log.Debug("init shim not started inside its cgroup; migrating it", "workspace_id", ws, "why", why)
+	}
+	if !joined {
+		cmd = mk()
+		err = cmd.Start()
+	}
+	return cmd, joined, err
+}
+
+// track makes the started shim the execution of ws: its pid and start
+// time go into st, its pidfd and a watcher of its end (watch) into the
+// execution, which the runtime holds from now on.
+func (r *Runtime) track(ws string, cmd *exec.Cmd, st *execState) *execution {
+	pid := cmd.Process.Pid
+	e := &execution{ws: ws, child: cmd, done: make(chan struct{}), cond: GuestBooting}
+	st.PID = pid
+	if fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK); err == nil {
+		e.pidf = os.NewFile(uintptr(fd), "pidfd")
+	}
+	st.PIDStart, _ = procStartTime(pid)
+	e.st = *st
+	r.mu.Lock()
+	r.execs[ws] = e
+	r.mu.Unlock()
+	go r.watch(e)
+	return e
+}
+
+// configureShim sends the shim its configuration on w and closes w.
+func (r *Runtime) configureShim(w *os.File, s Spec, loopDev, run string) error {
+	cfg := initConfig{
+		WorkspaceID:   s.WorkspaceID,
+		Loop:          loopDev,
+		LayerMount:    filepath.Join(run, "layer"),
+		RootMount:     filepath.Join(run, "root"),
+		TemplateDir:   s.TemplateDir,
+		SockDir:       filepath.Join(run, "sock"),
+		GuestBinary:   r.cfg.GuestBinary,
+		CgroupVersion: r.cg.version(),
+		TmpfsBytes:    uint64(s.MemoryMiB) * mib / 2,
+	}
+	if err := json.NewEncoder(w).Encode(cfg); err != nil {
+		return err
+	}
+	w.Close()
+	return nil
+}
+
+// waitShimSetup waits for the shim's setup. The shim reports a setup error
+// on the status pipe; a successful exec of the guest closes it empty.
+func waitShimSetup(ctx context.Context, status *os.File) error {
+	msgc := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(io.LimitReader(status, 64<<10))
+		msgc <- b
+	}()
+	var msg []byte
+	select {
+	case msg = <-msgc:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if len(msg) > 0 {
+		return fmt.Errorf("%w: %s", ErrStart, msg)
+	}
+	return nil
+}
+
+// markRunning records that the guest answered: phase running, in e and in
+// the state file.
+func (r *Runtime) markRunning(e *execution, st *execState) error {
+	st.Phase = phaseRunning
+	e.mu.Lock()
+	e.st.Phase = phaseRunning
+	e.mu.Unlock()
+	return r.writeState(st)
+}
+
+// openLog opens the guest log for appending, emptied first once it passed
+// 4 MiB.
+func openLog(p string) (*os.File, error) {
+	if fi, err := os.Stat(p); err == nil && fi.Size() > 4<<20 {
+		_ = os.Truncate(p, 0)
+	}
+	return os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
+}
+
+// logTail returns the end of a guest log for error messages.
+func logTail(p string) string {
+	f, err := os.Open(p)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := fi.Size() - 2048
+	if off < 0 {
+		off = 0
+	}
+	b := make([]byte, fi.Size()-off)
+	n, _ := f.ReadAt(b, off)
+	return strings.TrimSpace(string(b[:n]))
+}
+
+// waitGuest waits for the guest's first answer. The guest signals on ready
+// (the read end of its readiness pipe) once it listens; the ping that
+// follows confirms it and reads its condition. Should the pipe end without
+// the signal while the execution lives on, the runtime falls back to
+// retrying the ping (1 ms, then doubling up to 20 ms).
+func (r *Runtime) waitGuest(ctx context.Context, e *execution, ready *os.File) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartTimeout)
+	defer cancel()
+	if ready != nil {
+		readyc := make(chan struct{})
+		go func() {
+			var b [1]byte
+			_, _ = ready.Read(b[:]) // protocol.ReadyByte, or EOF
+			close(readyc)
+		}()
+		select {
+		case <-readyc:
+			// Signalled or not, the ping below decides (an EOF without the
+			// signal usually means the guest died: the loop sees e.done).
+		case <-e.done:
+			return fmt.Errorf("%w: the execution exited before its guest answered: %s", ErrStart, logTail(r.logPath(e.ws)))
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %v (no readiness signal)", ErrGuestNotReady, ctx.Err())
+		}
+	}
+	delay := time.Millisecond
+	var last error
+	for {
+		pctx, pcancel := context.WithTimeout(ctx, time.Second)
+		resp, err := protocol.Do(pctx, r.sockPath(e.ws), protocol.Request{Op: protocol.OpPing})
+		pcancel()
+		if err == nil {
+			e.mu.Lock()
+			e.cond, e.msg = resp.Condition, resp.Message
+			e.mu.Unlock()
+			return nil
+		}
+		last = err
+		select {
+		case <-e.done:
+			return fmt.Errorf("%w: the execution exited before its guest answered: %s", ErrStart, logTail(r.logPath(e.ws)))
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %v (last: %v)", ErrGuestNotReady, ctx.Err(), last)
+		case <-time.After(delay):
+		}
+		if delay *= 2; delay > 20*time.Millisecond {
+			delay = 20 * time.Millisecond
+		}
+	}
+}
