@@ -16,8 +16,8 @@ import (
 // (cgroup v1 keeps the hierarchy's period, 100000 by default).
 const cpuPeriodMicros = 100000
 
-// limits are what an execution's cgroup enforces.
-type limits struct {
+// cgroupLimits are what an execution's cgroup enforces.
+type cgroupLimits struct {
 	MemoryBytes uint64
 	VCPUs       uint32
 	PidsMax     int
@@ -48,7 +48,7 @@ type CgroupStats struct {
 type cgroups interface {
 	version() int
 	// create makes the cgroup (and its parents) and sets its limits.
-	create(rel string, l limits) error
+	create(rel string, l cgroupLimits) error
 	// addProc moves pid into the cgroup.
 	addProc(rel string, pid int) error
 	// startIn starts the command mk returns so that its process is born

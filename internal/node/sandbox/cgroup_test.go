@@ -14,14 +14,6 @@ import (
 	"github.com/kibotos/kibotos/internal/mountinfo"
 )
 
-func TestVCPUs(t *testing.T) {
-	for _, c := range []struct{ millis, want uint32 }{{1, 1}, {999, 1}, {1000, 1}, {1001, 2}, {1500, 2}, {2000, 2}, {2001, 3}} {
-		if got := VCPUs(c.millis); got != c.want {
-			t.Errorf("VCPUs(%d) = %d, want %d", c.millis, got, c.want)
-		}
-	}
-}
-
 // TestCgroupV2Limits checks what the v2 implementation writes, on a fake
 // hierarchy (this host may be v1).
 func TestCgroupV2Limits(t *testing.T) {
@@ -46,7 +38,7 @@ func TestCgroupV2Limits(t *testing.T) {
 		}
 	}
 	c := &cgroupV2{root: root}
-	if err := c.create(rel, limits{MemoryBytes: 128 << 20, VCPUs: 2, PidsMax: 512}); err != nil {
+	if err := c.create(rel, cgroupLimits{MemoryBytes: 128 << 20, VCPUs: 2, PidsMax: 512}); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]string{
@@ -175,7 +167,7 @@ func TestStartInCgroup(t *testing.T) {
 	const ws = "ws-startin"
 	rel := r.cgroupRel(ws)
 	r.cgMu.Lock()
-	err := r.cg.create(rel, limits{MemoryBytes: 64 << 20, VCPUs: 1, PidsMax: 64})
+	err := r.cg.create(rel, cgroupLimits{MemoryBytes: 64 << 20, VCPUs: 1, PidsMax: 64})
 	r.cgMu.Unlock()
 	if err != nil {
 		t.Fatal(err)

@@ -39,7 +39,7 @@ func (c *cgroupV1) hierarchies() []string {
 	return out
 }
 
-func (c *cgroupV1) create(rel string, l limits) error {
+func (c *cgroupV1) create(rel string, l cgroupLimits) error {
 	for _, h := range c.hierarchies() {
 		if err := os.MkdirAll(filepath.Join(h, rel), 0o755); err != nil {
 			return fmt.Errorf("sandbox: cgroup v1: %w", err)

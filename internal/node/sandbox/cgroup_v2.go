@@ -23,7 +23,7 @@ func (c *cgroupV2) version() int { return 2 }
 
 func (c *cgroupV2) dir(rel string) string { return filepath.Join(c.root, rel) }
 
-func (c *cgroupV2) create(rel string, l limits) error {
+func (c *cgroupV2) create(rel string, l cgroupLimits) error {
 	// Enable the controllers on the way down; the parents hold no process.
 	parts := strings.Split(filepath.Clean(rel), "/")
 	cur := c.root

@@ -9,21 +9,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+
+	"github.com/kibotos/kibotos/internal/workspace/limits"
 )
 
-// MinCapacityBytes is the smallest writable layer (ext4 with a journal).
-const MinCapacityBytes = 16 << 20
-
-const mib = 1 << 20
-
 // checkCapacity reports a capacity that is not whole MiB or is below
-// MinCapacityBytes as ErrCapacity.
+// limits.MinCapacityBytes as ErrCapacity.
 func checkCapacity(c uint64) error {
-	if c%mib != 0 {
+	if c%limits.MiB != 0 {
 		return fmt.Errorf("%w: %d bytes is not a whole number of MiB", ErrCapacity, c)
 	}
-	if c < MinCapacityBytes {
-		return fmt.Errorf("%w: %d bytes is below the minimum of %d", ErrCapacity, c, MinCapacityBytes)
+	if c < limits.MinCapacityBytes {
+		return fmt.Errorf("%w: %d bytes is below the minimum of %d", ErrCapacity, c, uint64(limits.MinCapacityBytes))
 	}
 	return nil
 }

@@ -16,7 +16,7 @@ type Spec struct {
 	// TemplateDir is the read-only rootfs directory (the lower layer).
 	TemplateDir string
 	// CapacityBytes is the writable layer's size when it is created, a
-	// whole number of MiB, at least MinCapacityBytes. An existing layer
+	// whole number of MiB, at least limits.MinCapacityBytes. An existing layer
 	// keeps its size (Resize grows it).
 	CapacityBytes uint64
 	// MemoryMiB is the memory limit.
@@ -26,9 +26,6 @@ type Spec struct {
 	// PidsMax limits the number of tasks; 0 selects Config.DefaultPidsMax.
 	PidsMax int
 }
-
-// VCPUs is the number of whole vCPUs cpuMillis rounds up to.
-func VCPUs(cpuMillis uint32) uint32 { return (cpuMillis + 999) / 1000 }
 
 var workspaceIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/kibotos/kibotos/internal/workspace/limits"
 	"io"
 	"os"
 	"os/exec"
@@ -220,9 +221,9 @@ func (r *Runtime) newExecState(s Spec) *execState {
 // parent, in between.
 func (r *Runtime) createCgroup(rel string, s Spec) error {
 	r.cgMu.Lock()
-	err := r.cg.create(rel, limits{
-		MemoryBytes: uint64(s.MemoryMiB) * mib,
-		VCPUs:       VCPUs(s.CPUMillis),
+	err := r.cg.create(rel, cgroupLimits{
+		MemoryBytes: uint64(s.MemoryMiB) * limits.MiB,
+		VCPUs:       limits.VCPUs(s.CPUMillis),
 		PidsMax:     s.PidsMax,
 	})
 	r.cgMu.Unlock()
@@ -361,7 +362,7 @@ func (r *Runtime) configureShim(w *os.File, s Spec, loopDev, run string) error {
 		SockDir:       filepath.Join(run, "sock"),
 		GuestBinary:   r.cfg.GuestBinary,
 		CgroupVersion: r.cg.version(),
-		TmpfsBytes:    uint64(s.MemoryMiB) * mib / 2,
+		TmpfsBytes:    uint64(s.MemoryMiB) * limits.MiB / 2,
 	}
 	if err := json.NewEncoder(w).Encode(cfg); err != nil {
 		return err
