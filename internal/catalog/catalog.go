@@ -26,7 +26,7 @@ import (
 type ObjectType[S proto.Message] struct {
 	// ResourceKind is the kind of its rows in the store (and the
 	// ObjectKind of its commands).
-	ResourceKind store.Kind
+	ResourceKind store.ResourceKind
 	// Noun names the type in messages ("egress").
 	Noun string
 	// IDPrefix starts every ID ("eg-").
@@ -170,8 +170,7 @@ func (s *Service[S]) List(ctx context.Context, pageSize uint32, token string, se
 // every selector entry as a label, in creation order, and the token of the
 // next page ("" on the last). It applies the listing rules: page_size
 // limits, selector syntax, page tokens bound to kind and selector.
-func ListPage(ctx context.Context, st store.Store, pages *paging.Codec, kind store.Kind,
-	pageSize uint32, token string, selector map[string]string) ([]*store.Resource, string, error) {
+func ListPage(ctx context.Context, st store.Store, pages *paging.Codec, kind store.ResourceKind, pageSize uint32, token string, selector map[string]string) ([]*store.Resource, string, error) {
 	n, err := paging.PageSize("page_size", pageSize)
 	if err != nil {
 		return nil, "", err

@@ -38,7 +38,7 @@ import (
 )
 
 // ResourceKind is the store kind of enrollments.
-const ResourceKind store.Kind = "enrollment"
+const ResourceKind store.ResourceKind = "enrollment"
 
 // Limits of a token's lifetime.
 const (

@@ -26,7 +26,7 @@ type Command struct {
 	Initiator   int // API CommandInitiator value
 	Status      CommandStatus
 	Result      []byte // encoded response on success
-	ErrorCode   string // Connect code name on failure, "" on success
+	ErrorCode   string // the fault Kind's name on failure (the same string as the Connect code's), "" on success
 	ErrorDetail []byte // encoded ErrorDetail on failure
 	CreatedAt   time.Time
 	CompletedAt time.Time // zero while processing

@@ -5,15 +5,15 @@ import (
 	"time"
 )
 
-// Kind is the kind of a Resource, and the kind of the labels of an object
+// ResourceKind is the kind of a Resource, and the kind of the labels of an object
 // (labels of Workspaces have KindWorkspace).
-type Kind string
+type ResourceKind string
 
 // Resource kinds defined here; other packages define their own (enrollments
-// are internal/enrollment.Kind).
+// are internal/enrollment.ResourceKind).
 const (
-	KindEgress   Kind = "egress"
-	KindResolver Kind = "resolver"
+	KindEgress   ResourceKind = "egress"
+	KindResolver ResourceKind = "resolver"
 )
 
 // Resource is a stored object with a spec, labels and annotations, each under
@@ -21,7 +21,7 @@ const (
 // internal/enrollment's record). The store does not know the kinds; any
 // object of that shape fits.
 type Resource struct {
-	Kind                Kind
+	Kind                ResourceKind
 	ID                  string
 	CreatedAt           time.Time // UTC, microsecond precision
 	UpdatedAt           time.Time
@@ -42,7 +42,7 @@ type Cursor struct {
 
 // ListQuery selects a page of resources.
 type ListQuery struct {
-	Kind     Kind
+	Kind     ResourceKind
 	Selector map[string]string // every entry must be a label with that value
 	After    *Cursor           // nil starts at the beginning
 	Limit    int
@@ -51,7 +51,7 @@ type ListQuery struct {
 // ResourceTx are the Resource operations of a transaction.
 type ResourceTx interface {
 	// GetResource returns a resource of kind, or ErrNotFound.
-	GetResource(ctx context.Context, kind Kind, id string) (*Resource, error)
+	GetResource(ctx context.Context, kind ResourceKind, id string) (*Resource, error)
 	// InsertResource stores a new resource with its labels; ErrDuplicate when
 	// the ID is taken.
 	InsertResource(ctx context.Context, r *Resource) error
@@ -60,7 +60,7 @@ type ResourceTx interface {
 	UpdateResource(ctx context.Context, r *Resource) error
 	// DeleteResource removes a resource and its labels; ErrNotFound when
 	// absent.
-	DeleteResource(ctx context.Context, kind Kind, id string) error
+	DeleteResource(ctx context.Context, kind ResourceKind, id string) error
 	// ListResources returns up to q.Limit resources of q.Kind in (CreatedAt,
 	// ID) order after q.After, carrying every q.Selector entry as a label.
 	ListResources(ctx context.Context, q ListQuery) ([]*Resource, error)

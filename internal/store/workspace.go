@@ -6,7 +6,7 @@ import (
 )
 
 // KindWorkspace is the label kind of Workspaces.
-const KindWorkspace Kind = "workspace"
+const KindWorkspace ResourceKind = "workspace"
 
 // WorkspaceStateDeleted is the Workspace.State of a Workspace whose deletion
 // completed: kibotos.ctrl.v1.WorkspaceState WORKSPACE_STATE_DELETED (pinned

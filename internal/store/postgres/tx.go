@@ -204,7 +204,7 @@ func (t *txn) UpdateCommand(ctx context.Context, c *store.Command) error {
 }
 
 // GetResource implements store.Tx.
-func (t *txn) GetResource(ctx context.Context, kind store.Kind, id string) (*store.Resource, error) {
+func (t *txn) GetResource(ctx context.Context, kind store.ResourceKind, id string) (*store.Resource, error) {
 	r, err := queryOne(ctx, t, rowcodec.ScanResource, `SELECT `+rowcodec.ResourceColumns+` FROM resources r WHERE r.kind = $1 AND r.id = $2`, string(kind), id)
 	if err != nil {
 		return nil, err
@@ -256,7 +256,7 @@ func labelArrays(labels map[string]string) (keys, values []string) {
 
 // insertLabels returns the statement inserting labels, from two parallel
 // arrays.
-func insertLabels(kind store.Kind, id string, createdAt int64, labels map[string]string) stmt {
+func insertLabels(kind store.ResourceKind, id string, createdAt int64, labels map[string]string) stmt {
 	keys, values := labelArrays(labels)
 	return stmt{`INSERT INTO labels (kind, object_id, key, value, object_created_at)
 		SELECT $1, $2, u.k, u.v, $3 FROM unnest($4::text[], $5::text[]) AS u(k, v)`,
@@ -292,7 +292,7 @@ func (t *txn) UpdateResource(ctx context.Context, r *store.Resource) error {
 }
 
 // DeleteResource implements store.Tx.
-func (t *txn) DeleteResource(ctx context.Context, kind store.Kind, id string) error {
+func (t *txn) DeleteResource(ctx context.Context, kind store.ResourceKind, id string) error {
 	if _, err := t.exec(ctx, `DELETE FROM labels WHERE kind = $1 AND object_id = $2`, string(kind), id); err != nil {
 		return err
 	}

@@ -73,7 +73,7 @@ func scanResource(row Scanner, withLabels bool) (*store.Resource, error) {
 	if err := row.Scan(dest...); err != nil {
 		return nil, err
 	}
-	r.Kind = store.Kind(kind)
+	r.Kind = store.ResourceKind(kind)
 	r.CreatedAt, r.UpdatedAt = FromMicros(created), FromMicros(updated)
 	r.Revision, r.LabelsRevision, r.AnnotationsRevision = uint64(rev), uint64(labelsRev), uint64(annotationsRev)
 	r.Spec = EmptyNil(r.Spec)

@@ -85,7 +85,7 @@ func TestMigrateResourcesListOrder(t *testing.T) {
 	defer s.Close()
 	if err := s.View(ctx, func(tx store.Tx) error {
 		for _, r := range rows {
-			got, err := tx.GetResource(ctx, store.Kind(r.kind), r.id)
+			got, err := tx.GetResource(ctx, store.ResourceKind(r.kind), r.id)
 			if err != nil {
 				return fmt.Errorf("%s/%s: %w", r.kind, r.id, err)
 			}

@@ -620,7 +620,7 @@ func BenchmarkInTxInsertSerial(b *testing.B) {
 }
 
 // seedList bulk-loads n Egresses in one transaction, in SQL: the rows are
-// those InsertResource would write. IDs are random, like catalog.NewID's, so
+// those InsertResource would write. IDs are random, like ids.New's, so
 // ID order is unrelated to creation order (created_at is base + i µs). Each
 // resource has 3 labels: app (10 values), tier (3) and shard (100). It
 // returns the cursor of the resource created 9n/10th.

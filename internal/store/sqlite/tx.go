@@ -189,7 +189,7 @@ func (t *txn) UpdateCommand(ctx context.Context, c *store.Command) error {
 
 // GetResource implements store.Tx: a search of resources_id, then of the
 // primary key.
-func (t *txn) GetResource(ctx context.Context, kind store.Kind, id string) (*store.Resource, error) {
+func (t *txn) GetResource(ctx context.Context, kind store.ResourceKind, id string) (*store.Resource, error) {
 	return queryOne(ctx, t, rowcodec.ScanResourceWithLabels,
 		`SELECT `+rowcodec.ResourceColumnsWithLabels+` FROM resources r WHERE r.kind = ? AND r.id = ?`, string(kind), id)
 }
@@ -224,7 +224,7 @@ func (t *txn) InsertResource(ctx context.Context, r *store.Resource) error {
 
 // insertLabels inserts labels, a JSON object as mapJSON encodes it, in one
 // statement, reading them with json_each.
-func (t *txn) insertLabels(ctx context.Context, kind store.Kind, id string, createdAt int64, labels string) error {
+func (t *txn) insertLabels(ctx context.Context, kind store.ResourceKind, id string, createdAt int64, labels string) error {
 	if labels == "{}" {
 		return nil
 	}
@@ -262,7 +262,7 @@ func (t *txn) UpdateResource(ctx context.Context, r *store.Resource) error {
 }
 
 // DeleteResource implements store.Tx.
-func (t *txn) DeleteResource(ctx context.Context, kind store.Kind, id string) error {
+func (t *txn) DeleteResource(ctx context.Context, kind store.ResourceKind, id string) error {
 	if _, err := t.exec(ctx, `DELETE FROM labels WHERE kind = ? AND object_id = ?`, string(kind), id); err != nil {
 		return err
 	}

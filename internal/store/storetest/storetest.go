@@ -111,7 +111,7 @@ func getCommand(t *testing.T, s store.Store, id string) (*store.Command, error) 
 	return c, err
 }
 
-func getResource(t *testing.T, s store.Store, kind store.Kind, id string) (*store.Resource, error) {
+func getResource(t *testing.T, s store.Store, kind store.ResourceKind, id string) (*store.Resource, error) {
 	t.Helper()
 	var r *store.Resource
 	var err error
@@ -387,7 +387,7 @@ func testResources(t *testing.T, s store.Store) {
 	})
 	_, err = getResource(t, s, store.KindEgress, "eg-missing")
 	wantErr(t, "GetResource missing", err, store.ErrNotFound)
-	_, err = getResource(t, s, store.Kind("other"), "eg-1")
+	_, err = getResource(t, s, store.ResourceKind("other"), "eg-1")
 	wantErr(t, "GetResource of another kind", err, store.ErrNotFound)
 
 	// Delete removes the resource and its labels; the other kind stays.
@@ -594,7 +594,7 @@ func testListPaging(t *testing.T, s store.Store) {
 func testListPagingWithChurn(t *testing.T, s store.Store) {
 	for _, sel := range []map[string]string{nil, {"churn": "yes"}} {
 		t.Run(fmt.Sprintf("selector=%v", sel), func(t *testing.T) {
-			kind := store.Kind(fmt.Sprintf("churn%d", len(sel)))
+			kind := store.ResourceKind(fmt.Sprintf("churn%d", len(sel)))
 			mk := func(id string, at time.Time) *store.Resource {
 				r := egress(id, at, map[string]string{"churn": "yes", "x": id})
 				r.Kind = kind
@@ -735,7 +735,7 @@ func testListSelectors(t *testing.T, s store.Store) {
 }
 
 func testKindsIsolated(t *testing.T, s store.Store) {
-	kinds := []store.Kind{store.KindEgress, store.KindResolver, "zzz"}
+	kinds := []store.ResourceKind{store.KindEgress, store.KindResolver, "zzz"}
 	inTx(t, s, func(ctx context.Context, tx store.Tx) error {
 		for i := range 30 {
 			k := kinds[i%3]
