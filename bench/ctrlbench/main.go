@@ -289,9 +289,12 @@ func (b *bench) runStore(ctx context.Context, name string) (err error) {
 				return err
 			}
 		}
-		o := benchkit.DevOptions{Bin: b.bin, DataDir: dataDir, LogPath: filepath.Join(dataDir, fmt.Sprintf("server-%d.log", i))}
+		// The control plane alone: no embedded node (as root, ctrl --dev
+		// would otherwise start one and need a guest binary beside it).
+		o := benchkit.DevOptions{Bin: b.bin, DataDir: dataDir, LogPath: filepath.Join(dataDir, fmt.Sprintf("server-%d.log", i)),
+			Args: []string{"--dev-no-node"}}
 		if serverStore != "" {
-			o.Args = []string{"--store", serverStore}
+			o.Args = append(o.Args, "--store", serverStore)
 		}
 		if profile != "" {
 			o.Env = []string{"CTRLBENCH_CPUPROFILE=" + profile}
