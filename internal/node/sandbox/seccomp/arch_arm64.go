@@ -2,9 +2,13 @@ package seccomp
 
 import "golang.org/x/sys/unix"
 
-const (
-	nativeArch = unix.AUDIT_ARCH_AARCH64
-	x32Mask    = 0
-)
+// nativeArch is the only AUDIT_ARCH the filter lets through: 32-bit ARM
+// calls come with AUDIT_ARCH_ARM and get ENOSYS.
+const nativeArch = unix.AUDIT_ARCH_AARCH64
 
-var deniedArch []uint32
+// arm64 has only the generic table.
+var allowedArch []uint32
+
+// refusedArch: 244 is where the architecture-specific calls would start;
+// arm64 has none.
+var refusedArch = []uint32{unix.SYS_ARCH_SPECIFIC_SYSCALL}
