@@ -487,7 +487,7 @@ func TestEnrolledNodeRunsWorkspaces(t *testing.T) {
 	}
 	// An operator certificate cannot call CertificateService.
 	_, err = nodev1connect.NewCertificateServiceClient(e.HTTP, e.URL).RenewCertificate(t.Context(), connect.NewRequest(&nodev1.RenewCertificateRequest{Csr: oldCSR}))
-	if connect.CodeOf(err) != connect.CodeUnauthenticated {
+	if connect.CodeOf(err) != connect.CodePermissionDenied {
 		t.Errorf("renewal with an operator certificate = %v", err)
 	}
 }

@@ -73,7 +73,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.NoNode, "dev-no-node", false, "with --dev: do not run the embedded node agent")
 	fs.DurationVar(&o.CommandWait, "command-wait", time.Minute, "how long StopWorkspace and DeleteWorkspace wait for completion before answering a retryable unavailable (TIMED_OUT)")
 	fs.StringVar(&o.CAKey, "ca-key", "", "private key of --client-ca (PEM): lets ctrl sign node certificates at enrollment (EnrollmentService); with --dev defaults to DIR/pki/ca-key.pem")
-	fs.DurationVar(&o.NodeCertValid, "node-cert-validity", 365*24*time.Hour, "validity of node certificates issued at enrollment")
+	fs.DurationVar(&o.NodeCertValid, "node-cert-validity", pki.DefaultNodeCertValidity, "validity of node certificates issued at enrollment")
 	fs.DurationVar(&o.NodeGrace, "node-grace", 15*time.Second, "how long a node may stay silent before its workspaces turn UNKNOWN")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -16,6 +16,7 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
 	rejected prometheus.Counter
+	denied   prometheus.Counter
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -28,10 +29,13 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10, 60},
 		}, []string{"procedure"}),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kibotos_ctrl_unauthenticated_total", Help: "Requests refused for lack of a valid Operator certificate.",
+			Name: "kibotos_ctrl_unauthenticated_total", Help: "Requests refused for lack of a client certificate issued by the client CA.",
+		}),
+		denied: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kibotos_ctrl_permission_denied_total", Help: "Requests refused because the certificate's OU is not the role the API needs.",
 		}),
 	}
-	reg.MustRegister(m.requests, m.latency, m.rejected)
+	reg.MustRegister(m.requests, m.latency, m.rejected, m.denied)
 	return m
 }
 

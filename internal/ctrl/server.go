@@ -11,8 +11,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -74,7 +76,7 @@ type Config struct {
 	// EnrollmentService (nodes then need certificates issued by hand).
 	Issuer *pki.Issuer
 	// NodeCertValidity is the validity of node certificates issued at
-	// enrollment; zero is one year.
+	// enrollment and renewal; zero is pki.DefaultNodeCertValidity.
 	NodeCertValidity time.Duration
 }
 
@@ -87,6 +89,9 @@ type Server struct {
 	metrics *metrics
 	recon   *reconciler.Reconciler
 	enroll  *enrollment.Service
+	// verifications counts client chain verifications (tests check that
+	// there is one per connection).
+	verifications atomic.Int64
 }
 
 // pageSecret names the page-token key in the store.
@@ -142,7 +147,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		Templates:   s.recon.Template,
 		MaxCapacity: s.recon.MaxCapacity, Kick: s.recon.Kick, WaitBound: cfg.WaitBound,
 	}), opts))
-	mux.Handle(nodev1connect.NewNodeServiceHandler(s.recon, connect.WithInterceptors(apierr.NewInterceptor(log))))
+	// NodeService streams carry a node's Hello and full desired state, larger
+	// than any other request, and no more: every message is bounded.
+	mux.Handle(nodev1connect.NewNodeServiceHandler(s.recon, connect.WithInterceptors(apierr.NewInterceptor(log)),
+		connect.WithReadMaxBytes(reconciler.MaxNodeMessageBytes), connect.WithSendMaxBytes(reconciler.MaxNodeMessageBytes)))
 	mux.Handle(ctrlv1connect.NewVolumeServiceHandler(&api.Volumes{}, opts))
 	enrollments := api.NewEnrollments(s.enroll)
 	mux.Handle(ctrlv1connect.NewEnrollmentServiceHandler(enrollments, opts))
@@ -183,10 +191,14 @@ func TLSConfig(base *tls.Config) *tls.Config {
 	return c
 }
 
-// authenticate verifies the Operator certificate of every API call against
-// the client CA. gRPC health is served without a certificate, for load
-// balancers and probes, and so is BootstrapService, whose enrollment token is
-// the credential of a node that has no certificate yet.
+// authenticate checks the client certificate of every API call: verified
+// against the client CA (else unauthenticated), then its role, its only OU,
+// against the one the path needs, exactly (else permission_denied):
+// NodeService and CertificateService need OU "node", every other API OU
+// "operator"; a certificate with another OU, several or none calls nothing. gRPC
+// health is served without a certificate, for load balancers and probes,
+// and so is BootstrapService, whose enrollment token is the credential of a
+// node that has no certificate yet.
 func (s *Server) authenticate(api, health http.Handler) http.Handler {
 	errw := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -203,22 +215,28 @@ func (s *Server) authenticate(api, health http.Handler) http.Handler {
 			strings.HasPrefix(r.URL.Path, "/"+nodev1connect.CertificateServiceName+"/") {
 			role = pki.RoleNode
 		}
-		id, err := s.verifyPeer(r, role)
-		if err == nil && role == pki.RoleNode {
-			var h [32]byte
-			if h, err = pki.PublicKeyHash(r.TLS.PeerCertificates[0].PublicKey); err == nil {
-				r = r.WithContext(nodepeer.With(r.Context(), nodepeer.Peer{NodeID: id, KeyHash: h[:]}))
-			}
-		}
+		auth, err := s.verifyPeer(r)
 		if err != nil {
 			s.metrics.rejected.Inc()
 			s.log.WarnContext(r.Context(), "rejected client", "remote", r.RemoteAddr, "path", r.URL.Path, "reason", err.Error())
-			ce := apierr.FromDetail(connect.CodeUnauthenticated, &ctrlv1.ErrorDetail{
+			_ = errw.Write(w, r, apierr.FromDetail(connect.CodeUnauthenticated, &ctrlv1.ErrorDetail{
 				Reason:  ctrlv1.FailureReason_FAILURE_REASON_PERMISSION_DENIED,
-				Message: "a " + role + " certificate issued by this deployment's CA is required",
-			})
-			_ = errw.Write(w, r, ce)
+				Message: "this API needs a client certificate issued by this deployment's CA, with OU " + strconv.Quote(role),
+			}))
 			return
+		}
+		if auth.id.Role != role {
+			s.metrics.denied.Inc()
+			s.log.WarnContext(r.Context(), "refused client role", "remote", r.RemoteAddr, "path", r.URL.Path,
+				"common_name", auth.id.CommonName, "serial", auth.id.Serial, "ou", auth.id.OUs, "required_ou", role)
+			_ = errw.Write(w, r, apierr.FromDetail(connect.CodePermissionDenied, &ctrlv1.ErrorDetail{
+				Reason:  ctrlv1.FailureReason_FAILURE_REASON_PERMISSION_DENIED,
+				Message: "this API needs a certificate with OU " + strconv.Quote(role) + "; this one has " + describeOUs(auth.id.OUs),
+			}))
+			return
+		}
+		if role == pki.RoleNode {
+			r = r.WithContext(nodepeer.With(r.Context(), nodepeer.Peer{NodeID: auth.id.CommonName, KeyHash: auth.keyHash}))
 		}
 		if r.ContentLength > MaxRequestBytes {
 			_ = errw.Write(w, r, apierr.FromDetail(connect.CodeResourceExhausted, &ctrlv1.ErrorDetail{
@@ -231,43 +249,84 @@ func (s *Server) authenticate(api, health http.Handler) http.Handler {
 	})
 }
 
-// verifyPeer checks the client certificate against the client CA and the
-// role the path needs: node certificates (OU "node") may only use
-// NodeService, and NodeService needs one. It returns the certificate's
-// common name.
-func (s *Server) verifyPeer(r *http.Request, role string) (string, error) {
-	if r.TLS == nil {
-		return "", errors.New("not a TLS connection")
+// describeOUs names a certificate's OUs for an error message: quoted, each
+// cut to 64 bytes (they are the caller's text), or "no OU".
+func describeOUs(ous []string) string {
+	if len(ous) == 0 {
+		return "no OU"
 	}
-	if len(r.TLS.PeerCertificates) == 0 {
-		return "", errors.New("no client certificate")
+	q := make([]string, len(ous))
+	for i, ou := range ous {
+		if len(ou) > 64 {
+			ou = strings.ToValidUTF8(ou[:64], "") + "…"
+		}
+		q[i] = strconv.Quote(ou)
 	}
-	pool, _ := r.Context().Value(clientCAsKey{}).(*x509.CertPool)
-	if pool == nil {
-		return "", errors.New("no client CA configured")
+	if len(q) == 1 {
+		return "OU " + q[0]
 	}
-	leaf := r.TLS.PeerCertificates[0]
-	id := pki.IdentityOf(leaf)
-	if (id.Role == pki.RoleNode) != (role == pki.RoleNode) {
-		return "", errors.New("certificate role does not match the API")
-	}
-	if time.Now().After(leaf.NotAfter) {
-		return "", errors.New("client certificate expired")
-	}
-	// The chain is verified once per connection: its certificates cannot
-	// change while it lasts.
-	ca, _ := r.Context().Value(connAuthKey{}).(*connAuth)
-	if ca == nil {
-		ca = &connAuth{}
-	}
-	ca.once.Do(func() { ca.err = pki.VerifyClientChain(r.TLS.PeerCertificates, pool) })
-	return id.CommonName, ca.err
+	return "OUs " + strings.Join(q, ", ") + " (a role is one OU)"
 }
 
-// connAuth caches the verification of a connection's client chain.
+// verifyPeer returns what the connection's client certificate is, verified
+// against the client CA: its chain is verified once per connection (see
+// connAuth), its expiry on every request, since a connection may outlive
+// its certificate.
+func (s *Server) verifyPeer(r *http.Request) (*connAuth, error) {
+	if r.TLS == nil {
+		return nil, errors.New("not a TLS connection")
+	}
+	if len(r.TLS.PeerCertificates) == 0 {
+		return nil, errors.New("no client certificate")
+	}
+	auth, _ := r.Context().Value(connAuthKey{}).(*connAuth)
+	if auth == nil {
+		auth = &connAuth{} // not served by Serve: verified for this request only
+	}
+	auth.once.Do(func() { auth.verify(r, &s.verifications) })
+	if auth.err != nil {
+		return nil, auth.err
+	}
+	if time.Now().After(auth.notAfter) {
+		return nil, errors.New("client certificate expired")
+	}
+	return auth, nil
+}
+
+// connAuth is the verification of one connection's client certificate,
+// made at its first request and kept for the connection's life: a TLS
+// connection's certificates cannot change while it lasts (ctrl's TLS stack
+// has no renegotiation and no post-handshake authentication). Serve puts a
+// fresh one in every connection's context (http.Server.ConnContext), so
+// the chain is verified once per connection, not once per request: a node's
+// stream and an operator's HTTP/2 connection carry many requests.
 type connAuth struct {
-	once sync.Once
-	err  error
+	once     sync.Once
+	err      error // the chain does not verify
+	id       pki.Identity
+	notAfter time.Time
+	keyHash  []byte // of the certificate's public key (pki.PublicKeyHash)
+}
+
+// verify verifies the chain of r's connection against the client CA in r's
+// context and records who it names; count counts verifications.
+func (a *connAuth) verify(r *http.Request, count *atomic.Int64) {
+	count.Add(1)
+	pool, _ := r.Context().Value(clientCAsKey{}).(*x509.CertPool)
+	if pool == nil {
+		a.err = errors.New("no client CA configured")
+		return
+	}
+	chain := r.TLS.PeerCertificates
+	if a.err = pki.VerifyClientChain(chain, pool); a.err != nil {
+		return
+	}
+	h, err := pki.PublicKeyHash(chain[0].PublicKey)
+	if err != nil {
+		a.err = err
+		return
+	}
+	a.id, a.notAfter, a.keyHash = pki.IdentityOf(chain[0]), chain[0].NotAfter, h[:]
 }
 
 type connAuthKey struct{}
@@ -286,6 +345,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsc *tls.Config) e
 		MaxHeaderBytes:    64 << 10,
 		BaseContext: func(net.Listener) context.Context {
 			return context.WithValue(context.Background(), clientCAsKey{}, pool)
+		},
+		// One verification of the client certificate per connection.
+		ConnContext: func(ctx context.Context, _ net.Conn) context.Context {
+			return context.WithValue(ctx, connAuthKey{}, &connAuth{})
 		},
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}

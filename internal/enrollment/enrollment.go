@@ -366,6 +366,13 @@ func (s *Service) Enroll(ctx context.Context, req *nodev1.EnrollRequest) (*nodev
 			}
 			return err
 		}
+		// A revoked key gets no certificate, not even the one it was
+		// issued before.
+		if _, err := tx.GetDeniedNodeKey(ctx, keyHash[:]); err == nil {
+			return denied("this key was revoked; the node needs a new one")
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
 		now := s.now()
 		switch rec.state(now) {
 		case ctrlv1.EnrollmentState_ENROLLMENT_STATE_USED:
@@ -431,7 +438,8 @@ func (s *Service) Enroll(ctx context.Context, req *nodev1.EnrollRequest) (*nodev
 
 // Renew serves CertificateService/RenewCertificate for node nodeID, whose
 // verified certificate has the key keyHash: it issues a new certificate for
-// the same key. Keys are not rotated here, so a renewal that is lost on the
+// the same key, unless the key is denied (store.DeniedNodeKey) or another
+// key enrolled the node since. Keys are not rotated here, so a renewal that is lost on the
 // way (a crash before the node saved it) costs nothing: the old certificate
 // stays valid and the next attempt renews again.
 func (s *Service) Renew(ctx context.Context, peer nodepeer.Peer, csr []byte) (*nodev1.RenewCertificateResponse, error) {
@@ -454,7 +462,7 @@ func (s *Service) Renew(ctx context.Context, peer nodepeer.Peer, csr []byte) (*n
 		} else if err != nil {
 			return err
 		}
-		if err := peer.MayConnect(n.CertKeyHash); err != nil {
+		if err := peer.Admit(ctx, tx, n); err != nil {
 			return err
 		}
 		if len(n.CertKeyHash) == 0 {

@@ -6,8 +6,10 @@ package nodepeer
 import (
 	"bytes"
 	"context"
+	"errors"
 
 	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/store"
 )
 
 // Peer is who a verified node certificate names.
@@ -40,4 +42,29 @@ func (p Peer) MayConnect(registered []byte) error {
 			Message: "this certificate of node " + p.NodeID + " was superseded by a later enrollment"}
 	}
 	return nil
+}
+
+// Admit decides, inside the transaction that acts on the answer, whether p
+// may speak for its node: its key must not be denied (store.DeniedNodeKey:
+// a revoked node key, whatever certificate carries it), and it must be the
+// key of n's latest enrollment (MayConnect; n nil is a node not registered
+// yet). NodeService/Connect and CertificateService/RenewCertificate both
+// call it.
+func (p Peer) Admit(ctx context.Context, tx store.NodeTx, n *store.Node) error {
+	if len(p.KeyHash) == 0 {
+		return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
+			Message: "no verified node key"}
+	}
+	_, err := tx.GetDeniedNodeKey(ctx, p.KeyHash)
+	switch {
+	case err == nil:
+		return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
+			Message: "the key of this certificate of node " + p.NodeID + " was revoked"}
+	case !errors.Is(err, store.ErrNotFound):
+		return err
+	}
+	if n == nil {
+		return nil
+	}
+	return p.MayConnect(n.CertKeyHash)
 }

@@ -67,8 +67,9 @@ func pathsInDir(dir string) DevPaths {
 // first use and reuses it afterwards; it returns the paths of its files.
 //
 // The PKI consists of a self-signed CA (valid DevCAValidity), an operator
-// client certificate (common name DevOperatorCommonName, role RoleOperator)
-// and a server certificate for hosts, both valid DevLeafValidity. hosts are
+// client certificate (common name DevOperatorCommonName, role RoleOperator,
+// valid DevOperatorValidity) and a server certificate for hosts (valid
+// DevLeafValidity). hosts are
 // DNS names and IP literals (an IPv6 literal may be bracketed); "localhost",
 // "127.0.0.1" and "::1" are always included.
 //
@@ -83,7 +84,9 @@ func pathsInDir(dir string) DevPaths {
 //     its key is kept when it is intact); nothing else changes;
 //   - if the operator certificate or its key is missing, or they do not
 //     match, or the certificate does not verify against the CA (it expired,
-//     say), a new operator pair is issued with the existing CA;
+//     say), or it is valid for longer than DevOperatorValidity from now (an
+//     earlier release issued it for five years), a new operator pair is
+//     issued with the existing CA;
 //   - if the CA certificate is missing but its key exists, the CA certificate
 //     is re-created from that key; its subject and key identifier derive from
 //     the key, so certificates issued earlier keep verifying;
@@ -235,14 +238,17 @@ func writeCA(p DevPaths, key crypto.Signer, now time.Time) (*authority, error) {
 
 func ensureOperator(p DevPaths, ca *authority, now time.Time) error {
 	cert, _, err := loadLeaf(p.Operator, p.OperatorKey, ca, x509.ExtKeyUsageClientAuth, now)
-	if err != nil || cert != nil {
+	if err != nil {
 		return err
+	}
+	if cert != nil && !cert.NotAfter.After(now.Add(DevOperatorValidity+clockSkew)) {
+		return nil
 	}
 	return issuePair(ca, leafSpec{
 		commonName: DevOperatorCommonName,
 		ou:         []string{RoleOperator},
 		usage:      x509.ExtKeyUsageClientAuth,
-		validity:   DevLeafValidity,
+		validity:   DevOperatorValidity,
 	}, p.Operator, p.OperatorKey, now)
 }
 

@@ -176,6 +176,9 @@ func TestEnsureDevCreates(t *testing.T) {
 	if op.IsCA {
 		t.Error("operator certificate is a CA")
 	}
+	if d := op.NotAfter.Sub(op.NotBefore); d > DevOperatorValidity+clockSkew || DevOperatorValidity > 365*24*time.Hour {
+		t.Errorf("operator validity %s, want at most a year", d)
+	}
 
 	srv := mustCert(t, p.Server)
 	if !slices.Equal(srv.ExtKeyUsage, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}) {
@@ -397,6 +400,30 @@ func TestEnsureDevCACertMissing(t *testing.T) {
 	// Certificates issued before still verify against the re-created CA.
 	if err := verifyWith(t, p.CA, mustCert(t, p.Operator), x509.ExtKeyUsageClientAuth, ""); err != nil {
 		t.Errorf("old operator certificate: %v", err)
+	}
+}
+
+// TestEnsureDevShortensOperator: an operator certificate valid for longer
+// than DevOperatorValidity (five years, as earlier releases issued it) is
+// replaced at the next start; one within it is kept.
+func TestEnsureDevShortensOperator(t *testing.T) {
+	dataDir := t.TempDir()
+	p := mustEnsure(t, dataDir)
+	fresh := mustCert(t, p.Operator)
+	mustEnsure(t, dataDir)
+	if again := mustCert(t, p.Operator); !again.Equal(fresh) {
+		t.Error("a start replaced an operator certificate within DevOperatorValidity")
+	}
+	if err := IssueClient(p.CA, p.CAKey, DevOperatorCommonName, RoleOperator, 5*365*24*time.Hour, p.Operator, p.OperatorKey); err != nil {
+		t.Fatal(err)
+	}
+	mustEnsure(t, dataDir)
+	op := mustCert(t, p.Operator)
+	if limit := time.Now().Add(DevOperatorValidity + clockSkew); op.NotAfter.After(limit) {
+		t.Errorf("operator certificate valid until %v after a start, want at most %v", op.NotAfter, limit)
+	}
+	if err := verifyWith(t, p.CA, op, x509.ExtKeyUsageClientAuth, ""); err != nil {
+		t.Errorf("new operator certificate: %v", err)
 	}
 }
 

@@ -13,8 +13,11 @@ import (
 )
 
 // DefaultNodeCertValidity is how long a node certificate issued at
-// enrollment is valid unless the operator chooses otherwise.
-const DefaultNodeCertValidity = 365 * 24 * time.Hour
+// enrollment or renewal is valid unless the operator chooses otherwise.
+// Nodes renew once a third of it is left (checked hourly, same key), so 30
+// days leave a running node 10 days to reach ctrl; a certificate and key
+// copied off a machine that nobody revoked stop working within a month.
+const DefaultNodeCertValidity = 30 * 24 * time.Hour
 
 // Issuer signs node certificates for enrollment with the client CA's key.
 // It holds the CA's private key: only ctrl has one.

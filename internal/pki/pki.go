@@ -2,10 +2,12 @@
 // control plane ("ctrl").
 //
 // The ctrl API is served over HTTPS and requires mutual TLS: every client must
-// present a certificate issued by the ctrl certificate authority, and the
-// first organizational unit (OU) of that certificate names the caller's role
-// ("operator", "node", ...). A connection without a client certificate, or
-// with one issued by another CA, is refused during the TLS handshake.
+// present a certificate issued by the ctrl certificate authority, whose only
+// organizational unit (OU) names the caller's role ("operator", "node"). A
+// certificate with another OU, several or none has no role and calls
+// nothing. ctrl verifies the certificate per connection, in its handler, so
+// that a missing or foreign one is answered with an API error rather than a
+// broken handshake.
 //
 // The package offers:
 //
@@ -52,12 +54,18 @@ const (
 	// DevCAValidity is how long a development CA certificate is valid.
 	DevCAValidity = 10 * 365 * 24 * time.Hour
 
-	// DevLeafValidity is how long the development server and operator
-	// certificates created by EnsureDev are valid. It is deliberately long
-	// (five years rather than the usual one) so that a development
-	// installation does not break on a certificate expiry; production
-	// certificates should be issued with a much shorter validity.
+	// DevLeafValidity is how long the development server certificate
+	// created by EnsureDev is valid. It is deliberately long (five years
+	// rather than the usual one) so that a development installation does not
+	// break on a certificate expiry; it authenticates ctrl, not a caller.
 	DevLeafValidity = 5 * 365 * 24 * time.Hour
+
+	// DevOperatorValidity is how long the development operator certificate
+	// is valid: a year at most, since it is a credential that is copied
+	// around (KIBO_CERT). EnsureDev issues a new one at a start that finds
+	// it expired, or valid for longer than this (issued by an earlier
+	// release, with DevLeafValidity).
+	DevOperatorValidity = 365 * 24 * time.Hour
 
 	// clockSkew is how far NotBefore is moved into the past so that a
 	// freshly issued certificate is accepted by peers whose clock is

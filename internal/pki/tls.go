@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 )
 
-// Roles carried in the first organizational unit of client certificates.
+// Roles: the only organizational unit of a client certificate.
 const (
 	// RoleOperator is the role of people and tools driving the ctrl API.
 	RoleOperator = "operator"
@@ -125,22 +125,27 @@ func loadPool(path string) (*x509.CertPool, error) {
 type Identity struct {
 	// CommonName is the subject common name, such as "dev-operator".
 	CommonName string
-	// Role is the first subject organizational unit, such as "operator" or
-	// "node"; empty if the certificate has none.
+	// Role is the subject's organizational unit, such as "operator" or
+	// "node", when it has exactly one; empty when it has none or several
+	// (several OUs name no role: their order is not even kept when they
+	// share a relative distinguished name, which DER sorts).
 	Role string
+	// OUs are all the subject's organizational units, for messages and
+	// logs.
+	OUs []string
 	// Serial is the certificate serial number in lower-case hexadecimal,
 	// for logs and audit records.
 	Serial string
 }
 
 // IdentityOf returns the identity a certificate names: its common name,
-// its role (the first organizational unit) and its serial. It does not
+// its role (its only organizational unit) and its serial. It does not
 // verify the certificate: call it on a verified leaf (VerifyClientChain, or
 // tls.ConnectionState.VerifiedChains).
 func IdentityOf(leaf *x509.Certificate) Identity {
-	id := Identity{CommonName: leaf.Subject.CommonName}
-	if len(leaf.Subject.OrganizationalUnit) > 0 {
-		id.Role = leaf.Subject.OrganizationalUnit[0]
+	id := Identity{CommonName: leaf.Subject.CommonName, OUs: leaf.Subject.OrganizationalUnit}
+	if len(id.OUs) == 1 {
+		id.Role = id.OUs[0]
 	}
 	if leaf.SerialNumber != nil {
 		id.Serial = leaf.SerialNumber.Text(16)

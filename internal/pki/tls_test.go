@@ -3,12 +3,14 @@ package pki
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"fmt"
 	"io"
 	"log"
 	"net"
 	"net/http"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -218,11 +220,14 @@ func TestVerifyClientChain(t *testing.T) {
 		cert *x509.Certificate
 		want Identity
 	}{
-		{op, Identity{CommonName: "dev-operator", Role: RoleOperator, Serial: op.SerialNumber.Text(16)}},
-		{node, Identity{CommonName: "node-1", Role: RoleNode, Serial: node.SerialNumber.Text(16)}},
+		{op, Identity{CommonName: "dev-operator", Role: RoleOperator, OUs: []string{RoleOperator}, Serial: op.SerialNumber.Text(16)}},
+		{node, Identity{CommonName: "node-1", Role: RoleNode, OUs: []string{RoleNode}, Serial: node.SerialNumber.Text(16)}},
 		{srv, Identity{CommonName: srv.Subject.CommonName, Serial: srv.SerialNumber.Text(16)}},
+		// Several OUs name no role, whichever comes first.
+		{&x509.Certificate{Subject: pkix.Name{CommonName: "x", OrganizationalUnit: []string{RoleOperator, "readonly"}}},
+			Identity{CommonName: "x", OUs: []string{RoleOperator, "readonly"}}},
 	} {
-		if got := IdentityOf(tc.cert); got != tc.want {
+		if got := IdentityOf(tc.cert); !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("IdentityOf = %+v, want %+v", got, tc.want)
 		}
 	}

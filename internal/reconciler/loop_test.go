@@ -42,7 +42,7 @@ func TestMarkSilent(t *testing.T) {
 					r.heartbeat(t.Context(), "n1")
 				}
 			} else {
-				if err := r.register(t.Context(), h, func(*store.Node) error { return nil }); err != nil {
+				if err := r.register(t.Context(), h, func(store.NodeTx, *store.Node) error { return nil }); err != nil {
 					t.Fatal(err)
 				}
 				if err := r.loadNodes(t.Context()); err != nil {

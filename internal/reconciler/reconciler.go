@@ -77,13 +77,27 @@ type nodeConn struct {
 	id   string
 	send chan *nodev1.ConnectResponse
 	// replaced is closed when a newer stream of the same node replaces this
-	// one. send is never closed: a push that took this connection just
-	// before it was replaced must not panic.
+	// one, or its key is denied (then endErr says so; see end). send is
+	// never closed: a push that took this connection just before it was
+	// replaced must not panic.
 	replaced chan struct{}
+	endErr   error
 	lastSeen time.Time         // last message received, by the reconciler's clock
 	sent     map[string]uint64 // workspace → generation pushed
 	pool     string
 	stored   time.Time // when lastSeen was last written to the store
+	keyHash  []byte    // the key of the certificate the stream came with
+	endOnce  sync.Once
+}
+
+// end makes the stream's Connect return err: nil when a newer stream
+// replaced it, the refusal when its key was denied. Only the first call
+// counts. Call it with the Reconciler's mu held.
+func (nc *nodeConn) end(err error) {
+	nc.endOnce.Do(func() {
+		nc.endErr = err
+		close(nc.replaced)
+	})
 }
 
 var _ nodev1connect.NodeServiceHandler = (*Reconciler)(nil)

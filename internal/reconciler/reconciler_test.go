@@ -63,10 +63,10 @@ func hello(id string, memMiB, cpuMillis uint64, pool string, templates ...string
 // store and makes it the connected one.
 func connectNode(t *testing.T, r *Reconciler, h *nodev1.Hello) *nodeConn {
 	t.Helper()
-	if err := r.register(t.Context(), h, func(*store.Node) error { return nil }); err != nil {
+	if err := r.register(t.Context(), h, func(store.NodeTx, *store.Node) error { return nil }); err != nil {
 		t.Fatalf("register(%s) = %v", h.GetNodeId(), err)
 	}
-	return r.attach(h)
+	return r.attach(h, nil)
 }
 
 // row describes a Workspace to seed.

@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"time"
@@ -15,10 +16,28 @@ import (
 	"github.com/kibotos/kibotos/internal/workspace"
 )
 
+// MaxNodeMessageBytes bounds every message of a NodeService stream, in each
+// direction: ctrl's handler refuses a larger one from a node
+// (resource_exhausted, the stream ends; other nodes' streams are not
+// affected), and the node agent refuses a larger one from ctrl. The largest
+// messages are a node's Hello, which carries a report of every execution it
+// holds (at most about 3.2 KiB each with both texts at their bounds, so some
+// 5,000 executions fit), and ctrl's full desired state of a node (about 100
+// bytes per Workspace).
+const MaxNodeMessageBytes = 16 << 20
+
 // Connect serves one node's stream: a Hello first (recorded in the store,
 // its executions folded in as reports), then the node's full desired state,
-// then changes one way and reports and heartbeats the other.
+// then changes one way and reports and heartbeats the other. The caller
+// must be a verified node certificate (nodepeer) that names the Hello's
+// node, whose key is not denied and is the key of the node's latest
+// enrollment.
 func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse]) error {
+	peer, hasPeer := nodepeer.From(ctx)
+	if !hasPeer {
+		return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
+			Message: "NodeService needs a node certificate"}
+	}
 	first, err := stream.Receive()
 	if err != nil {
 		return err
@@ -28,22 +47,19 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 		return fault.Invalid("hello", "the stream must open with a Hello naming the node")
 	}
 	id := hello.GetNodeId()
-	peer, hasPeer := nodepeer.From(ctx)
-	if hasPeer && peer.NodeID != id {
+	if peer.NodeID != id {
 		return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
-			Message: "the node certificate does not name node " + id}
+			Message: "the node certificate does not name the node of the Hello"}
 	}
-	if err := r.register(ctx, hello, func(n *store.Node) error {
-		// After an enrollment only its certificate's key may speak for the
-		// node: re-enrolling a node ID shuts out the machine it replaced.
-		if hasPeer {
-			return peer.MayConnect(n.CertKeyHash)
-		}
-		return nil
+	if err := r.register(ctx, hello, func(tx store.NodeTx, n *store.Node) error {
+		// A denied key never connects; after an enrollment only its
+		// certificate's key may speak for the node: re-enrolling a node ID
+		// shuts out the machine it replaced.
+		return peer.Admit(ctx, tx, n)
 	}); err != nil {
 		return err
 	}
-	nc := r.attach(hello)
+	nc := r.attach(hello, peer.KeyHash)
 	r.log.Info("node connected", "node_id", id, "executions", len(hello.GetExecutions()))
 	defer func() {
 		r.detach(nc)
@@ -82,7 +98,10 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 	for {
 		select {
 		case <-nc.replaced:
-			return nil
+			r.mu.Lock()
+			err := nc.endErr
+			r.mu.Unlock()
+			return err
 		case msg := <-nc.send:
 			if err := stream.Send(msg); err != nil {
 				return err
@@ -98,7 +117,7 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 // register records a Hello in the store: the node (created on its first
 // Hello), its capacity and templates, and that it was seen now. mayConnect
 // vets the stored node first.
-func (r *Reconciler) register(ctx context.Context, hello *nodev1.Hello, mayConnect func(*store.Node) error) error {
+func (r *Reconciler) register(ctx context.Context, hello *nodev1.Hello, mayConnect func(store.NodeTx, *store.Node) error) error {
 	id, c, now := hello.GetNodeId(), hello.GetCapacity(), r.now()
 	return r.store.InTx(ctx, func(tx store.Tx) error {
 		n, err := tx.GetNode(ctx, id)
@@ -107,7 +126,7 @@ func (r *Reconciler) register(ctx context.Context, hello *nodev1.Hello, mayConne
 		} else if err != nil {
 			return err
 		}
-		if err := mayConnect(n); err != nil {
+		if err := mayConnect(tx, n); err != nil {
 			return err
 		}
 		n.LastSeen, n.MemoryMiB, n.CPUMillis, n.StorageBytes = now, c.GetMemoryMib(), c.GetCpuMillis(), c.GetStorageBytes()
@@ -119,21 +138,51 @@ func (r *Reconciler) register(ctx context.Context, hello *nodev1.Hello, mayConne
 }
 
 // attach makes a Hello's node the connected one of its ID, seen now; a
-// newer stream replaces an older one.
-func (r *Reconciler) attach(hello *nodev1.Hello) *nodeConn {
+// newer stream replaces an older one. keyHash is the key of the certificate
+// the stream came with.
+func (r *Reconciler) attach(hello *nodev1.Hello, keyHash []byte) *nodeConn {
 	id, c := hello.GetNodeId(), hello.GetCapacity()
 	nc := &nodeConn{id: id, send: make(chan *nodev1.ConnectResponse, 256), replaced: make(chan struct{}),
-		lastSeen: r.now(), sent: map[string]uint64{}, pool: c.GetStoragePool()}
+		lastSeen: r.now(), sent: map[string]uint64{}, pool: c.GetStoragePool(), keyHash: keyHash}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if old := r.nodes[id]; old != nil {
-		close(old.replaced) // a newer stream replaces the old one
+		old.end(nil) // a newer stream replaces the old one
 	}
 	r.nodes[id] = nc
 	r.caps[id] = workspace.Capacity{MemoryMiB: c.GetMemoryMib(), CPUMillis: c.GetCpuMillis(), StorageBytes: c.GetStorageBytes()}
 	r.templates[id] = templateMap(hello.GetTemplates())
 	delete(r.quiet, id)
 	return nc
+}
+
+// DenyNodeKey revokes a node certificate key: from now on NodeService
+// refuses its connections, CertificateService its renewals and
+// BootstrapService re-enrollments with it, whatever certificate carries it
+// (store.DeniedNodeKey). A stream this ctrl holds with that key ends at
+// once; a stream another replica holds ends when the node reconnects.
+// Denying a denied key again changes nothing. It is the primitive a
+// RetireNode will use; no API calls it yet.
+func (r *Reconciler) DenyNodeKey(ctx context.Context, nodeID string, keyHash []byte, reason string) error {
+	if len(keyHash) != 32 {
+		return fault.Invalid("key_hash", "a node key hash is a SHA-256 (32 bytes), not %d bytes", len(keyHash))
+	}
+	now := r.now()
+	if err := r.store.InTx(ctx, func(tx store.Tx) error {
+		return tx.DenyNodeKey(ctx, &store.DeniedNodeKey{KeyHash: keyHash, NodeID: nodeID, DeniedAt: now, Reason: reason})
+	}); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, nc := range r.nodes {
+		if bytes.Equal(nc.keyHash, keyHash) {
+			nc.end(&fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
+				Message: "the key of this certificate of node " + nc.id + " was revoked"})
+			r.log.Warn("node key denied: stream ended", "node_id", nc.id, "reason", reason)
+		}
+	}
+	return nil
 }
 
 // detach forgets a stream that ended, unless a newer one replaced it. The

@@ -6,6 +6,10 @@
 // should not run, delete what should be gone), so the agent keeps no state
 // of its own: after a restart it re-adopts the executions the runtime left
 // running, receives the full desired state again and converges.
+//
+// What the runtime reports about a guest is the guest's to choose: every
+// text of a report is cut to its bound (bounds.go) before it goes on the
+// wire, and every stream message is bounded both ways.
 package agent
 
 import (
@@ -16,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
@@ -120,8 +125,9 @@ func New(cfg Config) *Agent {
 		cfg.Heartbeat = 5 * time.Second
 	}
 	return &Agent{
-		cfg:     cfg,
-		client:  nodev1connect.NewNodeServiceClient(cfg.HTTP, cfg.Endpoint),
+		cfg: cfg,
+		client: nodev1connect.NewNodeServiceClient(cfg.HTTP, cfg.Endpoint,
+			connect.WithReadMaxBytes(MaxMessageBytes), connect.WithSendMaxBytes(MaxMessageBytes)),
 		reports: newOutbox(),
 		desired: map[string]*nodev1.DesiredWorkspace{},
 		busy:    map[string]bool{},
@@ -293,11 +299,11 @@ func (a *Agent) act(ctx context.Context, d *nodev1.DesiredWorkspace) {
 		if err != nil {
 			// A permanent failure (errors.Is ErrPermanent) is reported as
 			// such: ctrl then calls it not retryable.
-			log.Warn("start failed", "error", err.Error(), "permanent", errors.Is(err, ErrPermanent))
+			log.Warn("start failed", "error", failureMessage(err), "permanent", errors.Is(err, ErrPermanent))
 			st := rt.Status(id)
 			a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_FAILED,
 				HoldsExecution: st.Running, LayerExists: st.LayerExists, FailureReason: "EXECUTION_FAILED",
-				FailureMessage: err.Error(), Permanent: errors.Is(err, ErrPermanent), ObservedAt: timestamppb.Now()})
+				FailureMessage: failureMessage(err), Permanent: errors.Is(err, ErrPermanent), ObservedAt: timestamppb.Now()})
 			return
 		}
 		a.report(a.statusReport(rt.Status(id), gen))
@@ -310,20 +316,20 @@ func (a *Agent) act(ctx context.Context, d *nodev1.DesiredWorkspace) {
 		case errors.Is(err, ErrWritebackFailed):
 			a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_FAILED,
 				HoldsExecution: true, LayerExists: st.LayerExists, FailureReason: "GUEST_WRITEBACK_FAILED",
-				FailureMessage: err.Error(), ObservedAt: timestamppb.Now()})
+				FailureMessage: failureMessage(err), ObservedAt: timestamppb.Now()})
 		default:
-			log.Warn("stop failed", "error", errString(err))
+			log.Warn("stop failed", "error", failureMessage(err))
 			a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_FAILED,
 				HoldsExecution: st.Running, LayerExists: st.LayerExists, FailureReason: "EXECUTION_FAILED",
-				FailureMessage: errString(err), ObservedAt: timestamppb.Now()})
+				FailureMessage: failureMessage(err), ObservedAt: timestamppb.Now()})
 		}
 	case nodev1.Power_POWER_DELETED:
 		if err := rt.Delete(ctx, id); err != nil {
-			log.Warn("delete failed", "error", err.Error())
+			log.Warn("delete failed", "error", failureMessage(err))
 			st := rt.Status(id)
 			a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_FAILED,
 				HoldsExecution: st.Running, LayerExists: st.LayerExists, FailureReason: "EXECUTION_FAILED",
-				FailureMessage: err.Error(), ObservedAt: timestamppb.Now()})
+				FailureMessage: failureMessage(err), ObservedAt: timestamppb.Now()})
 			return
 		}
 		a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_DELETED, ObservedAt: timestamppb.Now()})
@@ -332,7 +338,8 @@ func (a *Agent) act(ctx context.Context, d *nodev1.DesiredWorkspace) {
 
 func (a *Agent) statusReport(st Status, gen uint64) *nodev1.ExecutionReport {
 	rep := &nodev1.ExecutionReport{WorkspaceId: st.WorkspaceID, Generation: gen, LayerExists: st.LayerExists,
-		HoldsExecution: st.Running, GuestCondition: int32(st.Guest), GuestMessage: st.GuestMessage, ObservedAt: timestamppb.Now()}
+		HoldsExecution: st.Running, GuestCondition: int32(st.Guest), GuestMessage: Truncate(st.GuestMessage, MaxGuestMessageBytes),
+		ObservedAt: timestamppb.Now()}
 	switch {
 	case st.Running && st.Guest == ctrlv1.GuestCondition_GUEST_CONDITION_BOOTING:
 		rep.State = nodev1.ExecState_EXEC_STATE_STARTING
@@ -369,7 +376,7 @@ func (a *Agent) watchEvents(ctx context.Context) {
 				rep.GuestExited = true
 				rep.State = nodev1.ExecState_EXEC_STATE_STOPPED
 			} else if ev.Guest != 0 {
-				rep.GuestCondition, rep.GuestMessage = int32(ev.Guest), ev.GuestMessage
+				rep.GuestCondition, rep.GuestMessage = int32(ev.Guest), Truncate(ev.GuestMessage, MaxGuestMessageBytes)
 			}
 			a.report(rep)
 		}

@@ -59,6 +59,7 @@ var Changes = []Change{
 		Why: "SQLite clusters a table by its primary key only, so resources was rebuilt in list order with its labels in the row; PostgreSQL lists through the resources_list index"},
 	{Name: "pending_without_failed_placements", SQLite: 4, Postgres: 3},
 	{Name: "node_cert_key", SQLite: 5, Postgres: 4},
+	{Name: "denied_node_keys", SQLite: 6, Postgres: 5},
 }
 
 // LoadDialect is Load, checking that the files are those Changes lists for

@@ -389,3 +389,20 @@ func (t *txn) ListNodes(ctx context.Context) ([]*store.Node, error) {
 	}
 	return out, nil
 }
+
+// DenyNodeKey implements store.Tx.
+func (t *txn) DenyNodeKey(ctx context.Context, k *store.DeniedNodeKey) error {
+	args, err := rowcodec.DeniedNodeKeyArgs(k)
+	if err != nil {
+		return err
+	}
+	_, err = t.exec(ctx, `INSERT INTO denied_node_keys (`+rowcodec.DeniedNodeKeyColumns+`) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (key_hash) DO NOTHING`, args...)
+	return err
+}
+
+// GetDeniedNodeKey implements store.Tx.
+func (t *txn) GetDeniedNodeKey(ctx context.Context, keyHash []byte) (*store.DeniedNodeKey, error) {
+	return queryOne(ctx, t, rowcodec.ScanDeniedNodeKey,
+		`SELECT `+rowcodec.DeniedNodeKeyColumns+` FROM denied_node_keys WHERE key_hash = $1`, rowcodec.NonNil(keyHash))
+}

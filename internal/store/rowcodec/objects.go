@@ -197,3 +197,29 @@ func NodeArgs(n *store.Node) ([]any, error) {
 	}
 	return []any{n.ID, Micros(n.CreatedAt), Micros(n.LastSeen), memory, cpu, stor, NonNil(n.Doc), NonNil(n.CertKeyHash)}, nil
 }
+
+// DeniedNodeKeyColumns are the columns of denied_node_keys, in the order
+// ScanDeniedNodeKey reads them and DeniedNodeKeyArgs returns their values.
+const DeniedNodeKeyColumns = `key_hash, node_id, denied_at, reason`
+
+// ScanDeniedNodeKey scans DeniedNodeKeyColumns.
+func ScanDeniedNodeKey(row Scanner) (*store.DeniedNodeKey, error) {
+	var (
+		k      store.DeniedNodeKey
+		denied int64
+	)
+	if err := row.Scan(&k.KeyHash, &k.NodeID, &denied, &k.Reason); err != nil {
+		return nil, err
+	}
+	k.DeniedAt = FromMicros(denied)
+	return &k, nil
+}
+
+// DeniedNodeKeyArgs returns the values of DeniedNodeKeyColumns for k; a key
+// hash must not be empty.
+func DeniedNodeKeyArgs(k *store.DeniedNodeKey) ([]any, error) {
+	if len(k.KeyHash) == 0 {
+		return nil, fmt.Errorf("store: a denied node key needs its hash")
+	}
+	return []any{k.KeyHash, k.NodeID, Micros(k.DeniedAt), k.Reason}, nil
+}

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -32,6 +33,7 @@ var workspaceTests = []struct {
 	{"PendingWorkspaces", testPendingWorkspaces},
 	{"ProcessingCommands", testProcessingCommands},
 	{"Nodes", testNodes},
+	{"DeniedNodeKeys", testDeniedNodeKeys},
 	{"ConcurrentWorkspaces", testConcurrentWorkspaces},
 }
 
@@ -907,6 +909,75 @@ func testNodes(t *testing.T, s store.Store) {
 		wantErr(t, "GetNode missing (in InTx)", err, store.ErrNotFound)
 		return nil
 	})
+}
+
+// testDeniedNodeKeys: a denied key is found by its hash with its record;
+// denying it again keeps the first record; a key that is not denied is
+// ErrNotFound; a write in View is refused and a rolled back one leaves
+// nothing.
+func testDeniedNodeKeys(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	get := func(h []byte) (*store.DeniedNodeKey, error) {
+		t.Helper()
+		var k *store.DeniedNodeKey
+		var err error
+		view(t, s, func(ctx context.Context, tx store.Tx) error {
+			k, err = tx.GetDeniedNodeKey(ctx, h)
+			return nil
+		})
+		return k, err
+	}
+	h1 := bytes.Repeat([]byte{0xa1}, 32)
+	h2 := append(bytes.Repeat([]byte{0xa1}, 31), 0) // shares a prefix with h1
+	_, err := get(h1)
+	wantErr(t, "GetDeniedNodeKey of an empty store", err, store.ErrNotFound)
+
+	first := &store.DeniedNodeKey{KeyHash: h1, NodeID: "node-é", DeniedAt: base, Reason: "retired"}
+	inTx(t, s, func(ctx context.Context, tx store.Tx) error { return tx.DenyNodeKey(ctx, first) })
+	want := *first
+	want.DeniedAt = micro(base)
+	got, err := get(h1)
+	if err != nil || !gocmp.Equal(&want, got) {
+		t.Errorf("GetDeniedNodeKey = %+v, %v; want %+v", got, err, &want)
+	} else {
+		checkUTC(t, "GetDeniedNodeKey", got.DeniedAt)
+	}
+	// Again, in one transaction with a lookup: no error, the first record
+	// stays.
+	inTx(t, s, func(ctx context.Context, tx store.Tx) error {
+		if err := tx.DenyNodeKey(ctx, &store.DeniedNodeKey{KeyHash: h1, NodeID: "other", DeniedAt: base.Add(time.Hour), Reason: "again"}); err != nil {
+			return err
+		}
+		if k, err := tx.GetDeniedNodeKey(ctx, h1); err != nil || k.NodeID != "node-é" {
+			t.Errorf("GetDeniedNodeKey in the denying transaction = %+v, %v", k, err)
+		}
+		return nil
+	})
+	if got, err := get(h1); err != nil || !gocmp.Equal(&want, got) {
+		t.Errorf("after denying again: %+v, %v; want the first record %+v", got, err, &want)
+	}
+	for name, h := range map[string][]byte{"prefix sibling": h2, "empty": nil, "prefix": h1[:16]} {
+		_, err := get(h)
+		wantErr(t, "GetDeniedNodeKey of "+name, err, store.ErrNotFound)
+	}
+	if err := s.InTx(ctx, func(tx store.Tx) error { return tx.DenyNodeKey(ctx, &store.DeniedNodeKey{NodeID: "n"}) }); err == nil {
+		t.Error("DenyNodeKey without a key hash: no error")
+	}
+	err = s.View(ctx, func(tx store.Tx) error {
+		return tx.DenyNodeKey(ctx, &store.DeniedNodeKey{KeyHash: h2, NodeID: "n", DeniedAt: base})
+	})
+	wantErr(t, "DenyNodeKey in View", err, store.ErrReadOnly)
+	err = s.InTx(ctx, func(tx store.Tx) error {
+		if err := tx.DenyNodeKey(ctx, &store.DeniedNodeKey{KeyHash: h2, NodeID: "n", DeniedAt: base}); err != nil {
+			return err
+		}
+		return errBoom
+	})
+	if err != errBoom { //nolint:errorlint // must be returned as is
+		t.Fatalf("InTx = %v, want fn's error as is", err)
+	}
+	_, err = get(h2)
+	wantErr(t, "a key denied in a rolled back tx", err, store.ErrNotFound)
 }
 
 // testConcurrentWorkspaces inserts and updates Workspaces from many

@@ -732,11 +732,14 @@ type ExecutionReport struct {
 	// failure_reason is a kibotos.ctrl.v1.FailureReason name when state is
 	// FAILED (for example "GUEST_WRITEBACK_FAILED").
 	FailureReason string `protobuf:"bytes,5,opt,name=failure_reason,json=failureReason,proto3" json:"failure_reason,omitempty"`
-	// failure_message explains the failure.
+	// failure_message explains the failure: at most 2 KiB of UTF-8. It may
+	// quote the guest, so the node cuts a longer text to 2 KiB ending in "…",
+	// and ctrl cuts again whatever it receives.
 	FailureMessage string `protobuf:"bytes,6,opt,name=failure_message,json=failureMessage,proto3" json:"failure_message,omitempty"`
 	// guest_condition is a kibotos.ctrl.v1.GuestCondition value, 0 when none.
 	GuestCondition int32 `protobuf:"varint,7,opt,name=guest_condition,json=guestCondition,proto3" json:"guest_condition,omitempty"`
-	// guest_message details the guest's condition.
+	// guest_message details the guest's condition, in the guest's words: at
+	// most 1 KiB of UTF-8, cut like failure_message.
 	GuestMessage string `protobuf:"bytes,8,opt,name=guest_message,json=guestMessage,proto3" json:"guest_message,omitempty"`
 	// observed_at is when the node observed this.
 	ObservedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=observed_at,json=observedAt,proto3" json:"observed_at,omitempty"`

@@ -20,6 +20,9 @@ type Runtime struct {
 
 	// FailStart makes Start fail for these workspaces.
 	FailStart map[string]bool
+	// StartError, when it has an entry for a workspace, is the error its
+	// Start fails with (a runtime quoting its guest at length, say).
+	StartError map[string]error
 	// FailWriteback makes a normal Stop fail with ErrWritebackFailed.
 	FailWriteback map[string]bool
 	// Gate, when set, blocks Start until it is closed.
@@ -31,7 +34,7 @@ type Runtime struct {
 // New returns an empty Runtime.
 func New() *Runtime {
 	return &Runtime{execs: map[string]*agent.Status{}, events: make(chan agent.Event, 64),
-		FailStart: map[string]bool{}, FailWriteback: map[string]bool{}, Starts: map[string]int{}}
+		FailStart: map[string]bool{}, StartError: map[string]error{}, FailWriteback: map[string]bool{}, Starts: map[string]int{}}
 }
 
 func (r *Runtime) get(id string) *agent.Status {
@@ -58,6 +61,9 @@ func (r *Runtime) Start(ctx context.Context, s agent.Spec) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := r.StartError[s.WorkspaceID]; err != nil {
+		return err
+	}
 	if r.FailStart[s.WorkspaceID] {
 		return errors.New("injected start failure")
 	}
@@ -120,6 +126,17 @@ func (r *Runtime) GuestExits(id string) {
 	st.Running, st.Guest = false, 0
 	r.mu.Unlock()
 	r.events <- agent.Event{WorkspaceID: id, Exited: true}
+}
+
+// GuestSays simulates the guest of a running execution reporting a
+// condition with a message of its choosing (of any length: the runtime
+// hands the agent what the guest said).
+func (r *Runtime) GuestSays(id string, cond ctrlv1.GuestCondition, msg string) {
+	r.mu.Lock()
+	st := r.get(id)
+	st.Guest, st.GuestMessage = cond, msg
+	r.mu.Unlock()
+	r.events <- agent.Event{WorkspaceID: id, Guest: cond, GuestMessage: msg}
 }
 
 // Running reports whether the workspace's execution runs.

@@ -50,7 +50,9 @@ const (
 type NodeServiceClient interface {
 	// Connect is the one stream between a node and ctrl. The node sends Hello
 	// first, then reports and heartbeats; ctrl answers with the full desired
-	// state of the node's workspaces, then with each change.
+	// state of the node's workspaces, then with each change. Every message is
+	// at most 16 MiB, both ways: a larger one ends the stream
+	// (resource_exhausted).
 	Connect(context.Context) *connect.BidiStreamForClient[v1.ConnectRequest, v1.ConnectResponse]
 }
 
@@ -88,7 +90,9 @@ func (c *nodeServiceClient) Connect(ctx context.Context) *connect.BidiStreamForC
 type NodeServiceHandler interface {
 	// Connect is the one stream between a node and ctrl. The node sends Hello
 	// first, then reports and heartbeats; ctrl answers with the full desired
-	// state of the node's workspaces, then with each change.
+	// state of the node's workspaces, then with each change. Every message is
+	// at most 16 MiB, both ways: a larger one ends the stream
+	// (resource_exhausted).
 	Connect(context.Context, *connect.BidiStream[v1.ConnectRequest, v1.ConnectResponse]) error
 }
 
