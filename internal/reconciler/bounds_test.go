@@ -3,66 +3,18 @@ package reconciler
 import (
 	"bytes"
 	"errors"
+	"github.com/kibotos/kibotos/internal/nodewire"
 	"strings"
 	"testing"
-	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/internal/fault"
-	"github.com/kibotos/kibotos/internal/node/agent"
 	"github.com/kibotos/kibotos/internal/nodepeer"
 	"github.com/kibotos/kibotos/internal/store"
 )
-
-// TestBoundsMatchTheNode: ctrl and the node agent cut reports to the same
-// bounds and bound stream messages alike (two constants, one number each).
-func TestBoundsMatchTheNode(t *testing.T) {
-	for name, pair := range map[string][2]int{
-		"guest message":   {MaxGuestMessageBytes, agent.MaxGuestMessageBytes},
-		"failure message": {MaxFailureMessageBytes, agent.MaxFailureMessageBytes},
-		"stream message":  {MaxNodeMessageBytes, agent.MaxMessageBytes},
-	} {
-		if pair[0] != pair[1] {
-			t.Errorf("%s: ctrl's bound %d, the node's %d", name, pair[0], pair[1])
-		}
-	}
-}
-
-// TestTruncate: short valid text is unchanged; long text is cut on a
-// character boundary with the marker, within the bound; invalid UTF-8
-// becomes U+FFFD. The node's Truncate gives the same answers.
-func TestTruncate(t *testing.T) {
-	const max = 16
-	for _, tc := range []struct {
-		name, in, want string
-	}{
-		{"empty", "", ""},
-		{"short", "disk 91% full", "disk 91% full"},
-		{"exactly the bound", strings.Repeat("a", max), strings.Repeat("a", max)},
-		{"one byte over", strings.Repeat("a", max+1), strings.Repeat("a", max-3) + "…"},
-		{"long", strings.Repeat("a", 5<<20), strings.Repeat("a", max-3) + "…"},
-		{"multi-byte not split", "ab" + strings.Repeat("é", 10), "ab" + strings.Repeat("é", 5) + "…"},
-		{"four-byte runes", strings.Repeat("𝄞", 5), strings.Repeat("𝄞", 3) + "…"},
-		{"invalid bytes replaced", "a\xffb", "a\uFFFDb"},
-		{"invalid and long", strings.Repeat("\xff", 40), strings.Repeat("\uFFFD", 4) + "…"},
-		{"invalid, fits only once replaced", "abcdefghijklmn\xff", "abcdefghijklm…"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			for who, fn := range map[string]func(string, int) string{"ctrl": truncate, "node": agent.Truncate} {
-				got := fn(tc.in, max)
-				if got != tc.want {
-					t.Errorf("%s: truncate(%.40q, %d) = %q, want %q", who, tc.in, max, got, tc.want)
-				}
-				if len(got) > max || !utf8.ValidString(got) {
-					t.Errorf("%s: truncate(%.40q) = %q: %d bytes, valid UTF-8 %v", who, tc.in, got, len(got), utf8.ValidString(got))
-				}
-			}
-		})
-	}
-}
 
 // TestApplyReportBoundsGuestText: a report whose texts are megabytes long
 // (a node that did not cut what its guest said) is stored and answered
@@ -84,10 +36,10 @@ func TestApplyReportBoundsGuestText(t *testing.T) {
 		}
 		w, pub := load(t, st, "ws-1")
 		msg := pub.GetGuestObservation().GetMessage()
-		if len(msg) > MaxGuestMessageBytes || !strings.HasSuffix(msg, "…") || !strings.HasPrefix(msg, "xxxx") {
-			t.Errorf("stored guest message: %d bytes (%.20q…), want at most %d ending in the marker", len(msg), msg, MaxGuestMessageBytes)
+		if len(msg) > nodewire.MaxGuestMessageBytes || !strings.HasSuffix(msg, "…") || !strings.HasPrefix(msg, "xxxx") {
+			t.Errorf("stored guest message: %d bytes (%.20q…), want at most %d ending in the marker", len(msg), msg, nodewire.MaxGuestMessageBytes)
 		}
-		if grew := len(w.Doc) - len(before.Doc); grew > MaxGuestMessageBytes+256 {
+		if grew := len(w.Doc) - len(before.Doc); grew > nodewire.MaxGuestMessageBytes+256 {
 			t.Errorf("the stored Workspace grew by %d bytes", grew)
 		}
 	})
@@ -101,16 +53,16 @@ func TestApplyReportBoundsGuestText(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, pub := load(t, st, "ws-1")
-		if m := pub.GetFailure().GetMessage(); len(m) > MaxFailureMessageBytes+64 || !strings.HasSuffix(m, "…") {
-			t.Errorf("Workspace failure message: %d bytes, want the node's part within %d", len(m), MaxFailureMessageBytes)
+		if m := pub.GetFailure().GetMessage(); len(m) > nodewire.MaxFailureMessageBytes+64 || !strings.HasSuffix(m, "…") {
+			t.Errorf("Workspace failure message: %d bytes, want the node's part within %d", len(m), nodewire.MaxFailureMessageBytes)
 		}
 		c := loadCommand(t, st, "c-3")
-		if len(c.ErrorDetail) > MaxFailureMessageBytes+256 {
+		if len(c.ErrorDetail) > nodewire.MaxFailureMessageBytes+256 {
 			t.Errorf("command's recorded error: %d bytes", len(c.ErrorDetail))
 		}
 		fe := fault.Decode(c.ErrorCode, c.ErrorDetail)
 		var e *fault.Error
-		if !errors.As(fe, &e) || e.Reason != fault.ReasonGuestWritebackFailed || len(e.Message) > MaxFailureMessageBytes+64 {
+		if !errors.As(fe, &e) || e.Reason != fault.ReasonGuestWritebackFailed || len(e.Message) > nodewire.MaxFailureMessageBytes+64 {
 			t.Errorf("recorded failure = %v", fe)
 		}
 	})

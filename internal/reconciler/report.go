@@ -4,9 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"github.com/kibotos/kibotos/internal/nodewire"
 	"time"
-	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -18,56 +17,13 @@ import (
 	"github.com/kibotos/kibotos/internal/workspace"
 )
 
-// Bounds of the text a node report carries. Much of it comes from the guest,
-// which is untrusted: a guest's condition message, or its words in a failed
-// writeback. The node agent cuts them to these bounds before they go on the
-// wire (internal/node/agent has the same numbers, a test keeps them equal);
-// ctrl cuts them again before anything is stored or answered, whatever the
-// node sent. docs/api.md documents them.
-const (
-	// MaxGuestMessageBytes bounds a guest condition's message
-	// (GuestObservation.message).
-	MaxGuestMessageBytes = 1024
-	// MaxFailureMessageBytes bounds the node's part of a failure's message
-	// (ErrorDetail.message adds a short prefix, "the stop failed: ").
-	MaxFailureMessageBytes = 2048
-)
-
-// truncMarker ends a text that was cut.
-const truncMarker = "…"
-
-// truncate returns s as valid UTF-8 of at most max bytes: unchanged when it
-// is both already, otherwise cut on a character boundary and ending in
-// truncMarker when something was cut. Invalid bytes become U+FFFD. It reads
-// no more of s than it keeps.
-func truncate(s string, max int) string {
-	if len(s) <= max && utf8.ValidString(s) {
-		return s
-	}
-	var b strings.Builder
-	b.Grow(min(len(s), max))
-	keep := 0 // bytes of b that leave room for the marker
-	for i := 0; i < len(s); {
-		r, n := utf8.DecodeRuneInString(s[i:]) // an invalid byte is (RuneError, 1)
-		if b.Len()+utf8.RuneLen(r) > max {
-			return b.String()[:keep] + truncMarker
-		}
-		b.WriteRune(r)
-		i += n
-		if b.Len() <= max-len(truncMarker) {
-			keep = b.Len()
-		}
-	}
-	return b.String()
-}
-
 // bounded returns rep with its texts within their bounds (a copy when one
 // had to be cut), its failure reason one the API knows (else none: the
 // default of the stage applies) and its guest condition a known one (else
 // none).
 func bounded(rep *nodev1.ExecutionReport) *nodev1.ExecutionReport {
-	gm := truncate(rep.GetGuestMessage(), MaxGuestMessageBytes)
-	fm := truncate(rep.GetFailureMessage(), MaxFailureMessageBytes)
+	gm := nodewire.Cut(rep.GetGuestMessage(), nodewire.MaxGuestMessageBytes)
+	fm := nodewire.Cut(rep.GetFailureMessage(), nodewire.MaxFailureMessageBytes)
 	reason := rep.GetFailureReason()
 	if _, ok := ctrlv1.FailureReason_value["FAILURE_REASON_"+reason]; !ok || reason == "UNSPECIFIED" {
 		reason = ""

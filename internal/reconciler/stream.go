@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/kibotos/kibotos/internal/nodewire"
 	"time"
 
 	"connectrpc.com/connect"
@@ -17,14 +18,8 @@ import (
 )
 
 // MaxNodeMessageBytes bounds every message of a NodeService stream, in each
-// direction: ctrl's handler refuses a larger one from a node
-// (resource_exhausted, the stream ends; other nodes' streams are not
-// affected), and the node agent refuses a larger one from ctrl. The largest
-// messages are a node's Hello, which carries a report of every execution it
-// holds (at most about 3.2 KiB each with both texts at their bounds, so some
-// 5,000 executions fit), and ctrl's full desired state of a node (about 100
-// bytes per Workspace).
-const MaxNodeMessageBytes = 16 << 20
+// direction (nodewire.MaxMessageBytes, the node's bound too).
+const MaxNodeMessageBytes = nodewire.MaxMessageBytes
 
 // Connect serves one node's stream: a Hello first (recorded in the store,
 // its executions folded in as reports), then the node's full desired state,

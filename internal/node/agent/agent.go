@@ -15,6 +15,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"github.com/kibotos/kibotos/internal/nodewire"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -127,7 +128,7 @@ func New(cfg Config) *Agent {
 	return &Agent{
 		cfg: cfg,
 		client: nodev1connect.NewNodeServiceClient(cfg.HTTP, cfg.Endpoint,
-			connect.WithReadMaxBytes(MaxMessageBytes), connect.WithSendMaxBytes(MaxMessageBytes)),
+			connect.WithReadMaxBytes(nodewire.MaxMessageBytes), connect.WithSendMaxBytes(nodewire.MaxMessageBytes)),
 		reports: newOutbox(),
 		desired: map[string]*nodev1.DesiredWorkspace{},
 		busy:    map[string]bool{},
@@ -338,7 +339,7 @@ func (a *Agent) act(ctx context.Context, d *nodev1.DesiredWorkspace) {
 
 func (a *Agent) statusReport(st Status, gen uint64) *nodev1.ExecutionReport {
 	rep := &nodev1.ExecutionReport{WorkspaceId: st.WorkspaceID, Generation: gen, LayerExists: st.LayerExists,
-		HoldsExecution: st.Running, GuestCondition: int32(st.Guest), GuestMessage: Truncate(st.GuestMessage, MaxGuestMessageBytes),
+		HoldsExecution: st.Running, GuestCondition: int32(st.Guest), GuestMessage: nodewire.Cut(st.GuestMessage, nodewire.MaxGuestMessageBytes),
 		ObservedAt: timestamppb.Now()}
 	switch {
 	case st.Running && st.Guest == ctrlv1.GuestCondition_GUEST_CONDITION_BOOTING:
@@ -376,7 +377,7 @@ func (a *Agent) watchEvents(ctx context.Context) {
 				rep.GuestExited = true
 				rep.State = nodev1.ExecState_EXEC_STATE_STOPPED
 			} else if ev.Guest != 0 {
-				rep.GuestCondition, rep.GuestMessage = int32(ev.Guest), Truncate(ev.GuestMessage, MaxGuestMessageBytes)
+				rep.GuestCondition, rep.GuestMessage = int32(ev.Guest), nodewire.Cut(ev.GuestMessage, nodewire.MaxGuestMessageBytes)
 			}
 			a.report(rep)
 		}

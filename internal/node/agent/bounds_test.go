@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"github.com/kibotos/kibotos/internal/nodewire"
 	"log/slog"
 	"strings"
 	"testing"
@@ -52,8 +53,8 @@ func TestReportsAreBounded(t *testing.T) {
 				s   string
 				max int
 			}{
-				"guest_message":   {rep.GetGuestMessage(), MaxGuestMessageBytes},
-				"failure_message": {rep.GetFailureMessage(), MaxFailureMessageBytes},
+				"guest_message":   {rep.GetGuestMessage(), nodewire.MaxGuestMessageBytes},
+				"failure_message": {rep.GetFailureMessage(), nodewire.MaxFailureMessageBytes},
 			} {
 				if len(pair.s) > pair.max || !utf8.ValidString(pair.s) {
 					t.Errorf("%s: %s of %d bytes (bound %d), valid UTF-8 %v", what, field, len(pair.s), pair.max, utf8.ValidString(pair.s))

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"github.com/kibotos/kibotos/internal/nodewire"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -33,11 +34,11 @@ func (c bigCtrl) Connect(ctx context.Context, s *connect.BidiStream[nodev1.Conne
 	return nil
 }
 
-// TestStreamReadLimit: a message from ctrl beyond MaxMessageBytes ends the
+// TestStreamReadLimit: a message from ctrl beyond nodewire.MaxMessageBytes ends the
 // session (resource_exhausted) instead of being buffered and applied.
 func TestStreamReadLimit(t *testing.T) {
 	mux := http.NewServeMux()
-	mux.Handle(nodev1connect.NewNodeServiceHandler(bigCtrl{size: MaxMessageBytes + 1}))
+	mux.Handle(nodev1connect.NewNodeServiceHandler(bigCtrl{size: nodewire.MaxMessageBytes + 1}))
 	srv := httptest.NewUnstartedServer(mux)
 	srv.EnableHTTP2 = true
 	srv.StartTLS()
