@@ -2,19 +2,34 @@
 // workspace.
 //
 // As PID 1 it reaps every process that ends in the workspace (a SIGCHLD loop
-// around wait4(-1)), serves the node on the unix socket of package
-// protocol, reports the guest's condition (READY, DISK_PRESSURE when the
-// writable layer has less than 5% free, MEMORY_PRESSURE when the working set
-// of the workspace's cgroup is above 90% of its limit), flushes the writable
-// layer when the node asks for writeback, runs commands for the node (OpExec)
-// and powers the workspace off on request.
+// around wait4(-1), see reaper), serves the node on the connections the node
+// sends over its channel (package protocol), reports the guest's condition
+// (READY, DISK_PRESSURE when the writable layer has less than 5% free,
+// MEMORY_PRESSURE when the working set of the workspace's cgroup is above 90%
+// of its limit), flushes the writable layer when the node asks for writeback,
+// runs commands for the node (OpExec) and powers the workspace off on
+// request.
+//
+// PID 1 is not dumpable (Main sets it before anything else): the
+// workspace's root, which has no CAP_SYS_PTRACE, can neither ptrace it nor
+// reach its descriptors through /proc/1/fd — among them the node's end of
+// the channel and the read end of its log pipe, which it keeps for a node
+// that restarts (protocol.NodeChannelFD, protocol.LogReadFD). Its log goes
+// to stderr, a pipe the node drains; a full pipe drops lines rather than
+// block the agent.
 //
 // Powering off: SIGTERM, SIGINT, SIGHUP, SIGPWR, SIGUSR1 and SIGUSR2 sent to
 // PID 1 (busybox halt/poweroff/reboot send SIGUSR1/SIGUSR2/SIGTERM to PID 1),
-// `kibotos-guest poweroff`, or OpShutdown. The agent then asks every process
-// to end (SIGTERM, ShutdownGrace, SIGKILL), writes back, leaves
-// protocol.PoweroffMarker in the socket directory so that the node can tell a
-// guest-initiated power-off from a crash, and exits 0.
+// `kibotos-guest poweroff` (SIGTERM to PID 1), or OpShutdown. The agent then
+// asks every process to end (SIGTERM, ShutdownGrace, SIGKILL), writes back,
+// sends the node a power-off notice on the channel so that the node can
+// tell a guest-initiated power-off from a crash, and waits for the node to
+// end the execution: the notice waits in the channel for a node that is
+// restarting, since PID 1 keeps the node's end open.
+//
+// Without a channel (the agent's tests, the crun reference of
+// bench/workspacebench) the agent listens on a unix socket instead and
+// exits after powering off.
 //
 // The binary is static (CGO_ENABLED=0): it runs on any template.
 package guest
@@ -29,12 +44,14 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/kibotos/kibotos/internal/mountinfo"
 
@@ -45,7 +62,11 @@ import (
 
 // Config configures an Agent. Zero fields take the defaults of a workspace.
 type Config struct {
-	// SocketPath is where the agent listens (protocol.SocketPath).
+	// Channel, when set, is the node's channel: the agent serves the
+	// connections it brings and sends its power-off notice on it.
+	Channel *protocol.ChannelListener
+	// SocketPath is where the agent listens without a Channel
+	// (protocol.SocketPath).
 	SocketPath string
 	// CgroupRoot is where the workspace's own cgroup is visible
 	// ("/sys/fs/cgroup"; the runtime mounts it read-only inside a cgroup
@@ -63,9 +84,6 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// Log receives the agent's log (stderr, text).
 	Log *slog.Logger
-	// Ready, when set, receives protocol.ReadyByte and is closed once the
-	// agent listens (the runtime's readiness pipe, see ReadyFromEnv).
-	Ready *os.File
 }
 
 // Agent is the guest agent.
@@ -74,6 +92,12 @@ type Agent struct {
 	log    *slog.Logger
 	pid1   bool
 	reaper *reaper
+
+	// loop runs functions on Run's goroutine, the one thread that forks
+	// and waits (see reaper); loopDone is closed when Run returns.
+	loop     chan func()
+	loopDone chan struct{}
+	looping  atomic.Bool
 
 	mu       sync.Mutex
 	ln       net.Listener
@@ -103,10 +127,13 @@ func New(cfg Config) *Agent {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	return &Agent{cfg: cfg, log: cfg.Log, pid1: pid1, reaper: newReaper(pid1), done: make(chan struct{})}
+	return &Agent{cfg: cfg, log: cfg.Log, pid1: pid1, reaper: newReaper(pid1),
+		loop: make(chan func()), loopDone: make(chan struct{}), done: make(chan struct{})}
 }
 
-// Main is kibotos-guest's main: it returns the process exit code.
+// Main is kibotos-guest's main: it returns the process exit code. Its
+// caller must run it on the main goroutine locked to the main thread
+// (cmd/kibotos-guest does, see reaper).
 //
 //	kibotos-guest             run the agent (PID 1 of a workspace)
 //	kibotos-guest poweroff    ask the running agent to power the workspace off
@@ -117,9 +144,7 @@ func Main(args []string) int {
 		case trampolineArg:
 			return runTrampoline(args[2:])
 		case "poweroff", "shutdown", "halt":
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if _, err := protocol.Do(ctx, socketFromEnv(), protocol.Request{Op: protocol.OpShutdown}); err != nil {
+			if err := requestPoweroff(); err != nil {
 				fmt.Fprintln(os.Stderr, "kibotos-guest:", err)
 				return 1
 			}
@@ -129,7 +154,31 @@ func Main(args []string) int {
 			return 2
 		}
 	}
-	a := New(Config{SocketPath: socketFromEnv(), Ready: ReadyFromEnv()})
+	// Before anything else, and before any process of the workspace
+	// exists: no ptrace of PID 1, no /proc/1/fd, no core dump.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "kibotos-guest: PR_SET_DUMPABLE:", err)
+		return 1
+	}
+	// Executed from a descriptor, PID 1 is named after its number: name it
+	// (the main thread's name is the process's).
+	if name, err := unix.BytePtrFromString("kibotos-guest"); err == nil {
+		_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(name)), 0, 0, 0)
+	}
+	ch, err := ChannelFromEnv()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kibotos-guest:", err)
+		return 1
+	}
+	cfg := Config{SocketPath: socketFromEnv()}
+	if ch != nil {
+		// Stdout and stderr are the node's log pipe: never block on it.
+		_ = unix.SetNonblock(1, true)
+		_ = unix.SetNonblock(2, true)
+		cfg.Channel = ch
+		cfg.Log = slog.New(slog.NewTextHandler(dropWriter{fd: 2}, nil))
+	}
+	a := New(cfg)
 	if err := a.Run(context.Background()); err != nil {
 		a.log.Error("guest agent failed", "err", err)
 		return 1
@@ -137,25 +186,41 @@ func Main(args []string) int {
 	return 0
 }
 
-// ReadyFromEnv returns the readiness descriptor the runtime handed down
-// (protocol.ReadyFDEnv), or nil. It removes the variable and marks the
-// descriptor close-on-exec, so that no command of the workspace inherits
-// either.
-func ReadyFromEnv() *os.File {
-	v, ok := os.LookupEnv(protocol.ReadyFDEnv)
-	if !ok {
-		return nil
+// requestPoweroff asks the agent to power off: over its socket in listening
+// mode (KIBOTOS_GUEST_SOCKET set), with SIGTERM to PID 1 otherwise.
+func requestPoweroff() error {
+	if p := os.Getenv("KIBOTOS_GUEST_SOCKET"); p != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := protocol.Do(ctx, p, protocol.Request{Op: protocol.OpShutdown})
+		return err
 	}
-	_ = os.Unsetenv(protocol.ReadyFDEnv)
+	return unix.Kill(1, unix.SIGTERM)
+}
+
+// ChannelFromEnv returns the channel the runtime handed down
+// (protocol.ChannelFDEnv), or nil without one. It removes the variable and
+// marks the channel and the descriptors PID 1 keeps for the node
+// close-on-exec, so that no command of the workspace inherits any of them.
+func ChannelFromEnv() (*protocol.ChannelListener, error) {
+	v, ok := os.LookupEnv(protocol.ChannelFDEnv)
+	if !ok {
+		return nil, nil
+	}
+	_ = os.Unsetenv(protocol.ChannelFDEnv)
 	fd, err := strconv.Atoi(v)
 	if err != nil || fd < 3 {
-		return nil
+		return nil, fmt.Errorf("%s=%q is no descriptor", protocol.ChannelFDEnv, v)
 	}
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
-		return nil
+		return nil, fmt.Errorf("channel descriptor %d: %w", fd, err)
 	}
-	unix.CloseOnExec(fd)
-	return os.NewFile(uintptr(fd), "ready")
+	for _, kept := range []int{protocol.NodeChannelFD, protocol.LogReadFD} {
+		if kept != fd {
+			unix.CloseOnExec(kept)
+		}
+	}
+	return protocol.NewChannelListener(fd)
 }
 
 func socketFromEnv() string {
@@ -165,36 +230,56 @@ func socketFromEnv() string {
 	return protocol.SocketPath
 }
 
-// Run serves until the guest powers off (nil) or ctx ends (ctx.Err()).
+// dropWriter writes to a non-blocking descriptor and drops what does not
+// fit at once: the agent never waits for its log.
+type dropWriter struct{ fd int }
+
+func (w dropWriter) Write(p []byte) (int, error) {
+	_, _ = unix.Write(w.fd, p)
+	return len(p), nil
+}
+
+// Run serves until the guest powers off (nil; with a channel it then waits
+// for the node to end it) or ctx ends (ctx.Err()). It forks and reaps on its
+// own goroutine, locked to its thread (see reaper).
 func (a *Agent) Run(ctx context.Context) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	a.looping.Store(true)
+	defer close(a.loopDone)
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, unix.SIGCHLD, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGPWR, unix.SIGUSR1, unix.SIGUSR2)
 	defer signal.Stop(sigs)
+	// A write to a closed pipe is an error, not the end of PID 1 (Notify,
+	// unlike Ignore, leaves the default to the commands it starts).
+	pipes := make(chan os.Signal, 1)
+	signal.Notify(pipes, unix.SIGPIPE)
+	defer signal.Stop(pipes)
 	if a.pid1 {
 		unix.Umask(0o022)
 		_ = os.Chdir("/")
 	}
-	_ = os.Remove(a.cfg.SocketPath)
-	ln, err := net.Listen("unix", a.cfg.SocketPath)
-	if err != nil {
-		return err
+	var ln net.Listener
+	if a.cfg.Channel != nil {
+		ln = a.cfg.Channel
+	} else {
+		_ = os.Remove(a.cfg.SocketPath)
+		l, err := net.Listen("unix", a.cfg.SocketPath)
+		if err != nil {
+			return err
+		}
+		_ = os.Chmod(a.cfg.SocketPath, 0o600)
+		ln = l
 	}
-	_ = os.Chmod(a.cfg.SocketPath, 0o600)
 	a.mu.Lock()
 	a.ln = ln
 	a.mu.Unlock()
 	go a.accept(ln)
-	// Signal first, log after: the node waits for the signal (its start
-	// is on a user's critical path), nobody waits for the log line.
-	if a.cfg.Ready != nil {
-		_, _ = a.cfg.Ready.Write([]byte{protocol.ReadyByte})
-		_ = a.cfg.Ready.Close()
-		a.cfg.Ready = nil
-	}
-	a.log.Info("guest agent ready", "socket", a.cfg.SocketPath, "pid1", a.pid1)
+	a.log.Info("guest agent ready", "channel", a.cfg.Channel != nil, "pid1", a.pid1)
 
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
+	done := a.done
 	for {
 		select {
 		case sig := <-sigs:
@@ -203,14 +288,36 @@ func (a *Agent) Run(ctx context.Context) error {
 				continue
 			}
 			go a.poweroff("signal " + unix.SignalName(sig.(syscall.Signal)))
+		case fn := <-a.loop:
+			fn()
 		case <-tick.C:
 			a.reaper.reap() // a safety net for coalesced SIGCHLDs
-		case <-a.done:
-			return nil
+		case <-done:
+			if a.cfg.Channel == nil {
+				return nil
+			}
+			// Powered off: the node ends the execution once it has read
+			// the notice; meanwhile keep reaping.
+			done = nil
 		case <-ctx.Done():
 			a.closeListener()
 			return ctx.Err()
 		}
+	}
+}
+
+// onLoop runs fn on Run's goroutine (directly when Run does not run).
+func (a *Agent) onLoop(fn func()) {
+	if !a.looping.Load() {
+		fn()
+		return
+	}
+	ran := make(chan struct{})
+	select {
+	case a.loop <- func() { fn(); close(ran) }:
+		<-ran
+	case <-a.loopDone:
+		fn()
 	}
 }
 
@@ -243,14 +350,14 @@ func (a *Agent) serveConn(c net.Conn) {
 	br := bufio.NewReader(c)
 	for {
 		var req protocol.Request
-		if err := protocol.ReadMessage(br, &req); err != nil {
+		if err := protocol.ReadMessage(br, &req, protocol.MaxRequest); err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				_ = protocol.WriteMessage(c, protocol.Response{Error: err.Error()})
+				a.reply(c, protocol.Response{Error: err.Error()})
 			}
 			return
 		}
 		resp := a.handle(req)
-		if err := protocol.WriteMessage(c, resp); err != nil {
+		if err := a.reply(c, resp); err != nil {
 			return
 		}
 		if req.Op == protocol.OpShutdown && resp.OK {
@@ -258,6 +365,26 @@ func (a *Agent) serveConn(c net.Conn) {
 			return
 		}
 	}
+}
+
+// reply sends resp, its free text clipped so that it fits
+// protocol.MaxResponse (an answer that still does not is replaced by an
+// error).
+func (a *Agent) reply(c net.Conn, resp protocol.Response) error {
+	resp.Error = protocol.Clip(resp.Error, protocol.MaxText)
+	resp.Message = protocol.Clip(resp.Message, protocol.MaxText)
+	if len(resp.Synced) > 64 {
+		resp.Synced = resp.Synced[:64]
+	}
+	for i, s := range resp.Synced {
+		resp.Synced[i] = protocol.Clip(s, 256)
+	}
+	err := protocol.WriteMessage(c, resp, protocol.MaxResponse)
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		a.log.Warn("reply", "err", err)
+		return protocol.WriteMessage(c, protocol.Response{Error: protocol.Clip(err.Error(), protocol.MaxText)}, protocol.MaxResponse)
+	}
+	return err
 }
 
 func (a *Agent) handle(req protocol.Request) protocol.Response {
@@ -295,26 +422,30 @@ func (a *Agent) handle(req protocol.Request) protocol.Response {
 		}
 		return protocol.Response{OK: true, Exec: res}
 	default:
-		return protocol.Response{Error: fmt.Sprintf("unknown op %q", req.Op)}
+		return protocol.Response{Error: fmt.Sprintf("unknown op %q", protocol.Clip(string(req.Op), 64))}
 	}
 }
 
-// poweroff ends every process, writes back, leaves the marker and ends Run.
+// poweroff ends every process, writes back and tells the node (with a
+// channel) or ends Run (without).
 func (a *Agent) poweroff(reason string) {
 	a.once.Do(func() {
 		a.mu.Lock()
 		a.stopping = true
 		a.mu.Unlock()
 		a.log.Info("powering off", "reason", reason)
-		a.closeListener()
+		if a.cfg.Channel == nil {
+			a.closeListener()
+		}
 		a.endProcesses()
 		synced, err := a.Writeback()
 		if err != nil {
 			a.log.Error("writeback at power-off", "err", err, "synced", synced)
 		}
-		marker := filepath.Join(filepath.Dir(a.cfg.SocketPath), protocol.PoweroffMarker)
-		if err := writeFileSync(marker, []byte(reason+"\n")); err != nil {
-			a.log.Error("power-off marker", "err", err)
+		if a.cfg.Channel != nil {
+			if err := a.cfg.Channel.Notify(protocol.NoticePoweroff, reason, 10*time.Second); err != nil {
+				a.log.Error("power-off notice", "err", err)
+			}
 		}
 		close(a.done)
 	})
@@ -324,6 +455,11 @@ func (a *Agent) poweroff(reason string) {
 // up to ShutdownGrace for them to end, then SIGKILLs the rest. Outside PID 1
 // (tests) it only ends the agent's own children.
 func (a *Agent) endProcesses() {
+	remain := func() bool {
+		var left bool
+		a.onLoop(func() { left = a.reaper.reap() })
+		return left
+	}
 	if !a.pid1 {
 		a.reaper.signalAll(unix.SIGKILL)
 		return
@@ -331,32 +467,16 @@ func (a *Agent) endProcesses() {
 	_ = unix.Kill(-1, unix.SIGTERM)
 	deadline := time.Now().Add(a.cfg.ShutdownGrace)
 	for time.Now().Before(deadline) {
-		if !a.reaper.reap() {
+		if !remain() {
 			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	_ = unix.Kill(-1, unix.SIGKILL)
 	deadline = time.Now().Add(2 * time.Second)
-	for time.Now().Before(deadline) && a.reaper.reap() {
+	for time.Now().Before(deadline) && remain() {
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-func writeFileSync(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_CLOEXEC, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }
 
 // storageFS are the filesystem types whose data a writeback must flush.
@@ -367,7 +487,7 @@ var storageFS = map[string]bool{
 
 // Writeback flushes the writable layer ("/") and every other storage
 // filesystem mounted whole in the workspace (future Volumes) with syncfs(2).
-// The runtime's bind mounts under protocol.GuestDir (host directories) are
+// Mounts under protocol.GuestDir (host directories in listening mode) are
 // skipped: flushing them would flush the host's filesystem.
 func (a *Agent) Writeback() ([]string, error) {
 	targets := []string{a.cfg.DiskPath}

@@ -4,10 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,6 +20,44 @@ import (
 
 	"github.com/kibotos/kibotos/internal/guest/protocol"
 )
+
+func TestMain(m *testing.M) {
+	// As a command of TestReaperDetachesTracee: make the parent (the
+	// agent) this process's tracer, then exec.
+	if argv := os.Getenv("KIBOTOS_TEST_TRACEME"); argv != "" {
+		runtime.LockOSThread()
+		if _, _, errno := syscall.RawSyscall(syscall.SYS_PTRACE, syscall.PTRACE_TRACEME, 0, 0); errno != 0 {
+			fmt.Fprintln(os.Stderr, "PTRACE_TRACEME:", errno)
+			os.Exit(100)
+		}
+		args := strings.Split(argv, "|")
+		err := syscall.Exec(args[0], args, []string{"PATH=/usr/bin:/bin"})
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(101)
+	}
+	os.Exit(m.Run())
+}
+
+// TestReaperDetachesTracee: a command that makes the agent its tracer
+// (PTRACE_TRACEME) stops at its exec; the reaper detaches it instead of
+// taking the stop for its end, and the command's exit is its own.
+func TestReaperDetachesTracee(t *testing.T) {
+	_, sock, _ := startAgent(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	shell, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip(err)
+	}
+	resp := do(t, sock, protocol.Request{Op: protocol.OpExec, TimeoutMillis: 10000, Exec: &protocol.ExecRequest{
+		Argv: []string{self}, Env: []string{"KIBOTOS_TEST_TRACEME=" + shell + "|-c|exit 7"},
+	}})
+	if resp.Exec == nil || resp.Exec.ExitCode != 7 || resp.Exec.TimedOut {
+		t.Fatalf("a command that traces itself: %+v", resp.Exec)
+	}
+}
 
 // startAgent runs an agent (not PID 1: it execs directly and only reaps
 // its own children) on a socket in a temporary directory.
@@ -108,7 +150,7 @@ func TestAgentPingExecWriteback(t *testing.T) {
 		t.Errorf("stdin/env/dir: %q", got)
 	}
 	// Output is bounded.
-	if r := execIn(t, sock, 0, "head", "-c", "17000000", "/dev/zero"); len(r.Stdout) != protocol.MaxExecOutput || !r.Truncated {
+	if r := execIn(t, sock, 0, "head", "-c", strconv.Itoa(protocol.MaxExecOutput+1000), "/dev/zero"); len(r.Stdout) != protocol.MaxExecOutput || !r.Truncated {
 		t.Errorf("big output: %d bytes, truncated=%v", len(r.Stdout), r.Truncated)
 	}
 	wb := do(t, sock, protocol.Request{Op: protocol.OpWriteback})
@@ -156,39 +198,63 @@ func TestAgentShutdown(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("agent did not power off")
 	}
-	b, err := os.ReadFile(filepath.Join(filepath.Dir(sock), protocol.PoweroffMarker))
-	if err != nil || !bytes.Contains(b, []byte("shutdown")) {
-		t.Errorf("marker: %q %v", b, err)
-	}
 }
 
 func TestProtocolFraming(t *testing.T) {
 	var buf bytes.Buffer
 	in := protocol.Response{OK: true, Exec: &protocol.ExecResult{Stdout: []byte("a\nb\n\x00"), ExitCode: 2}}
-	if err := protocol.WriteMessage(&buf, in); err != nil {
+	if err := protocol.WriteMessage(&buf, in, protocol.MaxResponse); err != nil {
 		t.Fatal(err)
 	}
 	if n := bytes.Count(buf.Bytes(), []byte("\n")); n != 1 {
 		t.Fatalf("%d newlines in one message", n)
 	}
 	var out protocol.Response
-	if err := protocol.ReadMessage(bufio.NewReader(&buf), &out); err != nil {
+	if err := protocol.ReadMessage(bufio.NewReader(&buf), &out, protocol.MaxResponse); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(out.Exec.Stdout, in.Exec.Stdout) || out.Exec.ExitCode != 2 {
 		t.Errorf("round trip: %+v", out.Exec)
 	}
 	// Unknown fields are refused: both sides ship together.
-	if err := protocol.ReadMessage(bufio.NewReader(strings.NewReader(`{"op":"ping","x":1}`+"\n")), &protocol.Request{}); err == nil {
+	if err := protocol.ReadMessage(bufio.NewReader(strings.NewReader(`{"op":"ping","x":1}`+"\n")), &protocol.Request{}, protocol.MaxRequest); err == nil {
 		t.Error("unknown field accepted")
 	}
 	// A truncated line is an error, EOF alone is io.EOF.
-	if err := protocol.ReadMessage(bufio.NewReader(strings.NewReader(`{"op":"pi`)), &protocol.Request{}); err == nil {
+	if err := protocol.ReadMessage(bufio.NewReader(strings.NewReader(`{"op":"pi`)), &protocol.Request{}, protocol.MaxRequest); err == nil {
 		t.Error("truncated message accepted")
 	}
-	if err := protocol.ReadMessage(bufio.NewReader(strings.NewReader("")), &protocol.Request{}); err != io.EOF {
+	if err := protocol.ReadMessage(bufio.NewReader(strings.NewReader("")), &protocol.Request{}, protocol.MaxRequest); err != io.EOF {
 		t.Errorf("empty stream: %v", err)
 	}
+	// A line past its bound is refused once the bound is read, whether it
+	// ends or not.
+	for _, tail := range []string{"\n", ""} {
+		long := `{"message":"` + strings.Repeat("x", protocol.MaxResponse) + `"}` + tail
+		r := &countingReader{r: strings.NewReader(long + strings.Repeat("y", 10<<20))}
+		err := protocol.ReadMessage(bufio.NewReaderSize(r, 4096), &protocol.Response{}, protocol.MaxResponse)
+		if !errors.Is(err, protocol.ErrTooLong) {
+			t.Errorf("long line: %v", err)
+		}
+		if r.n > protocol.MaxResponse+8192 {
+			t.Errorf("read %d bytes of a line bounded at %d", r.n, protocol.MaxResponse)
+		}
+	}
+	// Both sides clip free text on a UTF-8 boundary.
+	if got := protocol.Clip(strings.Repeat("é", 1000), 11); got != "éééé…" {
+		t.Errorf("Clip = %q", got)
+	}
+}
+
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
 }
 
 func TestDialLongPath(t *testing.T) {
@@ -283,57 +349,84 @@ func TestDiskPressureMeasurable(t *testing.T) {
 	}
 }
 
-// TestReadySignal: the agent writes protocol.ReadyByte to its ready
-// descriptor and closes it once it listens; ReadyFromEnv takes the
-// descriptor from the environment and removes the variable.
-func TestReadySignal(t *testing.T) {
-	r, w, err := os.Pipe()
+// TestChannel: the agent serves the connections the node sends over its
+// channel, and a power-off is a notice on it; the agent keeps serving
+// (with a channel it waits for the node to end it).
+func TestChannel(t *testing.T) {
+	node, guestEnd, err := protocol.NewChannel()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
-	fd, err := syscall.Dup(int(w.Fd())) // owned by ReadyFromEnv from now on
-	w.Close()
+	nc := protocol.NewNodeChannel(node)
+	defer nc.Close()
+	fd, err := syscall.Dup(int(guestEnd.Fd())) // owned by the listener from now on
+	guestEnd.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(protocol.ReadyFDEnv, strconv.Itoa(fd))
-	ready := ReadyFromEnv()
-	if ready == nil {
-		t.Fatal("ReadyFromEnv: nil")
+	t.Setenv(protocol.ChannelFDEnv, strconv.Itoa(fd))
+	ln, err := ChannelFromEnv()
+	if err != nil || ln == nil {
+		t.Fatalf("ChannelFromEnv: %v %v", ln, err)
 	}
-	if _, ok := os.LookupEnv(protocol.ReadyFDEnv); ok {
-		t.Fatalf("%s is still set", protocol.ReadyFDEnv)
+	if _, ok := os.LookupEnv(protocol.ChannelFDEnv); ok {
+		t.Fatalf("%s is still set", protocol.ChannelFDEnv)
 	}
 	dir := t.TempDir()
-	sock := filepath.Join(dir, "guest.sock")
-	a := New(Config{
-		SocketPath: sock,
-		CgroupRoot: filepath.Join(dir, "no-cgroup"),
-		DiskPath:   dir,
-		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Ready:      ready,
-	})
+	a := New(Config{Channel: ln, CgroupRoot: filepath.Join(dir, "no-cgroup"), DiskPath: dir,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	ctx, cancel := context.WithCancel(context.Background())
-	finished := make(chan struct{})
-	go func() { _ = a.Run(ctx); close(finished) }()
+	finished := make(chan error, 1)
+	go func() { finished <- a.Run(ctx) }()
 	defer func() { cancel(); <-finished }()
-	_ = r.SetReadDeadline(time.Now().Add(5 * time.Second))
-	b, err := io.ReadAll(r) // EOF: the agent closed it (w was its only copy)
-	if err != nil {
-		t.Fatal(err)
+
+	call := func(req protocol.Request) protocol.Response {
+		t.Helper()
+		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer ccancel()
+		conn, err := nc.Dial(cctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		resp, err := protocol.Call(cctx, conn, req)
+		if err != nil {
+			t.Fatalf("%s: %v", req.Op, err)
+		}
+		return resp
 	}
-	if string(b) != string(rune(protocol.ReadyByte)) {
-		t.Fatalf("ready pipe: %q", b)
-	}
-	if _, err := os.Stat(sock); err != nil {
-		t.Fatalf("signalled ready before listening: %v", err)
-	}
-	if resp := do(t, sock, protocol.Request{Op: protocol.OpPing}); !resp.OK {
+	if resp := call(protocol.Request{Op: protocol.OpPing}); !resp.OK || resp.Condition != protocol.ConditionReady {
 		t.Fatalf("ping: %+v", resp)
 	}
-	t.Setenv(protocol.ReadyFDEnv, "x")
-	if ReadyFromEnv() != nil {
-		t.Fatal("ReadyFromEnv accepted a bad descriptor")
+	if resp := call(protocol.Request{Op: protocol.OpExec, Exec: &protocol.ExecRequest{Argv: []string{"echo", "hi"}}}); resp.Exec == nil || string(resp.Exec.Stdout) != "hi\n" {
+		t.Fatalf("exec: %+v", resp)
+	}
+	// No notice before the power-off.
+	if kind, _, err := nc.ReadNotice(false); kind != 0 || err != nil {
+		t.Fatalf("notice before power-off: %q %v", kind, err)
+	}
+	if resp := call(protocol.Request{Op: protocol.OpShutdown}); !resp.OK {
+		t.Fatalf("shutdown: %+v", resp)
+	}
+	got := make(chan string, 1)
+	go func() {
+		kind, payload, err := nc.ReadNotice(true)
+		got <- fmt.Sprintf("%c %s %v", kind, payload, err)
+	}()
+	select {
+	case n := <-got:
+		if n != "P requested by shutdown <nil>" {
+			t.Fatalf("notice: %q", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no power-off notice")
+	}
+	select {
+	case err := <-finished:
+		t.Fatalf("Run returned after the power-off notice: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if resp := call(protocol.Request{Op: protocol.OpPing}); !resp.OK {
+		t.Fatalf("ping after power-off: %+v", resp)
 	}
 }

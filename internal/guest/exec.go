@@ -46,6 +46,17 @@ func runTrampoline(argv []string) int {
 // reaper owns wait4(-1): it reaps every child (and, as PID 1, every orphan
 // of the workspace) and hands exit statuses to the commands waiting for them.
 //
+// It waits for exits only: no WUNTRACED, so a stopped child is no event.
+// A ptrace stop is the exception — the kernel reports the stops of a
+// tracee to its tracer whatever the flags — and PID 1 becomes a tracer
+// without asking when a child or an orphan calls PTRACE_TRACEME. Such a
+// stop is not an exit: the reaper detaches the tracee (passing on the
+// signal that stopped it, except the SIGTRAP of an exec), and the command
+// runs on. ptrace(2) answers only the tracer thread, the thread that forked
+// the child or, for an orphan, the main thread; so every fork and every
+// wait happens on Run's goroutine, locked to the main thread of PID 1
+// (Agent.onLoop; cmd/kibotos-guest locks main to it).
+//
 // Outside PID 1 (the agent's own tests) it only waits for the pids it
 // started, so that it never steals another child's status.
 type reaper struct {
@@ -78,18 +89,27 @@ func (r *reaper) reap() bool {
 	defer r.mu.Unlock()
 	if !r.all {
 		for pid, ch := range r.waiters {
-			var ws unix.WaitStatus
-			got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
-			if got == pid && err == nil {
-				ch <- ws
-				delete(r.waiters, pid)
+			for {
+				var ws unix.WaitStatus
+				got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+				if got != pid || err != nil {
+					break
+				}
+				if exited(pid, ws) {
+					ch <- ws
+					delete(r.waiters, pid)
+					break
+				}
 			}
 		}
 		return len(r.waiters) > 0
 	}
 	for {
 		var ws unix.WaitStatus
-		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		// __WALL: also the children that report their end with another
+		// signal than SIGCHLD (clone(2) with exit_signal 0), which would
+		// otherwise stay zombies forever.
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL, nil)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
@@ -99,11 +119,40 @@ func (r *reaper) reap() bool {
 		if pid <= 0 {
 			return true
 		}
+		if !exited(pid, ws) {
+			continue
+		}
 		if ch, ok := r.waiters[pid]; ok {
 			ch <- ws
 			delete(r.waiters, pid)
 		}
 	}
+}
+
+// exited reports whether ws is the end of pid. Anything else is a ptrace
+// stop of a tracee of this process (see reaper), which it detaches, or a
+// continue.
+func exited(pid int, ws unix.WaitStatus) bool {
+	if ws.Exited() || ws.Signaled() {
+		return true
+	}
+	if ws.Stopped() {
+		sig := ws.StopSignal()
+		if sig == unix.SIGTRAP {
+			sig = 0
+		}
+		_ = ptraceDetach(pid, sig)
+	}
+	return false
+}
+
+// ptraceDetach is PTRACE_DETACH, restarting the tracee with sig.
+func ptraceDetach(pid int, sig unix.Signal) error {
+	_, _, errno := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_DETACH, uintptr(pid), 0, uintptr(sig), 0, 0)
+	if errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 // signalAll signals the process groups of the commands being waited for.
@@ -191,14 +240,18 @@ func (a *Agent) Exec(ctx context.Context, req *protocol.ExecRequest) (*protocol.
 		Files: []*os.File{stdin, outW, errW},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	}
-	pid, wait, err := a.reaper.start(func() (int, error) {
-		p, err := os.StartProcess(path, argv, attr)
-		if err != nil {
-			return 0, err
-		}
-		pid := p.Pid
-		_ = p.Release()
-		return pid, nil
+	var pid int
+	var wait <-chan unix.WaitStatus
+	a.onLoop(func() {
+		pid, wait, err = a.reaper.start(func() (int, error) {
+			p, err := os.StartProcess(path, argv, attr)
+			if err != nil {
+				return 0, err
+			}
+			pid := p.Pid
+			_ = p.Release()
+			return pid, nil
+		})
 	})
 	stdin.Close()
 	outW.Close()

@@ -1,17 +1,37 @@
 // Package protocol is the node ↔ guest wire protocol of the sandbox runtime.
 //
 // It is internal and may change freely: the node and the guest agent ship
-// together (the node bind-mounts its own kibotos-guest into every execution).
+// together (the node runs its own kibotos-guest in every execution).
 //
-// Transport: a unix stream socket that the guest agent listens on inside the
-// workspace at SocketPath. The node reaches it through the host directory
-// that the runtime bind-mounts at SocketDir. Framing: one JSON object per
-// line ("\n"-terminated, at most MaxMessage bytes). A client writes a Request
+// # Transport
+//
+// The channel is the node's (channel.go): before PID 1 starts, the node
+// makes a pair of connected unix SOCK_SEQPACKET sockets and hands the guest
+// one end as an inherited descriptor (ChannelFD). Each connection the node
+// wants is a fresh unix stream socket pair: it sends one end over the
+// channel (SCM_RIGHTS), and the guest serves it as an accepted connection
+// (ChannelListener). The guest never names a path the node opens, and the
+// node uses nothing the guest sends as a host path. A vsock port of a
+// microVM runtime would replace only the channel: "send a socket over the
+// channel" is the same operation as "connect to the port".
+//
+// The data plane will put connect-go over HTTP/2 on such a connection; the
+// newline-JSON framing below is all that changes then.
+//
+// Outside the sandbox runtime (the agent's own tests, the crun reference of
+// bench/workspacebench) the guest can instead listen on SocketPath, and Dial
+// and Do reach it there; the sandbox runtime never does.
+//
+// # Framing
+//
+// One JSON object per line ("\n"-terminated). A client writes a Request
 // line and reads exactly one Response line; it may send further requests on
 // the same connection, one at a time. Byte slices travel as base64 (the
-// encoding/json default), so a message never contains a raw newline.
+// encoding/json default), so a message never contains a raw newline. A
+// request is at most MaxRequest bytes, a response at most MaxResponse: the
+// reader stops at the bound, so a guest cannot make the node buffer more.
 //
-// Requests:
+// # Requests
 //
 //   - OpPing: the guest answers with its Condition and a Message. A guest
 //     that answers is at least BOOTING; READY once it serves requests.
@@ -22,10 +42,12 @@
 //     Synced lists the mount points it flushed.
 //   - OpShutdown: the guest powers itself off: it answers first, then asks
 //     every process to end (SIGTERM, a short grace, SIGKILL), writes back,
-//     leaves PoweroffMarker in SocketDir and exits.
+//     and tells the node with a power-off notice on the channel
+//     (NoticePoweroff); it then waits for the node to end it.
 //   - OpExec: runs Exec.Argv inside the workspace and answers with its
-//     output and exit code. It is the tests' way to run a command today and
-//     will grow into the data plane.
+//     output (at most MaxExecOutput bytes of each stream) and exit code. It
+//     is the tests' way to run a command today and will grow into the data
+//     plane.
 package protocol
 
 import (
@@ -41,38 +63,43 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 )
 
-// ReadyByte is what the guest agent writes to its ready descriptor.
-const ReadyByte = 'R'
-
-// Paths inside the workspace.
+// Paths inside the workspace, for the guest's listening mode (not used by
+// the sandbox runtime).
 const (
-	// GuestDir holds everything the runtime puts into a workspace.
+	// GuestDir holds what a runtime in listening mode puts into a workspace.
 	GuestDir = "/run/kibotos"
-	// SocketDir is the host directory bind-mounted into the workspace.
+	// SocketDir is the directory the guest listens in.
 	SocketDir = GuestDir + "/sock"
 	// SocketName is the name of the guest's socket in SocketDir.
 	SocketName = "guest.sock"
-	// SocketPath is where the guest agent listens.
+	// SocketPath is where the guest agent listens in listening mode.
 	SocketPath = SocketDir + "/" + SocketName
-	// GuestBinaryPath is where the runtime mounts kibotos-guest (read-only).
+	// GuestBinaryPath is where a runtime in listening mode mounts
+	// kibotos-guest.
 	GuestBinaryPath = GuestDir + "/kibotos-guest"
-	// ReadyFDEnv names the environment variable that hands the guest agent
-	// an inherited file descriptor (the write end of a pipe from the node):
-	// the agent writes ReadyByte to it and closes it once it listens on its
-	// socket, so that the node learns of it without polling. The agent
-	// removes the variable and never passes the descriptor on.
-	ReadyFDEnv = "KIBOTOS_GUEST_READY_FD"
-	// PoweroffMarker is the file the guest leaves in SocketDir when it
-	// powered itself off (not killed). Its content is the reason.
-	PoweroffMarker = "poweroff"
 )
 
-// MaxMessage bounds one line of the protocol.
-const MaxMessage = 64 << 20
+// Bounds of the protocol.
+const (
+	// MaxRequest bounds one request line (the node's; an exec's stdin
+	// travels in it).
+	MaxRequest = 1 << 20
+	// MaxResponse bounds one response line: everything the guest sends
+	// on a connection. The node reads no more.
+	MaxResponse = 64 << 10
+	// MaxExecOutput bounds each of stdout and stderr of an OpExec, so that
+	// both, base64-encoded, fit in MaxResponse.
+	MaxExecOutput = 16 << 10
+	// MaxText bounds the free text of a response (Message, Error, Signal,
+	// each Synced entry): the guest clips to it, and so does the node
+	// before it logs or reports any.
+	MaxText = 1 << 10
+)
 
 // Op names a request.
 type Op string
@@ -98,6 +125,16 @@ const (
 	ConditionDiskPressure   Condition = "DISK_PRESSURE"
 	ConditionMemoryPressure Condition = "MEMORY_PRESSURE"
 )
+
+// Reported reports whether a guest may report c about itself (UNRESPONSIVE
+// is the node's verdict, never the guest's).
+func (c Condition) Reported() bool {
+	switch c {
+	case ConditionReady, ConditionBooting, ConditionDiskPressure, ConditionMemoryPressure:
+		return true
+	}
+	return false
+}
 
 // Request is one request line.
 type Request struct {
@@ -135,9 +172,6 @@ type ExecResult struct {
 	Truncated bool `json:"truncated,omitempty"`
 }
 
-// MaxExecOutput bounds each of stdout and stderr of an OpExec.
-const MaxExecOutput = 16 << 20
-
 // Response is one response line.
 type Response struct {
 	OK    bool   `json:"ok"`
@@ -150,29 +184,51 @@ type Response struct {
 	Exec   *ExecResult `json:"exec,omitempty"`
 }
 
-// WriteMessage writes v as one line.
-func WriteMessage(w io.Writer, v any) error {
+// Clip returns s cut to at most n bytes, on a UTF-8 boundary, with "…"
+// when something was cut.
+func Clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const ell = "…"
+	cut := n - len(ell)
+	if cut < 0 {
+		cut = 0
+	}
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ell
+}
+
+// WriteMessage writes v as one line of at most max bytes.
+func WriteMessage(w io.Writer, v any, max int) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	if len(b)+1 > MaxMessage {
-		return fmt.Errorf("protocol: message of %d bytes exceeds %d", len(b), MaxMessage)
+	if len(b)+1 > max {
+		return fmt.Errorf("protocol: message of %d bytes exceeds %d", len(b)+1, max)
 	}
 	b = append(b, '\n')
 	_, err = w.Write(b)
 	return err
 }
 
-// ReadMessage reads one line into v.
-func ReadMessage(r *bufio.Reader, v any) error {
+// ErrTooLong: a line went past its bound. The reader has consumed at most
+// the bound, and the connection is of no further use.
+var ErrTooLong = errors.New("protocol: message exceeds its bound")
+
+// ReadMessage reads one line of at most max bytes into v. It never
+// buffers more than max bytes (plus bufio's buffer).
+func ReadMessage(r *bufio.Reader, v any, max int) error {
 	var buf []byte
 	for {
 		chunk, err := r.ReadSlice('\n')
-		buf = append(buf, chunk...)
-		if len(buf) > MaxMessage {
-			return fmt.Errorf("protocol: message exceeds %d bytes", MaxMessage)
+		if len(buf)+len(chunk) > max {
+			return fmt.Errorf("%w (%d bytes)", ErrTooLong, max)
 		}
+		buf = append(buf, chunk...)
 		if err == nil {
 			break
 		}
@@ -192,8 +248,43 @@ func ReadMessage(r *bufio.Reader, v any) error {
 	return nil
 }
 
-// Dial connects to the guest socket at path. Paths longer than a sockaddr_un
-// can hold are reached through their directory (/proc/self/fd/N/name).
+// Call sends req on conn and reads the response (at most MaxResponse
+// bytes), bounded by ctx: without a deadline in ctx, the read has none
+// either, so callers on the node always set one.
+func Call(ctx context.Context, conn net.Conn, req Request) (Response, error) {
+	var resp Response
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	} else {
+		_ = conn.SetDeadline(time.Time{})
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if err := WriteMessage(conn, req, MaxRequest); err != nil {
+		return resp, ctxErr(ctx, err)
+	}
+	if err := ReadMessage(bufio.NewReaderSize(conn, 4096), &resp, MaxResponse); err != nil {
+		return resp, ctxErr(ctx, err)
+	}
+	return resp, nil
+}
+
+// Result turns a response with OK=false into an error carrying its text
+// (clipped to MaxText).
+func Result(op Op, resp Response) error {
+	if resp.OK {
+		return nil
+	}
+	msg := resp.Error
+	if msg == "" {
+		msg = "request failed"
+	}
+	return fmt.Errorf("guest: %s: %s", op, Clip(msg, MaxText))
+}
+
+// Dial connects to a guest listening at path (listening mode). Paths longer
+// than a sockaddr_un can hold are reached through their directory
+// (/proc/self/fd/N/name).
 func Dial(ctx context.Context, path string) (net.Conn, error) {
 	var d net.Dialer
 	if len(path) < 100 {
@@ -208,27 +299,9 @@ func Dial(ctx context.Context, path string) (net.Conn, error) {
 	return d.DialContext(ctx, "unix", short)
 }
 
-// Call sends req on conn and reads the response, bounded by ctx.
-func Call(ctx context.Context, conn net.Conn, req Request) (Response, error) {
-	var resp Response
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
-	} else {
-		_ = conn.SetDeadline(time.Time{})
-	}
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	if err := WriteMessage(conn, req); err != nil {
-		return resp, ctxErr(ctx, err)
-	}
-	if err := ReadMessage(bufio.NewReader(conn), &resp); err != nil {
-		return resp, ctxErr(ctx, err)
-	}
-	return resp, nil
-}
-
-// Do dials path, sends one request and returns the response. A response
-// with OK=false is returned together with an error carrying its text.
+// Do dials a guest listening at path (listening mode), sends one request
+// and returns the response. A response with OK=false is returned together
+// with an error carrying its text.
 func Do(ctx context.Context, path string, req Request) (Response, error) {
 	conn, err := Dial(ctx, path)
 	if err != nil {
@@ -239,14 +312,7 @@ func Do(ctx context.Context, path string, req Request) (Response, error) {
 	if err != nil {
 		return resp, err
 	}
-	if !resp.OK {
-		msg := resp.Error
-		if msg == "" {
-			msg = "request failed"
-		}
-		return resp, fmt.Errorf("guest: %s: %s", req.Op, msg)
-	}
-	return resp, nil
+	return resp, Result(req.Op, resp)
 }
 
 func ctxErr(ctx context.Context, err error) error {

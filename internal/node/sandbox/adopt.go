@@ -8,15 +8,16 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/kibotos/kibotos/internal/guest/protocol"
 )
 
 // Adopt takes over what an earlier Runtime on the same Root left: every
 // recorded execution whose PID 1 still runs (same pid, same start time, same
-// boot) is re-adopted untouched, whatever its guest answers. Executions that
-// ended while no runtime watched are released and reported (EventExited or
-// EventGuestExited); half-started ones (the agent died during Start) and
+// boot) is re-adopted untouched, whatever its guest answers, and the node
+// takes its ends of the guest channel and log back from PID 1 (channel.go).
+// A guest that powered off while no runtime watched waits for this: it is
+// ended, released and reported (EventGuestExited). Executions that ended
+// while no runtime watched are released and reported (EventExited);
+// half-started ones (the agent died during Start) and
 // resources without a record (cgroups, loop devices of this Root's layers,
 // run directories) are released. A state file that cannot be read is
 // reported as an error and its execution left alone.
@@ -86,14 +87,11 @@ func (r *Runtime) adoptOne(ctx context.Context, ws string) error {
 		}
 		return err
 	}
-	if e := r.adoptLocked(st); e != nil {
+	if e, ended := r.adoptLocked(st); e != nil || ended {
 		return nil
 	}
 	wasRunning := st.Phase == phaseRunning
 	kind, msg := EventExited, "the execution exited while the node agent was away"
-	if b, err := os.ReadFile(r.poweroffMarkerPath(ws)); err == nil {
-		kind, msg = EventGuestExited, "the guest powered off: "+strings.TrimSpace(string(b))
-	}
 	rerr := r.releaseLeftovers(ws)
 	if wasRunning {
 		r.log.Info("recorded execution has ended", "workspace_id", ws, "kind", kind)
@@ -105,31 +103,52 @@ func (r *Runtime) adoptOne(ctx context.Context, ws string) error {
 }
 
 // adoptLocked re-adopts a recorded execution whose PID 1 still runs. It
-// returns nil when there is nothing to adopt.
-func (r *Runtime) adoptLocked(st *execState) *execution {
+// returns nil when there is nothing to adopt; ended reports that the guest
+// had powered off meanwhile, and that its execution has been ended,
+// released and reported.
+func (r *Runtime) adoptLocked(st *execState) (e *execution, ended bool) {
 	if st.Phase != phaseRunning || st.BootID != bootID || r.closed() {
-		return nil
+		return nil, false
 	}
 	fd, err := openProcess(st.PID, st.PIDStart)
 	if err != nil || fd < 0 {
-		return nil
+		return nil, false
 	}
-	e := &execution{ws: st.WorkspaceID, st: *st, pidf: os.NewFile(uintptr(fd), "pidfd"), done: make(chan struct{}), cond: GuestBooting}
+	e = &execution{ws: st.WorkspaceID, st: *st, pidf: os.NewFile(uintptr(fd), "pidfd"), done: make(chan struct{}), cond: GuestBooting}
+	ch, logR, terr := takeBack(e.pidf, st)
 	r.mu.Lock()
 	r.execs[e.ws] = e
 	r.mu.Unlock()
 	go r.watch(e)
-	pctx, cancel := context.WithTimeout(r.ctx, r.cfg.HealthTimeout)
-	resp, err := protocol.Do(pctx, r.sockPath(e.ws), protocol.Request{Op: protocol.OpPing})
-	cancel()
-	if err == nil {
+	if ch != nil && r.drainNotices(e, ch) {
+		r.attachGuest(e, ch, logR)
+		rerr := r.killAndRelease(e)
+		msg := "the guest powered off while the node agent was away: " + e.poweroff
+		r.log.Info("recorded execution had powered off", "workspace_id", e.ws, "release_err", rerr)
+		r.emit(Event{Kind: EventGuestExited, WorkspaceID: e.ws, Generation: st.Generation, Message: msg, Err: rerr})
+		return nil, true
+	}
+	r.attachGuest(e, ch, logR)
+	if terr != nil {
+		// The guest closed or replaced what PID 1 kept for the node: it
+		// is unreachable (a forced stop still ends it).
 		e.mu.Lock()
-		e.cond, e.msg = resp.Condition, resp.Message
+		e.cond, e.msg = GuestUnresponsive, "no channel to the guest after the node agent restarted"
 		e.mu.Unlock()
+		r.log.Warn("re-adopted without the guest's channel or log", "workspace_id", e.ws, "err", terr)
+	} else {
+		pctx, cancel := context.WithTimeout(r.ctx, r.cfg.HealthTimeout)
+		cond, msg, err := r.ping(pctx, e)
+		cancel()
+		if err == nil {
+			e.mu.Lock()
+			e.cond, e.msg = cond, msg
+			e.mu.Unlock()
+		}
 	}
 	r.startHealth(e)
 	r.log.Info("execution re-adopted", "workspace_id", e.ws, "generation", st.Generation, "pid", st.PID, "guest", e.cond)
-	return e
+	return e, false
 }
 
 // releaseOrphan releases the resources of ws when no execution of it is

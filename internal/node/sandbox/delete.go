@@ -27,7 +27,7 @@ func (r *Runtime) Delete(ctx context.Context, workspaceID string) error {
 		return err
 	}
 	var errs []error
-	for _, p := range []string{r.layerPath(workspaceID), layerTmpPath(r.layerPath(workspaceID)), r.logPath(workspaceID)} {
+	for _, p := range []string{r.layerPath(workspaceID), layerTmpPath(r.layerPath(workspaceID)), r.logPath(workspaceID), r.logPath(workspaceID) + ".1"} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}

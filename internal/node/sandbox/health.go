@@ -43,6 +43,10 @@ func (r *Runtime) stopHealth(e *execution) {
 
 // health pings the guest every HealthInterval and records its condition;
 // after UnresponsiveAfter failed pings in a row the guest is UNRESPONSIVE.
+// A ping fails when the guest does not answer within HealthTimeout, answers
+// more than protocol.MaxResponse, or reports a condition it may not
+// (protocol.Condition.Reported); its message is clipped to
+// protocol.MaxText.
 // A change of condition is an EventCondition, except while e stops.
 func (r *Runtime) health(ctx context.Context, e *execution) {
 	t := time.NewTicker(r.cfg.HealthInterval)
@@ -59,7 +63,7 @@ func (r *Runtime) health(ctx context.Context, e *execution) {
 			continue
 		}
 		pctx, cancel := context.WithTimeout(ctx, r.cfg.HealthTimeout)
-		resp, err := protocol.Do(pctx, r.sockPath(e.ws), protocol.Request{Op: protocol.OpPing})
+		c, m, err := r.ping(pctx, e)
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -68,7 +72,7 @@ func (r *Runtime) health(ctx context.Context, e *execution) {
 		prev := e.cond
 		if err == nil {
 			e.misses = 0
-			e.cond, e.msg = resp.Condition, resp.Message
+			e.cond, e.msg = c, m
 		} else {
 			e.misses++
 			if e.misses >= r.cfg.UnresponsiveAfter {

@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-
-	"github.com/kibotos/kibotos/internal/guest/protocol"
 )
 
 // Where a Runtime keeps things. Under Root:
@@ -17,8 +15,8 @@ import (
 //	layers/<ws>.img          writable layers (<ws>.img.new while one is made)
 //	layer-seeds/<bytes>.img  formatted layer seeds, one per capacity (layerseed.go)
 //	exec/<ws>.json           execution records (state.go)
-//	run/<ws>/                per execution: sock/ (the guest socket), layer/ and root/
-//	logs/<ws>.log            the guest's stdout and stderr
+//	run/<ws>/                per execution: layer/ and root/, the mount points of its shim
+//	logs/<ws>.log            the guest's stdout and stderr (and <ws>.log.1, the one before)
 //
 // and, in each cgroup hierarchy, <CgroupParent>/<root tag>/<ws>.
 
@@ -54,17 +52,6 @@ func (r *Runtime) statePath(ws string) string { return filepath.Join(r.root, "ex
 
 // runDir is Root/run/<ws>, the run directory of ws.
 func (r *Runtime) runDir(ws string) string { return filepath.Join(r.root, "run", ws) }
-
-// sockPath is the guest socket of ws on the host.
-func (r *Runtime) sockPath(ws string) string {
-	return filepath.Join(r.runDir(ws), "sock", protocol.SocketName)
-}
-
-// poweroffMarkerPath is where the guest of ws leaves its reason when it
-// powers itself off (protocol.PoweroffMarker), as seen from the host.
-func (r *Runtime) poweroffMarkerPath(ws string) string {
-	return filepath.Join(r.runDir(ws), "sock", protocol.PoweroffMarker)
-}
 
 // logPath is the guest log of ws.
 func (r *Runtime) logPath(ws string) string { return filepath.Join(r.root, "logs", ws+".log") }

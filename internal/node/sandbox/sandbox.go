@@ -18,17 +18,25 @@
 //     (lo only, up) and cgroup. An init shim (package initshim; by default
 //     kibotos-guest itself, see Config.InitBinary) does all mounts inside the
 //     new mount namespace, pivots into the overlay root and execs
-//     kibotos-guest as PID 1, which tells the node through an inherited
-//     pipe once it listens. No mount of an execution is ever visible on the
-//     host: when its last process ends the kernel unmounts everything and
-//     the loop device detaches itself, so a crashed node leaks no mount.
-//   - Guest socket: Root/run/<ws>/sock on the host is bind-mounted at
-//     /run/kibotos/sock; the guest agent listens there (package
-//     internal/guest/protocol) and the node dials it.
+//     kibotos-guest as PID 1 from the runtime's sealed in-memory copy of it
+//     (a memfd made once in New: nothing of the host's filesystem is
+//     mounted into the workspace for it). No mount of an execution is ever
+//     visible on the host: when its last process ends the kernel unmounts
+//     everything and the loop device detaches itself, so a crashed node
+//     leaks no mount.
+//   - Guest channel (channel.go, package internal/guest/protocol): a pair
+//     of unix sockets the node makes before PID 1 starts; the guest inherits
+//     its end, the node sends it a fresh connection per request. PID 1's
+//     stdout and stderr are a pipe the node copies into Root/logs/<ws>.log
+//     (rotated at 1 MiB, at most 256 KiB/s). PID 1 keeps a copy of the
+//     node's ends so that a restarted node takes them back (pidfd_getfd).
+//     No host directory is mounted writable into the workspace, and the node
+//     reads no path the guest can write.
 //   - State: Root/exec/<ws>.json (atomic writes) records PID 1's pid and
-//     start time, the loop device, the cgroup and the generation. The
-//     processes do not depend on the node (own session, no parent-death
-//     signal), so a restarted node re-adopts them with Adopt.
+//     start time, the loop device, the cgroup, the generation and the
+//     inodes of the channel and the log pipe. The processes do not depend
+//     on the node (own session, no parent-death signal), so a restarted node
+//     re-adopts them with Adopt.
 //
 // # Stopping
 //
@@ -55,6 +63,8 @@
 //     and the release of what an execution held
 //   - delete.go: Delete and Resize
 //   - exec.go: Exec, ExecRequest and Poweroff (requests to the guest)
+//   - channel.go: the guest channel and log on the node's side, their
+//     bounds, and taking them back after a restart
 //   - health.go: guest conditions and the health pings
 //   - events.go: Event and the event queue behind Events
 //   - status.go: Status, Executions and Stats
@@ -74,6 +84,8 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -83,6 +95,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/internal/guest/protocol"
 )
 
 // Config configures a Runtime.
@@ -91,7 +105,8 @@ type Config struct {
 	// holds layers/, exec/, run/ and logs/.
 	Root string
 	// GuestBinary is the static kibotos-guest on the host; every execution
-	// runs it (bind-mounted read-only) as PID 1.
+	// runs it as PID 1, from a sealed copy in memory made when the Runtime
+	// is created (a later change of the file takes a new Runtime).
 	GuestBinary string
 	Log         *slog.Logger
 	// CgroupParent is the cgroup under which executions live ("kibotos").
@@ -124,7 +139,8 @@ type Runtime struct {
 	root   string
 	log    *slog.Logger
 	cg     cgroups
-	cgBase string // CgroupParent/tag
+	cgBase string   // CgroupParent/tag
+	guest  *os.File // the sealed memfd of GuestBinary (initshim.GuestFD)
 
 	// cgMu orders the creation of execution cgroups (which creates cgBase
 	// when missing) against the removal of cgBase once it is empty, so
@@ -156,6 +172,13 @@ type execution struct {
 	forcePending bool
 	stopCancel   context.CancelFunc
 	healthCancel context.CancelFunc
+	// The guest (channel.go): the node's ends of the channel and of the
+	// log pipe (nil when none), the end of the log's copying, and the
+	// reason of a power-off notice.
+	ch       *protocol.NodeChannel
+	logR     *os.File
+	logDone  chan struct{}
+	poweroff string
 }
 
 // New prepares a Runtime. It does not touch running executions: call Adopt.
@@ -210,6 +233,10 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
+	memfd, err := sealedCopy(guest)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Runtime{
 		cfg:    cfg,
@@ -217,6 +244,7 @@ func New(cfg Config) (*Runtime, error) {
 		log:    cfg.Log.With("runtime", "sandbox"),
 		cg:     cg,
 		cgBase: path.Join(cfg.CgroupParent, rootTag(root)),
+		guest:  memfd,
 		execs:  map[string]*execution{},
 		locks:  map[string]chan struct{}{},
 		events: newEventQueue(),
@@ -317,12 +345,48 @@ func (e *execution) signal(sig unix.Signal) {
 func (r *Runtime) Close() error {
 	r.cancel()
 	r.mu.Lock()
+	execs := make([]*execution, 0, len(r.execs))
 	for _, e := range r.execs {
+		execs = append(execs, e)
+	}
+	r.mu.Unlock()
+	for _, e := range execs {
 		if e.pidf != nil {
 			e.pidf.Close() // also wakes the watcher of an adopted execution
 		}
+		e.detachGuest()
 	}
-	r.mu.Unlock()
 	r.events.close()
+	r.guest.Close()
 	return nil
+}
+
+// sealedCopy copies the guest binary into a memfd sealed against every
+// change: the executions run it from there (initshim.GuestFD), so nothing
+// in a workspace refers to a host path of it, and nothing can write it.
+func sealedCopy(path string) (*os.File, error) {
+	src, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: guest binary: %w", err)
+	}
+	defer src.Close()
+	const flags = unix.MFD_CLOEXEC | unix.MFD_ALLOW_SEALING
+	fd, err := unix.MemfdCreate("kibotos-guest", flags|unix.MFD_EXEC)
+	if errors.Is(err, unix.EINVAL) { // before Linux 6.3, every memfd is executable
+		fd, err = unix.MemfdCreate("kibotos-guest", flags)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: an executable memfd for the guest (vm.memfd_noexec must be below 2): %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "kibotos-guest")
+	if _, err := io.Copy(f, src); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("sandbox: copy the guest binary: %w", err)
+	}
+	const seals = unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("sandbox: seal the guest binary's copy: %w", err)
+	}
+	return f, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/kibotos/kibotos/internal/workspace/limits"
 	"io"
 	"os"
 	"os/exec"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/internal/guest/protocol"
+	"github.com/kibotos/kibotos/internal/workspace/limits"
 )
 
 // Start starts an execution for s and returns once its guest agent answers.
@@ -42,7 +42,7 @@ func (r *Runtime) Start(ctx context.Context, s Spec) error {
 			return err
 		}
 	} else if st, err := r.readState(ws); err == nil {
-		if e := r.adoptLocked(st); e != nil {
+		if e, _ := r.adoptLocked(st); e != nil {
 			return nil
 		}
 	}
@@ -60,12 +60,13 @@ func (r *Runtime) Start(ctx context.Context, s Spec) error {
 //  1. startLayer: the writable layer is made in the background meanwhile;
 //  2. newExecState, writeState: the record, phase starting;
 //  3. createCgroup: the cgroup and its limits;
-//  4. prepareRunDir, openLog: a fresh run directory, the guest log;
+//  4. prepareRunDir: a fresh run directory (the mount points);
 //  5. the layer (waited for) is attached to a loop device;
-//  6. openInitPipes, launchShim: the init shim starts in new namespaces,
-//     born in the cgroup when the host allows it;
-//  7. track: the shim is the execution now (pidfd, watcher); a shim not
-//     born in the cgroup is moved there;
+//  6. openInitPipes, openGuestFiles, launchShim: the init shim starts in
+//     new namespaces, born in the cgroup when the host allows it, with the
+//     guest's channel and log pipe;
+//  7. track, attachGuest: the shim is the execution now (pidfd, watcher,
+//     channel, log copy); a shim not born in the cgroup is moved there;
 //  8. configureShim, waitShimSetup: the shim mounts, pivots and execs the
 //     guest;
 //  9. waitGuest: the guest's first answer;
@@ -104,11 +105,6 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrStart, err)
 	}
-	logf, err := openLog(r.logPath(ws))
-	if err != nil {
-		return fmt.Errorf("%w: log: %v", ErrStart, err)
-	}
-	defer logf.Close()
 	lr := layer.wait()
 	if lr.err != nil {
 		return fmt.Errorf("%w: writable layer: %v", ErrStart, lr.err)
@@ -124,13 +120,22 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 		return fmt.Errorf("%w: %v", ErrStart, err)
 	}
 	defer pipes.closeNodeEnds()
-	cmd, joined, startErr := r.launchShim(ws, st.Cgroup, func() *exec.Cmd { return r.shimCmd(logf, loopf, pipes) })
+	gf, err := openGuestFiles()
+	if err != nil {
+		return fmt.Errorf("%w: guest channel: %v", ErrStart, err)
+	}
+	defer gf.close()
+	cmd, joined, startErr := r.launchShim(ws, st.Cgroup, func() *exec.Cmd { return r.shimCmd(gf, loopf, pipes) })
 	pipes.closeShimEnds()
+	gf.closeShimEnds()
 	loopf.Close() // the shim holds the device until its mount does
 	if startErr != nil {
 		return fmt.Errorf("%w: init shim: %v", ErrStart, startErr)
 	}
+	st.ChannelInode, st.LogInode = gf.channelInode, gf.logInode
 	e = r.track(ws, cmd, st)
+	r.attachGuest(e, protocol.NewNodeChannel(gf.node), gf.logR)
+	gf.node, gf.logR = nil, nil // the execution's now
 	// No state file write here: until the guest answers, the record
 	// written before the cgroup (phase starting) is all a restarted node
 	// needs. It releases such a start through the cgroup, and the shim is
@@ -146,11 +151,11 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 	if err := r.configureShim(pipes.cfgW, s, dev, run); err != nil {
 		return fmt.Errorf("%w: configure init shim: %v", ErrStart, err)
 	}
-	if err := waitShimSetup(ctx, pipes.statR); err != nil {
+	if err := r.waitShimSetup(ctx, pipes.statR); err != nil {
 		return err
 	}
 	tExec := time.Now()
-	if err := r.waitGuest(ctx, e, pipes.readyR); err != nil {
+	if err := r.waitGuest(ctx, e); err != nil {
 		return err
 	}
 	if err := r.markRunning(e, st); err != nil {
@@ -231,13 +236,14 @@ func (r *Runtime) createCgroup(rel string, s Spec) error {
 }
 
 // prepareRunDir makes the run directory of ws afresh, with the mount
-// points the shim uses (sock, layer, root), and returns it.
+// points the shim uses (layer, root), and returns it. Nothing is mounted
+// there on the host, and nothing of it is visible in the workspace.
 func (r *Runtime) prepareRunDir(ws string) (string, error) {
 	run := r.runDir(ws)
 	if err := r.removeRunDir(ws); err != nil {
 		return "", err
 	}
-	for _, d := range []string{"sock", "layer", "root"} {
+	for _, d := range []string{"layer", "root"} {
 		if err := os.MkdirAll(filepath.Join(run, d), 0o700); err != nil {
 			return "", err
 		}
@@ -245,12 +251,12 @@ func (r *Runtime) prepareRunDir(ws string) (string, error) {
 	return run, nil
 }
 
-// initPipes connect the node and the init shim. The shim inherits its ends
-// as fds 3 (cfgR), 4 (statW) and 6 (readyW); fd 5 is the loop device.
+// initPipes connect the node and the init shim during its setup. The shim
+// inherits its ends as initshim.ConfigFD (cfgR) and initshim.StatusFD
+// (statW).
 type initPipes struct {
-	cfgR, cfgW     *os.File // the shim's configuration (initConfig, JSON)
-	statR, statW   *os.File // a setup error of the shim; its exec of the guest closes it empty
-	readyR, readyW *os.File // the guest's readiness signal (protocol.ReadyByte)
+	cfgR, cfgW   *os.File // the shim's configuration (initConfig, JSON)
+	statR, statW *os.File // a setup error of the shim; its exec of the guest closes it empty
 }
 
 // openInitPipes opens the pipes; on error none is left open.
@@ -265,13 +271,6 @@ func openInitPipes() (initPipes, error) {
 		p.cfgW.Close()
 		return initPipes{}, err
 	}
-	if p.readyR, p.readyW, err = os.Pipe(); err != nil {
-		p.cfgR.Close()
-		p.statW.Close()
-		p.statR.Close()
-		p.cfgW.Close()
-		return initPipes{}, err
-	}
 	return p, nil
 }
 
@@ -280,28 +279,28 @@ func openInitPipes() (initPipes, error) {
 func (p initPipes) closeShimEnds() {
 	p.cfgR.Close()
 	p.statW.Close()
-	p.readyW.Close()
 }
 
 // closeNodeEnds closes the node's ends (cfgW may be closed already).
 func (p initPipes) closeNodeEnds() {
-	p.readyR.Close()
 	p.statR.Close()
 	p.cfgW.Close()
 }
 
 // shimCmd is the command of the init shim: its own session and new
-// namespaces, its output to the guest log, the pipes and the loop device
-// inherited as fds 3 to 6.
-func (r *Runtime) shimCmd(logf, loopf *os.File, p initPipes) *exec.Cmd {
+// namespaces, its output into the log pipe, and as fds 3 to 9 the guest's
+// channel and what PID 1 keeps of the node's (initshim.ChannelFD,
+// NodeChannelFD, LogReadFD), the pipes, the loop device and the guest
+// binary (initshim.ConfigFD, StatusFD, LoopFD, GuestFD).
+func (r *Runtime) shimCmd(g *guestFiles, loopf *os.File, p initPipes) *exec.Cmd {
 	return &exec.Cmd{
 		Path:       r.cfg.InitBinary,
 		Args:       []string{initArg0},
 		Env:        []string{},
 		Dir:        "/",
-		Stdout:     logf,
-		Stderr:     logf,
-		ExtraFiles: []*os.File{p.cfgR, p.statW, loopf, p.readyW}, // fds 3, 4, 5, 6
+		Stdout:     g.logW,
+		Stderr:     g.logW,
+		ExtraFiles: append(g.shimFiles(), p.cfgR, p.statW, loopf, r.guest),
 		SysProcAttr: &syscall.SysProcAttr{
 			// Own session and no parent-death signal: the execution
 			// outlives the node agent.
@@ -359,8 +358,6 @@ func (r *Runtime) configureShim(w *os.File, s Spec, loopDev, run string) error {
 		LayerMount:    filepath.Join(run, "layer"),
 		RootMount:     filepath.Join(run, "root"),
 		TemplateDir:   s.TemplateDir,
-		SockDir:       filepath.Join(run, "sock"),
-		GuestBinary:   r.cfg.GuestBinary,
 		CgroupVersion: r.cg.version(),
 		TmpfsBytes:    uint64(s.MemoryMiB) * limits.MiB / 2,
 	}
@@ -371,9 +368,12 @@ func (r *Runtime) configureShim(w *os.File, s Spec, loopDev, run string) error {
 	return nil
 }
 
-// waitShimSetup waits for the shim's setup. The shim reports a setup error
-// on the status pipe; a successful exec of the guest closes it empty.
-func waitShimSetup(ctx context.Context, status *os.File) error {
+// waitShimSetup waits for the shim's setup (at most StartTimeout). The
+// shim reports a setup error on the status pipe; a successful exec of the
+// guest closes it empty.
+func (r *Runtime) waitShimSetup(ctx context.Context, status *os.File) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartTimeout)
+	defer cancel()
 	msgc := make(chan []byte, 1)
 	go func() {
 		b, _ := io.ReadAll(io.LimitReader(status, 64<<10))
@@ -383,7 +383,7 @@ func waitShimSetup(ctx context.Context, status *os.File) error {
 	select {
 	case msg = <-msgc:
 	case <-ctx.Done():
-		return ctx.Err()
+		return fmt.Errorf("%w: init shim: %v", ErrStart, ctx.Err())
 	}
 	if len(msg) > 0 {
 		return fmt.Errorf("%w: %s", ErrStart, msg)
@@ -401,18 +401,19 @@ func (r *Runtime) markRunning(e *execution, st *execState) error {
 	return r.writeState(st)
 }
 
-// openLog opens the guest log for appending, emptied first once it passed
-// 4 MiB.
-func openLog(p string) (*os.File, error) {
-	if fi, err := os.Stat(p); err == nil && fi.Size() > 4<<20 {
-		_ = os.Truncate(p, 0)
+// logTail returns the end of e's guest log for error messages, once the
+// log of an ended execution is copied (at most 500 ms).
+func (r *Runtime) logTail(e *execution) string {
+	e.mu.Lock()
+	done := e.logDone
+	e.mu.Unlock()
+	if done != nil {
+		select {
+		case <-done:
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
-	return os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
-}
-
-// logTail returns the end of a guest log for error messages.
-func logTail(p string) string {
-	f, err := os.Open(p)
+	f, err := os.Open(r.logPath(e.ws))
 	if err != nil {
 		return ""
 	}
@@ -430,53 +431,28 @@ func logTail(p string) string {
 	return strings.TrimSpace(string(b[:n]))
 }
 
-// waitGuest waits for the guest's first answer. The guest signals on ready
-// (the read end of its readiness pipe) once it listens; the ping that
-// follows confirms it and reads its condition. Should the pipe end without
-// the signal while the execution lives on, the runtime falls back to
-// retrying the ping (1 ms, then doubling up to 20 ms).
-func (r *Runtime) waitGuest(ctx context.Context, e *execution, ready *os.File) error {
+// waitGuest waits for the guest's first answer (at most StartTimeout): a
+// ping on the channel, which waits in the channel until the guest serves
+// it. The execution's end cuts the wait short.
+func (r *Runtime) waitGuest(ctx context.Context, e *execution) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartTimeout)
 	defer cancel()
-	if ready != nil {
-		readyc := make(chan struct{})
-		go func() {
-			var b [1]byte
-			_, _ = ready.Read(b[:]) // protocol.ReadyByte, or EOF
-			close(readyc)
-		}()
-		select {
-		case <-readyc:
-			// Signalled or not, the ping below decides (an EOF without the
-			// signal usually means the guest died: the loop sees e.done).
-		case <-e.done:
-			return fmt.Errorf("%w: the execution exited before its guest answered: %s", ErrStart, logTail(r.logPath(e.ws)))
-		case <-ctx.Done():
-			return fmt.Errorf("%w: %v (no readiness signal)", ErrGuestNotReady, ctx.Err())
-		}
-	}
-	delay := time.Millisecond
-	var last error
-	for {
-		pctx, pcancel := context.WithTimeout(ctx, time.Second)
-		resp, err := protocol.Do(pctx, r.sockPath(e.ws), protocol.Request{Op: protocol.OpPing})
-		pcancel()
-		if err == nil {
-			e.mu.Lock()
-			e.cond, e.msg = resp.Condition, resp.Message
-			e.mu.Unlock()
-			return nil
-		}
-		last = err
+	go func() {
 		select {
 		case <-e.done:
-			return fmt.Errorf("%w: the execution exited before its guest answered: %s", ErrStart, logTail(r.logPath(e.ws)))
+			cancel()
 		case <-ctx.Done():
-			return fmt.Errorf("%w: %v (last: %v)", ErrGuestNotReady, ctx.Err(), last)
-		case <-time.After(delay):
 		}
-		if delay *= 2; delay > 20*time.Millisecond {
-			delay = 20 * time.Millisecond
-		}
+	}()
+	cond, msg, err := r.ping(ctx, e)
+	if err == nil {
+		e.mu.Lock()
+		e.cond, e.msg = cond, msg
+		e.mu.Unlock()
+		return nil
 	}
+	if !e.alive() {
+		return fmt.Errorf("%w: the execution exited before its guest answered: %s", ErrStart, r.logTail(e))
+	}
+	return fmt.Errorf("%w: %v", ErrGuestNotReady, err)
 }

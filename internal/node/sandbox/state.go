@@ -48,6 +48,12 @@ type execState struct {
 	// BootID is the kernel boot the execution ran in: after a reboot every
 	// recorded execution is gone, whatever its pid says.
 	BootID string `json:"boot_id"`
+	// ChannelInode and LogInode identify the node's end of the guest
+	// channel and the read end of the log pipe, which PID 1 keeps for a
+	// node that restarts (channel.go): a descriptor of PID 1 is taken back
+	// only if it is the same socket or pipe.
+	ChannelInode uint64 `json:"channel_inode,omitempty"`
+	LogInode     uint64 `json:"log_inode,omitempty"`
 }
 
 // writeState replaces the state file atomically. Which crash does each

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -63,7 +62,7 @@ func (r *Runtime) stopLocked(ctx context.Context, ws string, force bool) error {
 	e := r.get(ws)
 	if e == nil {
 		if st, err := r.readState(ws); err == nil {
-			e = r.adoptLocked(st)
+			e, _ = r.adoptLocked(st)
 		}
 	}
 	if e == nil {
@@ -83,7 +82,7 @@ func (r *Runtime) stopLocked(ctx context.Context, ws string, force bool) error {
 			return err
 		}
 	} else {
-		r.writebackBestEffort(ctx, ws)
+		r.writebackBestEffort(ctx, e)
 	}
 	tKill := time.Now()
 	err := r.killAndRelease(e)
@@ -105,7 +104,7 @@ func (r *Runtime) writeback(ctx context.Context, e *execution) error {
 	}
 	e.stopCancel = cancel
 	e.mu.Unlock()
-	_, err := protocol.Do(wctx, r.sockPath(ws), protocol.Request{
+	_, err := r.call(wctx, e, protocol.Request{
 		Op: protocol.OpWriteback, TimeoutMillis: r.cfg.WritebackTimeout.Milliseconds(),
 	})
 	e.mu.Lock()
@@ -124,14 +123,14 @@ func (r *Runtime) writeback(ctx context.Context, e *execution) error {
 
 // writebackBestEffort is a forced stop's writeback: at most
 // ForceWritebackTimeout, and a failure is only logged.
-func (r *Runtime) writebackBestEffort(ctx context.Context, ws string) {
+func (r *Runtime) writebackBestEffort(ctx context.Context, e *execution) {
 	wctx, cancel := context.WithTimeout(ctx, r.cfg.ForceWritebackTimeout)
-	_, err := protocol.Do(wctx, r.sockPath(ws), protocol.Request{
+	_, err := r.call(wctx, e, protocol.Request{
 		Op: protocol.OpWriteback, TimeoutMillis: r.cfg.ForceWritebackTimeout.Milliseconds(),
 	})
 	cancel()
 	if err != nil {
-		r.log.Info("forced stop: best-effort writeback failed", "workspace_id", ws, "err", err)
+		r.log.Info("forced stop: best-effort writeback failed", "workspace_id", e.ws, "err", err)
 	}
 }
 
@@ -211,9 +210,16 @@ func (r *Runtime) onExit(e *execution) {
 	if e.child != nil && e.child.ProcessState != nil {
 		msg = "the execution exited: " + e.child.ProcessState.String()
 	}
-	if b, err := os.ReadFile(r.poweroffMarkerPath(e.ws)); err == nil {
-		kind, msg = EventGuestExited, "the guest powered off: "+strings.TrimSpace(string(b))
+	// A power-off notice may still be queued (the guest sent it just
+	// before it ended): the channel is the node's and outlives PID 1.
+	if ch, err := e.channel(); err == nil {
+		r.drainNotices(e, ch)
 	}
+	e.mu.Lock()
+	if e.poweroff != "" {
+		kind, msg = EventGuestExited, "the guest powered off: "+e.poweroff
+	}
+	e.mu.Unlock()
 	e.mu.Lock()
 	e.stopping = true // nothing else acts on it now
 	e.mu.Unlock()
@@ -237,6 +243,7 @@ func (r *Runtime) releaseLocked(e *execution) error {
 	if e.pidf != nil {
 		e.pidf.Close()
 	}
+	e.detachGuest()
 	return nil
 }
 

@@ -29,19 +29,34 @@ import (
 // (by default kibotos-guest) under this name inside the new namespaces.
 const Arg0 = "kibotos-sandbox-init"
 
-// File descriptors the runtime hands to the init shim.
+// File descriptors the runtime hands to the init shim. The first three
+// are PID 1's for good (package protocol); the shim closes every other
+// descriptor, however it was inherited, at its exec of the guest.
 const (
-	ConfigFD = 3 // read end of a pipe: the Config JSON, then EOF
-	StatusFD = 4 // write end of a pipe: an error message, or EOF at exec
-	LoopFD   = 5 // the attached loop device of the writable layer
-	// ReadyFD is the write end of the readiness pipe: the shim passes
-	// it on to kibotos-guest (protocol.ReadyFDEnv), which writes to it once
-	// it listens.
-	ReadyFD = 6
+	// ChannelFD is the guest's end of the node's channel.
+	ChannelFD = protocol.ChannelFD
+	// NodeChannelFD is the node's end of the channel, kept by PID 1 for
+	// a node that restarts.
+	NodeChannelFD = protocol.NodeChannelFD
+	// LogReadFD is the read end of the log pipe (PID 1's stdout and
+	// stderr), kept by PID 1 for the same reason.
+	LogReadFD = protocol.LogReadFD
+	// ConfigFD is the read end of a pipe: the Config JSON, then EOF.
+	ConfigFD = 6
+	// StatusFD is the write end of a pipe: an error message, or EOF at
+	// the exec of the guest.
+	StatusFD = 7
+	// LoopFD is the attached loop device of the writable layer.
+	LoopFD = 8
+	// GuestFD is the node's sealed, in-memory copy of kibotos-guest
+	// (a memfd), which the shim execs as PID 1: nothing of the host's
+	// filesystem is mounted for it, so no host path shows in the
+	// workspace's mountinfo.
+	GuestFD = 9
 )
 
 // Config is what the runtime tells the init shim (JSON on ConfigFD). All
-// paths are host paths except where noted.
+// paths are host paths.
 type Config struct {
 	WorkspaceID string `json:"workspace_id"`
 	// Loop is the loop device (held open at LoopFD until mounted).
@@ -49,13 +64,9 @@ type Config struct {
 	// LayerMount and RootMount are empty host directories: the writable
 	// layer and the overlay root are mounted there, in the execution's
 	// private mount namespace only.
-	LayerMount  string `json:"layer_mount"`
-	RootMount   string `json:"root_mount"`
-	TemplateDir string `json:"template_dir"`
-	// SockDir is bind-mounted at protocol.SocketDir.
-	SockDir string `json:"sock_dir"`
-	// GuestBinary is bind-mounted read-only at protocol.GuestBinaryPath.
-	GuestBinary   string `json:"guest_binary"`
+	LayerMount    string `json:"layer_mount"`
+	RootMount     string `json:"root_mount"`
+	TemplateDir   string `json:"template_dir"`
 	CgroupVersion int    `json:"cgroup_version"`
 	// TmpfsBytes sizes /tmp and /dev/shm.
 	TmpfsBytes uint64 `json:"tmpfs_bytes"`
@@ -70,12 +81,14 @@ type Config struct {
 // The shim starts as PID 1 of new mount, PID, UTS, IPC and network
 // namespaces (clone flags set by the node), in the execution's cgroup (born
 // there, or placed there by the node before it sends the configuration),
-// and waits for its configuration. It then enters a new cgroup namespace, mounts
-// the writable layer and the overlay root, /proc, /sys (read-only), a
-// minimal /dev, /tmp, /run with the guest socket directory and the guest
-// binary, sets the hostname, brings up lo, pivots into the new root, drops
-// capabilities from the bounding set and execs kibotos-guest, which stays
-// PID 1.
+// and waits for its configuration. It then enters a new cgroup namespace,
+// mounts the writable layer and the overlay root, /proc (sensitive files
+// masked, host-wide knobs read-only), /sys (read-only, firmware masked), a
+// minimal /dev, /tmp and /run, sets the hostname, brings up lo, pivots
+// into the new root, installs the system call filter, sets no_new_privs,
+// drops capabilities from the bounding set and execs kibotos-guest, which
+// stays PID 1, with descriptors 0 to 2 and the three of the channel
+// (ChannelFD, NodeChannelFD, LogReadFD) only.
 func MaybeRun() bool {
 	if len(os.Args) == 0 || os.Args[0] != Arg0 {
 		return false
@@ -93,13 +106,23 @@ func MaybeRun() bool {
 }
 
 func runInit() error {
+	// Nothing of the host's is to be reached through this process while
+	// it sets up (ptrace, /proc/<pid>/fd); the guest sets the same again
+	// after its exec, which resets it.
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	// Whatever the node inherited and left open (a descriptor without
+	// close-on-exec) ends at the exec of the guest; so do the shim's own
+	// (ConfigFD and up). The channel's three stay (keepFDs).
+	if err := closeOnExecFrom(GuestFD + 1); err != nil {
+		return err
+	}
 	unix.Umask(0)
 	unix.CloseOnExec(StatusFD)
 	cf := os.NewFile(ConfigFD, "config")
 	if cf == nil {
 		return errors.New("init: no configuration pipe")
 	}
-	b, err := io.ReadAll(cf)
+	b, err := io.ReadAll(io.LimitReader(cf, 1<<20))
 	cf.Close()
 	if err != nil {
 		return fmt.Errorf("init: read configuration: %w", err)
@@ -128,16 +151,27 @@ func runInit() error {
 	if err := pivot(cfg.RootMount); err != nil {
 		return err
 	}
+	// Stdin was the host's /dev/null; the workspace's own replaces it.
+	if err := stdinDevNull(); err != nil {
+		return err
+	}
 	// PID 1 protects itself from the OOM killer (its commands reset theirs
 	// through the guest's exec trampoline).
 	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-998"), 0)
 	// The system call filter goes on while this process still holds
-	// CAP_SYS_ADMIN (so no_new_privs is not needed), and stays across the
-	// exec of the guest and in everything it starts.
+	// CAP_SYS_ADMIN, and stays across the exec of the guest and in
+	// everything it starts; so does no_new_privs: no setuid or file
+	// capability gains anything in the workspace.
 	if err := seccomp.Install(); err != nil {
 		return fmt.Errorf("init: %w", err)
 	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("init: no_new_privs: %w", err)
+	}
 	if err := dropCapabilities(); err != nil {
+		return err
+	}
+	if err := keepFDs(); err != nil {
 		return err
 	}
 	env := []string{
@@ -146,12 +180,55 @@ func runInit() error {
 		"TERM=dumb",
 		"container=kibotos",
 		"KIBOTOS_WORKSPACE_ID=" + cfg.WorkspaceID,
+		protocol.ChannelFDEnv + "=" + strconv.Itoa(ChannelFD),
 	}
-	if _, err := unix.FcntlInt(ReadyFD, unix.F_GETFD, 0); err == nil {
-		env = append(env, protocol.ReadyFDEnv+"="+strconv.Itoa(ReadyFD))
+	// The memfd, through this process's own /proc (the workspace's now).
+	err = unix.Exec("/proc/self/fd/"+strconv.Itoa(GuestFD), []string{"kibotos-guest"}, env)
+	return fmt.Errorf("init: exec kibotos-guest: %w", err)
+}
+
+// closeOnExecFrom marks every descriptor from first up close-on-exec
+// (close_range(2) with CLOSE_RANGE_CLOEXEC; on kernels before 5.11, one by
+// one from /proc/self/fd).
+func closeOnExecFrom(first int) error {
+	err := unix.CloseRange(uint(first), ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+	if err == nil {
+		return nil
 	}
-	err = unix.Exec(protocol.GuestBinaryPath, []string{"kibotos-guest"}, env)
-	return fmt.Errorf("init: exec %s: %w", protocol.GuestBinaryPath, err)
+	ents, rerr := os.ReadDir("/proc/self/fd")
+	if rerr != nil {
+		return fmt.Errorf("init: close inherited descriptors: %v; %v", err, rerr)
+	}
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd >= first {
+			unix.CloseOnExec(fd)
+		}
+	}
+	return nil
+}
+
+// keepFDs leaves PID 1 exactly 0 to 2 and the channel's three: those
+// inherited, and nothing else, across the exec.
+func keepFDs() error {
+	for _, fd := range []int{ChannelFD, NodeChannelFD, LogReadFD} {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
+			return fmt.Errorf("init: descriptor %d: %w", fd, err)
+		}
+	}
+	return closeOnExecFrom(ConfigFD)
+}
+
+// stdinDevNull makes descriptor 0 the workspace's /dev/null.
+func stdinDevNull() error {
+	fd, err := unix.Open("/dev/null", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("init: /dev/null: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Dup3(fd, 0, 0); err != nil {
+		return fmt.Errorf("init: stdin: %w", err)
+	}
+	return nil
 }
 
 // workspacePath is the PATH of the guest agent.
@@ -200,8 +277,7 @@ func setupRoot(cfg *Config) error {
 			return fmt.Errorf("init: %w", err)
 		}
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off", cfg.TemplateDir, upper, work)
-	if err := mount("overlay", cfg.RootMount, "overlay", unix.MS_NODEV, opts); err != nil {
+	if err := mountOverlay(cfg.RootMount, cfg.TemplateDir, upper, work); err != nil {
 		return err
 	}
 	root := cfg.RootMount
@@ -225,6 +301,9 @@ func setupRoot(cfg *Config) error {
 		return err
 	}
 	mountCgroupFS(filepath.Join(sys, "fs/cgroup"), cfg.CgroupVersion)
+	if err := mask(sys, maskedSys); err != nil {
+		return err
+	}
 
 	// /dev: a small tmpfs with the usual character devices and devpts.
 	dev, err := mountPoint(root, "dev", 0o755)
@@ -273,7 +352,8 @@ func setupRoot(cfg *Config) error {
 		return err
 	}
 
-	// /run: tmpfs with the guest's socket directory and binary.
+	// /run: a small tmpfs of the workspace's own (the runtime puts
+	// nothing there).
 	run, err := mountPoint(root, "run", 0o755)
 	if err != nil {
 		return err
@@ -281,28 +361,24 @@ func setupRoot(cfg *Config) error {
 	if err := mount("tmpfs", run, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=755,size=16m"); err != nil {
 		return err
 	}
-	gdir := filepath.Join(root, protocol.GuestDir)
-	if err := os.MkdirAll(gdir, 0o755); err != nil {
-		return fmt.Errorf("init: %w", err)
+	return nil
+}
+
+// mountOverlay mounts the overlay root on target. Its layers are named by
+// descriptor (/proc/self/fd/N), so that the options the workspace reads in
+// its mountinfo name no host path.
+func mountOverlay(target, lower, upper, work string) error {
+	var names [3]string
+	for i, dir := range []string{lower, upper, work} {
+		fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("init: open %s: %w", dir, err)
+		}
+		defer unix.Close(fd)
+		names[i] = "/proc/self/fd/" + strconv.Itoa(fd)
 	}
-	sock := filepath.Join(root, protocol.SocketDir)
-	if err := os.Mkdir(sock, 0o700); err != nil {
-		return fmt.Errorf("init: %w", err)
-	}
-	if err := mount(cfg.SockDir, sock, "", unix.MS_BIND, ""); err != nil {
-		return err
-	}
-	if err := mount("", sock, "", unix.MS_BIND|unix.MS_REMOUNT|nosuidNodevNoexec, ""); err != nil {
-		return err
-	}
-	bin := filepath.Join(root, protocol.GuestBinaryPath)
-	if err := os.WriteFile(bin, nil, 0o755); err != nil {
-		return fmt.Errorf("init: %w", err)
-	}
-	if err := mount(cfg.GuestBinary, bin, "", unix.MS_BIND, ""); err != nil {
-		return err
-	}
-	return mount("", bin, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, "")
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off", names[0], names[1], names[2])
+	return mount("overlay", target, "overlay", unix.MS_NODEV, opts)
 }
 
 // mountCgroupFS shows the execution's own cgroup (the cgroup namespace's
@@ -324,11 +400,26 @@ func mountCgroupFS(target string, version int) {
 	_ = unix.Mount("", target, "", unix.MS_REMOUNT|flags, "mode=755,size=64k")
 }
 
+// Masked and read-only paths: the OCI runtime's defaults (as runc and
+// containerd apply them), and the /proc files that show the host's kernel
+// memory (kpage*, slabinfo, vmallocinfo, kallsyms). A masked file reads
+// empty (/dev/null over it), a masked directory is an empty read-only
+// tmpfs; a missing path is skipped.
+var (
+	maskedProc = []string{
+		"acpi", "asound", "interrupts", "kcore", "keys", "latency_stats",
+		"timer_list", "timer_stats", "sched_debug", "scsi", "kallsyms",
+		"kpageflags", "kpagecount", "kpagecgroup", "slabinfo", "vmallocinfo",
+	}
+	readOnlyProc = []string{"bus", "fs", "irq", "sys", "sysrq-trigger"}
+	maskedSys    = []string{"firmware", "devices/virtual/powercap"}
+)
+
 // hardenProc makes the host-wide parts of /proc read-only and masks files
 // that expose the host's kernel.
 func hardenProc(proc, dev string) error {
 	const ro = unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
-	for _, p := range []string{"sys", "sysrq-trigger", "irq", "bus", "fs"} {
+	for _, p := range readOnlyProc {
 		t := filepath.Join(proc, p)
 		if _, err := os.Lstat(t); err != nil {
 			continue
@@ -340,13 +431,29 @@ func hardenProc(proc, dev string) error {
 			return err
 		}
 	}
-	for _, p := range []string{"kcore", "keys", "timer_list", "sched_debug", "kallsyms"} {
-		t := filepath.Join(proc, p)
-		if fi, err := os.Lstat(t); err != nil || fi.IsDir() {
+	return maskWith(proc, maskedProc, filepath.Join(dev, "null"))
+}
+
+// mask masks the paths under dir (whose /dev is not at hand: no file of
+// sysfs is masked, only directories).
+func mask(dir string, paths []string) error { return maskWith(dir, paths, "") }
+
+func maskWith(dir string, paths []string, null string) error {
+	const flags = unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	for _, p := range paths {
+		t := filepath.Join(dir, p)
+		fi, err := os.Lstat(t)
+		switch {
+		case err != nil:
 			continue
-		}
-		if err := mount(filepath.Join(dev, "null"), t, "", unix.MS_BIND, ""); err != nil {
-			return err
+		case fi.IsDir():
+			if err := mount("tmpfs", t, "tmpfs", flags, "mode=555,size=4k"); err != nil {
+				return err
+			}
+		case null != "":
+			if err := mount(null, t, "", unix.MS_BIND, ""); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -398,6 +505,16 @@ var keptCapabilities = map[int]bool{
 	unix.CAP_SETUID: true, unix.CAP_SETPCAP: true, unix.CAP_NET_BIND_SERVICE: true,
 	unix.CAP_NET_RAW: true, unix.CAP_SYS_CHROOT: true, unix.CAP_AUDIT_WRITE: true,
 	unix.CAP_SETFCAP: true,
+}
+
+// CapabilityMask is the capability set of a workspace's root as
+// /proc/<pid>/status shows it (CapBnd, and CapEff/CapPrm of root).
+func CapabilityMask() uint64 {
+	var m uint64
+	for c := range keptCapabilities {
+		m |= 1 << uint(c)
+	}
+	return m
 }
 
 func dropCapabilities() error {
