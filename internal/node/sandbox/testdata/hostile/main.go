@@ -1,0 +1,202 @@
+// Command hostile is a helper of the sandbox runtime's hostile tests
+// (hostile_test.go), which build it static. Run inside a workspace, it
+// tries what the workspace's root must not be able to do; run as PID 1 of
+// a workspace (the runtime's GuestBinary), it is a guest that misbehaves,
+// how depending on its workspace ID.
+//
+//	hostile ptrace-attach PID      PTRACE_ATTACH, prints "ok" or the error
+//	hostile pidfd-getfd PID FD     pidfd_getfd, prints "ok" or the error
+//	hostile traceme-exec ARGV...   PTRACE_TRACEME (its parent becomes its tracer), then exec
+//	hostile serve PATH             a unix socket at PATH that answers every request as a guest would
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kibotos/kibotos/internal/guest/protocol"
+)
+
+func init() { runtime.LockOSThread() }
+
+func main() {
+	if os.Getpid() == 1 {
+		guest(os.Getenv("KIBOTOS_WORKSPACE_ID"))
+		return
+	}
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: hostile ptrace-attach|pidfd-getfd|traceme-exec|serve ...")
+		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "ptrace-attach":
+		pid, _ := strconv.Atoi(os.Args[2])
+		report(unix.PtraceAttach(pid))
+	case "pidfd-getfd":
+		pid, _ := strconv.Atoi(os.Args[2])
+		target, _ := strconv.Atoi(os.Args[3])
+		pidfd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			report(err)
+			return
+		}
+		_, err = unix.PidfdGetfd(pidfd, target, 0)
+		report(err)
+	case "traceme-exec":
+		if _, _, errno := unix.RawSyscall(unix.SYS_PTRACE, unix.PTRACE_TRACEME, 0, 0); errno != 0 {
+			report(errno)
+			os.Exit(1)
+		}
+		path, err := exec.LookPath(os.Args[2])
+		if err != nil {
+			report(err)
+			os.Exit(127)
+		}
+		report(syscall.Exec(path, os.Args[2:], os.Environ()))
+		os.Exit(126)
+	case "serve":
+		ln, err := net.Listen("unix", os.Args[2])
+		if err != nil {
+			report(err)
+			os.Exit(1)
+		}
+		fmt.Println("listening")
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go answer(c, `{"ok":true,"condition":"MEMORY_PRESSURE","message":"spoofed"}`)
+		}
+	default:
+		fmt.Fprintln(os.Stderr, "unknown command", os.Args[1])
+		os.Exit(2)
+	}
+}
+
+func report(err error) {
+	if err == nil {
+		fmt.Println("ok")
+		return
+	}
+	fmt.Println(err)
+}
+
+// answer answers every request line on c with line.
+func answer(c net.Conn, line string) {
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for {
+		if _, err := br.ReadString('\n'); err != nil {
+			return
+		}
+		if _, err := c.Write([]byte(line + "\n")); err != nil {
+			return
+		}
+	}
+}
+
+// guest is PID 1: it answers its first request as a good guest (so that the
+// start succeeds) and then misbehaves as its workspace ID says.
+func guest(ws string) {
+	mode := ws[strings.LastIndexByte(ws, '-')+1:]
+	fd, _ := strconv.Atoi(os.Getenv(protocol.ChannelFDEnv))
+	ln, err := protocol.NewChannelListener(fd)
+	if err != nil {
+		fmt.Println("hostile guest:", err)
+		os.Exit(1)
+	}
+	if mode == "swapfds" {
+		// What PID 1 keeps for the node becomes something else.
+		var p [2]int
+		_ = unix.Pipe2(p[:], 0)
+		_ = unix.Dup3(p[0], protocol.LogReadFD, 0)
+		s, _ := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET, 0)
+		_ = unix.Dup3(s[0], protocol.NodeChannelFD, 0)
+	}
+	if mode == "logflood" {
+		go func() {
+			chunk := []byte(strings.Repeat("flood ", 10000) + "\n")
+			for {
+				if _, err := os.Stdout.Write(chunk); err != nil {
+					time.Sleep(time.Millisecond)
+				}
+			}
+		}()
+	}
+	first := true
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		if first {
+			first = false
+			answer1(c)
+			if mode == "notices" {
+				// Power-off notices far past their bound, sent raw.
+				go func() {
+					big := append([]byte{protocol.NoticePoweroff}, strings.Repeat("n", 200<<10)...)
+					for i := 0; i < 100; i++ {
+						for unix.Sendmsg(fd, big, nil, nil, 0) == unix.EAGAIN {
+							time.Sleep(time.Millisecond)
+						}
+					}
+				}()
+			}
+			continue
+		}
+		go misbehave(c, mode)
+	}
+}
+
+// answer1 answers one request as a good guest would.
+func answer1(c net.Conn) {
+	defer c.Close()
+	br := bufio.NewReader(c)
+	if _, err := br.ReadString('\n'); err != nil {
+		return
+	}
+	_, _ = c.Write([]byte(`{"ok":true,"condition":"READY"}` + "\n"))
+}
+
+func misbehave(c net.Conn, mode string) {
+	defer c.Close()
+	br := bufio.NewReader(c)
+	if _, err := br.ReadString('\n'); err != nil {
+		return
+	}
+	switch mode {
+	case "flood": // a line that never ends
+		chunk := []byte(`{"ok":true,"message":"` + strings.Repeat("f", 64<<10))
+		for {
+			if _, err := c.Write(chunk); err != nil {
+				return
+			}
+		}
+	case "huge": // a line of 4 MiB
+		_, _ = c.Write([]byte(`{"ok":true,"condition":"READY","message":"` + strings.Repeat("h", 4<<20) + `"}` + "\n"))
+	case "stall": // no answer, the connection held
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		defer cancel()
+		<-ctx.Done()
+	case "lie": // a condition a guest may not report, a long message
+		_, _ = c.Write([]byte(`{"ok":true,"condition":"UNRESPONSIVE","message":"` + strings.Repeat("l", 50<<10) + `"}` + "\n"))
+	case "longmsg": // a good condition, a long message
+		_, _ = c.Write([]byte(`{"ok":true,"condition":"READY","message":"` + strings.Repeat("m", 50<<10) + `"}` + "\n"))
+	default: // a good guest
+		_, _ = c.Write([]byte(`{"ok":true,"condition":"READY"}` + "\n"))
+	}
+}
