@@ -18,10 +18,11 @@ type initConfig = initshim.Config
 // The shim starts as PID 1 of new mount, PID, UTS, IPC and network
 // namespaces (clone flags set by the node), in the execution's cgroup (born
 // there, or placed there by the node before it sends the configuration),
-// and waits for its configuration. It then enters a new cgroup namespace, mounts
-// the writable layer and the overlay root, /proc, /sys (read-only), a
-// minimal /dev, /tmp, /run with the guest socket directory and the guest
-// binary, sets the hostname, brings up lo, pivots into the new root, drops
-// capabilities from the bounding set and execs kibotos-guest, which stays
-// PID 1.
+// and waits for its configuration. It then enters a new cgroup namespace,
+// mounts the writable layer and the overlay root, /proc and /sys (masked
+// and read-only paths), a minimal /dev, /tmp and /run, sets the hostname,
+// brings up lo, pivots into the new root, installs the system call
+// filter, sets no_new_privs, drops capabilities and execs kibotos-guest
+// from the runtime's memfd, which stays PID 1 with descriptors 0 to 2 and
+// the channel's only (see package initshim).
 func MaybeRunInit() bool { return initshim.MaybeRun() }
