@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -169,7 +170,8 @@ func (c *NodeChannel) ReadNotice(wait bool) (kind byte, payload string, err erro
 // ChannelListener is the guest's end of a channel as a net.Listener: each
 // Accept is a connection the node sent. Notify sends a notice back.
 type ChannelListener struct {
-	f *os.File
+	f      *os.File
+	closed atomic.Bool
 }
 
 // NewChannelListener takes f, the guest's end of a channel, over (and
@@ -199,14 +201,11 @@ func (l *ChannelListener) Accept() (net.Conn, error) {
 			n, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
 			return !errors.Is(rerr, unix.EAGAIN)
 		})
-		if err != nil {
-			if errors.Is(err, os.ErrClosed) {
+		if err != nil || rerr != nil {
+			if l.closed.Load() {
 				return nil, net.ErrClosed
 			}
-			return nil, err
-		}
-		if rerr != nil {
-			return nil, rerr
+			return nil, errors.Join(err, rerr)
 		}
 		if n == 0 && oobn == 0 {
 			return nil, net.ErrClosed // the node's end is closed everywhere
@@ -262,8 +261,11 @@ func (l *ChannelListener) Notify(kind byte, payload string, timeout time.Duratio
 	return serr
 }
 
-// Close stops Accept.
-func (l *ChannelListener) Close() error { return l.f.Close() }
+// Close stops Accept (which then returns net.ErrClosed).
+func (l *ChannelListener) Close() error {
+	l.closed.Store(true)
+	return l.f.Close()
+}
 
 // Addr names the channel.
 func (l *ChannelListener) Addr() net.Addr { return channelAddr{} }
