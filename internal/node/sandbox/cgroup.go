@@ -16,12 +16,17 @@ import (
 // (cgroup v1 keeps the hierarchy's period, 100000 by default).
 const cpuPeriodMicros = 100000
 
-// cgroupLimits are what an execution's cgroup enforces.
+// cgroupLimits are what an execution's cgroup enforces from its creation.
+// Its device list and IO limits name devices and come later
+// (limitDevices, limitIO).
 type cgroupLimits struct {
 	MemoryBytes uint64
 	VCPUs       uint32
 	PidsMax     int
 }
+
+// cgroupWrite is one write to a control file of a cgroup.
+type cgroupWrite struct{ file, line string }
 
 // CgroupStats is what the kernel reports for an execution's cgroup.
 type CgroupStats struct {
@@ -77,12 +82,22 @@ type cgroups interface {
 	// paths returns the cgroup's directories on the host.
 	paths(rel string) []string
 	stats(rel string) (CgroupStats, error)
+	// limitDevices makes allow the cgroup's device list (devices.go):
+	// the devices its processes may open or make, nothing else. On a
+	// cgroup that has a list already, narrowing it never allows less
+	// than both lists for a moment.
+	limitDevices(rel string, allow []deviceRule) error
+	// limitIO sets the IO limits l of the cgroup on the block device dev
+	// (io.go); limits that cap nothing write nothing.
+	limitIO(rel string, dev uint64, l IOLimits) error
 }
 
 // detectCgroups picks v2 when /sys/fs/cgroup is a unified hierarchy
 // (cgroup.controllers exists), otherwise v1 with the hierarchies found in
 // /proc/self/mountinfo. A hybrid host (v1 controllers plus an empty
-// /sys/fs/cgroup/unified) is v1.
+// /sys/fs/cgroup/unified) is v1. memory, cpu and pids are needed, and on v1
+// devices (on v2 the device list is a BPF program); the IO controller
+// (blkio, io) only for IO limits (limitIO fails without it).
 func detectCgroups() (cgroups, error) {
 	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
 		b, err := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
@@ -95,16 +110,19 @@ func detectCgroups() (cgroups, error) {
 				return nil, fmt.Errorf("sandbox: cgroup v2 controller %q is not available at /sys/fs/cgroup", c)
 			}
 		}
-		return &cgroupV2{root: "/sys/fs/cgroup"}, nil
+		return &cgroupV2{root: "/sys/fs/cgroup", io: contains(have, "io")}, nil
 	}
 	mounts, err := v1Mounts()
 	if err != nil {
 		return nil, err
 	}
 	v1 := &cgroupV1{mounts: map[string]string{}}
-	for _, c := range []string{"memory", "cpu", "pids"} {
+	for _, c := range []string{"memory", "cpu", "pids", "devices", "blkio"} {
 		m, ok := mounts[c]
 		if !ok {
+			if c == "blkio" {
+				continue
+			}
 			return nil, fmt.Errorf("sandbox: cgroup v1 controller %q is not mounted", c)
 		}
 		v1.mounts[c] = m

@@ -13,16 +13,23 @@ import (
 	"github.com/kibotos/kibotos/internal/mountinfo"
 )
 
-// cgroupV1 is cgroup v1: one hierarchy per controller (memory, cpu and
-// pids, possibly co-mounted; see v1Mounts), the same relative path made in
-// each. Limits are memory.limit_in_bytes (and memory.memsw.limit_in_bytes),
-// cpu.cfs_quota_us and pids.max; a process is born in its cgroup by forking
-// from a thread moved there (startIn).
+// cgroupV1 is cgroup v1: one hierarchy per controller (memory, cpu, pids,
+// devices and blkio, possibly co-mounted; see v1Mounts), the same relative
+// path made in each. Limits are memory.limit_in_bytes (and
+// memory.memsw.limit_in_bytes), cpu.cfs_quota_us, pids.max, the device
+// list (devices.deny, devices.allow) and blkio.throttle.*_device; a
+// process is born in its cgroup by forking from a thread moved there
+// (startIn).
 type cgroupV1 struct {
-	// mounts maps "memory", "cpu", "pids" to their hierarchy's mount point
-	// (co-mounted controllers share one).
+	// mounts maps "memory", "cpu", "pids", "devices" and, when mounted,
+	// "blkio" to their hierarchy's mount point (co-mounted controllers
+	// share one).
 	mounts map[string]string
 }
+
+// v1Controllers are the controllers the runtime uses on cgroup v1, blkio
+// only when it is mounted.
+var v1Controllers = []string{"memory", "cpu", "pids", "devices", "blkio"}
 
 func (c *cgroupV1) version() int { return 1 }
 
@@ -31,8 +38,8 @@ func (c *cgroupV1) dir(ctl, rel string) string { return filepath.Join(c.mounts[c
 // hierarchies lists each distinct hierarchy once.
 func (c *cgroupV1) hierarchies() []string {
 	var out []string
-	for _, ctl := range []string{"memory", "cpu", "pids"} {
-		if m := c.mounts[ctl]; !contains(out, m) {
+	for _, ctl := range v1Controllers {
+		if m, ok := c.mounts[ctl]; ok && !contains(out, m) {
 			out = append(out, m)
 		}
 	}
@@ -278,6 +285,49 @@ func (c *cgroupV1) stats(rel string) (CgroupStats, error) {
 	s.PidsMax, _ = readMaxInt(filepath.Join(c.dir("pids", rel), "pids.max"))
 	s.PidsCurrent, _ = readMaxInt(filepath.Join(c.dir("pids", rel), "pids.current"))
 	return s, nil
+}
+
+// limitDevices writes the device list: on a fresh cgroup (which allows
+// everything) it denies all, then allows each of allow; otherwise it
+// allows what is missing, then denies what is too much (v1DeviceWrites).
+// It reads the list back: the kernel keeps a child's list within its
+// parent's, and a list other than allow is an error.
+func (c *cgroupV1) limitDevices(rel string, allow []deviceRule) error {
+	d := c.dir("devices", rel)
+	cur, err := readDevicesList(filepath.Join(d, "devices.list"))
+	if err != nil {
+		return fmt.Errorf("sandbox: cgroup v1 devices: %w", err)
+	}
+	for _, w := range v1DeviceWrites(cur, allow) {
+		if err := writeCgroupFile(filepath.Join(d, w.file), w.line); err != nil {
+			return fmt.Errorf("sandbox: cgroup v1 devices: %w", err)
+		}
+	}
+	got, err := readDevicesList(filepath.Join(d, "devices.list"))
+	if err != nil {
+		return fmt.Errorf("sandbox: cgroup v1 devices: %w", err)
+	}
+	if !sameDevices(got, allow) {
+		return fmt.Errorf("sandbox: cgroup v1 devices: %s lists %v, want %v", d, got, allow)
+	}
+	return nil
+}
+
+// limitIO writes the blkio throttle limits of dev.
+func (c *cgroupV1) limitIO(rel string, dev uint64, l IOLimits) error {
+	if l.none() {
+		return nil
+	}
+	if _, ok := c.mounts["blkio"]; !ok {
+		return errors.New("sandbox: IO limits need the cgroup v1 blkio controller, which is not mounted")
+	}
+	d := c.dir("blkio", rel)
+	for _, w := range v1IOWrites(dev, l) {
+		if err := writeCgroupFile(filepath.Join(d, w.file), w.line); err != nil {
+			return fmt.Errorf("sandbox: cgroup v1 blkio: %w", err)
+		}
+	}
+	return nil
 }
 
 // v1Mounts maps each v1 controller to its hierarchy's mount point.

@@ -10,14 +10,23 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
 
 // cgroupV2 is cgroup v2: one unified hierarchy at root (/sys/fs/cgroup).
-// Limits are memory.max (and memory.swap.max 0), cpu.max and pids.max; a
-// process is born in its cgroup with clone3's CLONE_INTO_CGROUP, and
-// cgroup.kill ends them all.
-type cgroupV2 struct{ root string }
+// Limits are memory.max (and memory.swap.max 0), cpu.max, pids.max, io.max
+// and the device list, a BPF_PROG_TYPE_CGROUP_DEVICE program attached to
+// the cgroup; a process is born in its cgroup with clone3's
+// CLONE_INTO_CGROUP, and cgroup.kill ends them all.
+type cgroupV2 struct {
+	root string
+	// io is whether the io controller is available (root's
+	// cgroup.controllers): it is enabled on the way down, and IO limits
+	// need it.
+	io bool
+}
 
 func (c *cgroupV2) version() int { return 2 }
 
@@ -26,9 +35,13 @@ func (c *cgroupV2) dir(rel string) string { return filepath.Join(c.root, rel) }
 func (c *cgroupV2) create(rel string, l cgroupLimits) error {
 	// Enable the controllers on the way down; the parents hold no process.
 	parts := strings.Split(filepath.Clean(rel), "/")
+	ctls := []string{"memory", "cpu", "pids"}
+	if c.io {
+		ctls = append(ctls, "io")
+	}
 	cur := c.root
 	for _, p := range parts {
-		for _, ctl := range []string{"memory", "cpu", "pids"} {
+		for _, ctl := range ctls {
 			if err := writeCgroupFile(filepath.Join(cur, "cgroup.subtree_control"), "+"+ctl); err != nil {
 				return fmt.Errorf("sandbox: cgroup v2: %w", err)
 			}
@@ -138,4 +151,57 @@ func (c *cgroupV2) stats(rel string) (CgroupStats, error) {
 	s.PidsMax, _ = readMaxInt(filepath.Join(d, "pids.max"))
 	s.PidsCurrent, _ = readMaxInt(filepath.Join(d, "pids.current"))
 	return s, nil
+}
+
+// limitDevices attaches the device program of allow (deviceProgram) to the
+// cgroup, as the OCI runtimes do: with BPF_F_ALLOW_MULTI, so that the
+// programs of the cgroup and of its parents must all allow, and with
+// BPF_PROG_ATTACH rather than a BPF link, so that the cgroup holds the
+// program beyond this process. Then it detaches the device programs the
+// cgroup had before (an earlier list): until then both apply, so nothing
+// the new list allows is refused meanwhile, and nothing it refuses is
+// allowed once it is attached.
+func (c *cgroupV2) limitDevices(rel string, allow []deviceRule) error {
+	prog, err := loadDeviceProgram(allow)
+	if err != nil {
+		return fmt.Errorf("sandbox: cgroup v2 device program: %w", err)
+	}
+	defer prog.Close()
+	fd, err := unix.Open(c.dir(rel), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("sandbox: cgroup v2: %w", err)
+	}
+	defer unix.Close(fd)
+	old, err := link.QueryPrograms(link.QueryOptions{Target: fd, Attach: ebpf.AttachCGroupDevice})
+	if err != nil {
+		return fmt.Errorf("sandbox: cgroup v2 device programs of %s: %w", c.dir(rel), err)
+	}
+	if err := link.RawAttachProgram(link.RawAttachProgramOptions{
+		Target: fd, Program: prog, Attach: ebpf.AttachCGroupDevice, Flags: unix.BPF_F_ALLOW_MULTI,
+	}); err != nil {
+		return fmt.Errorf("sandbox: cgroup v2 attach device program to %s: %w", c.dir(rel), err)
+	}
+	for _, p := range old.Programs {
+		op, err := ebpf.NewProgramFromID(p.ID)
+		if err != nil {
+			return fmt.Errorf("sandbox: cgroup v2 device program %d of %s: %w", p.ID, c.dir(rel), err)
+		}
+		err = link.RawDetachProgram(link.RawDetachProgramOptions{Target: fd, Program: op, Attach: ebpf.AttachCGroupDevice})
+		op.Close()
+		if err != nil {
+			return fmt.Errorf("sandbox: cgroup v2 detach device program %d of %s: %w", p.ID, c.dir(rel), err)
+		}
+	}
+	return nil
+}
+
+// limitIO writes io.max for dev.
+func (c *cgroupV2) limitIO(rel string, dev uint64, l IOLimits) error {
+	if l.none() {
+		return nil
+	}
+	if !c.io {
+		return errors.New("sandbox: IO limits need the cgroup v2 io controller, which is not available")
+	}
+	return writeCgroupFile(filepath.Join(c.dir(rel), "io.max"), v2IOMax(dev, l))
 }

@@ -11,7 +11,9 @@
 //     the upper layer of an overlayfs whose lower layer is the read-only
 //     template rootfs.
 //   - Cgroup (v1 or v2, one interface): memory limit (and no swap), CPU
-//     quota of whole vCPUs (ceil(cpu_millis/1000) × period), pids limit. Path
+//     quota of whole vCPUs (ceil(cpu_millis/1000) × period), pids limit,
+//     a device allow-list (devices.go) and IO limits on the writable
+//     layer's loop device (io.go, Config.IO). Path
 //     <CgroupParent>/<root tag>/<ws>, the tag being a hash of Root, so that
 //     two runtimes on one host never touch each other's cgroups.
 //   - Namespaces: mount, PID, UTS (hostname = workspace id), IPC, network
@@ -73,6 +75,8 @@
 //   - paths.go: every path under Root, and the cgroup path
 //   - cgroup.go: the cgroups interface and what both versions share;
 //     cgroup_v1.go and cgroup_v2.go implement it
+//   - devices.go: the device list of an execution's cgroup (and its BPF
+//     program for cgroup v2); io.go: IOLimits
 //   - layer.go, layerseed.go: the writable layer image and its seeds
 //   - loop.go: loop devices
 //   - init.go: the init shim (package initshim)
@@ -131,6 +135,9 @@ type Config struct {
 	UnresponsiveAfter int
 	// DefaultPidsMax applies when a Spec has no PidsMax (1024).
 	DefaultPidsMax int
+	// IO caps each execution's IO on its writable layer (io.go); nil is
+	// DefaultIOLimits, a zero field no cap.
+	IO *IOLimits
 }
 
 // Runtime runs sandbox executions on this host.

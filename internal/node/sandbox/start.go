@@ -61,14 +61,15 @@ func (r *Runtime) Start(ctx context.Context, s Spec) error {
 //  2. newExecState, writeState: the record, phase starting;
 //  3. createCgroup: the cgroup and its limits;
 //  4. prepareRunDir: a fresh run directory (the mount points);
-//  5. the layer (waited for) is attached to a loop device;
+//  5. the layer (waited for) is attached to a loop device; the cgroup's
+//     IO limits and setup device list name it (limitLayerDevice);
 //  6. openInitPipes, openGuestFiles, launchShim: the init shim starts in
 //     new namespaces, born in the cgroup when the host allows it, with the
 //     guest's channel and log pipe;
 //  7. track, attachGuest: the shim is the execution now (pidfd, watcher,
 //     channel, log copy); a shim not born in the cgroup is moved there;
 //  8. configureShim, waitShimSetup: the shim mounts, pivots and execs the
-//     guest;
+//     guest; the device list narrows to the workspace's (devices.go);
 //  9. waitGuest: the guest's first answer;
 //  10. markRunning: the record, phase running; health pings start.
 //
@@ -115,6 +116,9 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 	}
 	defer loopf.Close()
 	st.Loop = dev
+	if err := r.limitLayerDevice(st.Cgroup, dev); err != nil {
+		return fmt.Errorf("%w: cgroup: %v", ErrStart, err)
+	}
 	pipes, err := openInitPipes()
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrStart, err)
@@ -153,6 +157,9 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 	}
 	if err := r.waitShimSetup(ctx, pipes.statR); err != nil {
 		return err
+	}
+	if err := r.cg.limitDevices(st.Cgroup, workspaceDevices); err != nil {
+		return fmt.Errorf("%w: cgroup: %v", ErrStart, err)
 	}
 	tExec := time.Now()
 	if err := r.waitGuest(ctx, e); err != nil {
