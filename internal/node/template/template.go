@@ -12,8 +12,8 @@
 // (passwd, group, shadow, hostname, hosts, profile, os-release), the usual
 // mount points, and a copy of kibotos-guest at
 // /usr/sbin/kibotos-guest (so commands inside can run `kibotos-guest
-// poweroff`; PID 1 itself is the node's guest binary, mounted by the
-// runtime). Its version is a hash of the layout, busybox and the guest, so
+// poweroff`; PID 1 itself is the node's guest binary, which the runtime
+// executes from a sealed in-memory copy). Its version is a hash of the layout, busybox and the guest, so
 // EnsureDefault is cheap when nothing changed and builds a new version when
 // either binary did.
 //
