@@ -41,7 +41,10 @@ type Config struct {
 	// Capacity offered to workspaces; zero values are measured: 80% of
 	// MemTotal, every CPU, the free space of StateDir.
 	MemoryMiB, CPUMillis, StorageBytes uint64
-	Log                                *slog.Logger
+	// IO caps each workspace's IO on its writable layer; nil is
+	// sandbox.DefaultIOLimits.
+	IO  *sandbox.IOLimits
+	Log *slog.Logger
 }
 
 // Run runs the node until ctx is done. Executions keep running when it
@@ -61,7 +64,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := sandbox.CheckTemplateDir(rootfs); err != nil {
 		return fmt.Errorf("default template: %w", err)
 	}
-	rt, err := sandbox.New(sandbox.Config{Root: cfg.StateDir, GuestBinary: cfg.GuestBinary, Log: cfg.Log})
+	rt, err := sandbox.New(sandbox.Config{Root: cfg.StateDir, GuestBinary: cfg.GuestBinary, IO: cfg.IO, Log: cfg.Log})
 	if err != nil {
 		return err
 	}

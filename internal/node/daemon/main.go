@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/kibotos/kibotos/internal/node/sandbox"
 	"io"
 	"log/slog"
 	"os"
@@ -38,6 +39,12 @@ func Main(args []string, stderr io.Writer) int {
 	fs.StringVar(&cfg.Busybox, "busybox", os.Getenv("KIBOTOS_BUSYBOX"), "the static busybox the default template is built from (default: $KIBOTOS_BUSYBOX, else /bin/busybox of Debian's busybox-static)")
 	fs.Uint64Var(&cfg.MemoryMiB, "memory-mib", 0, "memory offered to workspaces (default: 80% of MemTotal)")
 	fs.Uint64Var(&cfg.CPUMillis, "cpu-millis", 0, "CPU offered to workspaces (default: every CPU)")
+	io := sandbox.DefaultIOLimits()
+	cfg.IO = &io
+	fs.Uint64Var(&io.ReadBytesPerSec, "workspace-io-read-bps", io.ReadBytesPerSec, "each workspace's cap on reads from its writable layer, bytes per second (0: none)")
+	fs.Uint64Var(&io.WriteBytesPerSec, "workspace-io-write-bps", io.WriteBytesPerSec, "each workspace's cap on writes to its writable layer, bytes per second (0: none; buffered writes are not throttled on cgroup v1)")
+	fs.Uint64Var(&io.ReadIOPS, "workspace-io-read-iops", io.ReadIOPS, "each workspace's cap on read operations per second on its writable layer (0: none)")
+	fs.Uint64Var(&io.WriteIOPS, "workspace-io-write-iops", io.WriteIOPS, "each workspace's cap on write operations per second on its writable layer (0: none)")
 	fs.StringVar(&lvl, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
