@@ -316,6 +316,18 @@ func Do(ctx context.Context, path string, req Request) (Response, error) {
 }
 
 func ctxErr(ctx context.Context, err error) error {
+	if _, ok := ctx.Deadline(); ok && errors.Is(err, os.ErrDeadlineExceeded) {
+		// The I/O deadline is ctx's own (or set when ctx ended): it can fire
+		// a moment before ctx reports it. Wait for ctx, so that the caller
+		// sees context.DeadlineExceeded either way (bounded, in case a
+		// deadline of another origin fired).
+		t := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
 	if ctx.Err() != nil {
 		return fmt.Errorf("%w (%v)", ctx.Err(), err)
 	}
