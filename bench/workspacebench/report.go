@@ -273,6 +273,10 @@ func (b *bench) reportInsideStart(p printer) {
 		names3[6],
 		"D3. state file #2 (running; file fsync'd, directory not), health checker, log record",
 	}
+	namesChannel := []string{names2[0], names2[1],
+		"D1+D2. kibotos-guest start-up until the runtime's first request on its channel is answered (its readiness wait)",
+		names2[4],
+	}
 	var names []string
 	var segs [][]time.Duration
 	var layerAlone []time.Duration
@@ -281,21 +285,33 @@ func (b *bench) reportInsideStart(p printer) {
 		s := &b.seq[i]
 		st, ok := b.slog.starts[s.ID]
 		ev, ok2 := b.tracer.get(s.ID)
-		if !ok || !ok2 || ev.LayerNew.IsZero() || ev.LayerReady.IsZero() || ev.RunDir.IsZero() || ev.GuestSock.IsZero() || len(ev.StateBegin) < 2 {
+		if !ok || !ok2 || ev.LayerNew.IsZero() || ev.LayerReady.IsZero() || ev.RunDir.IsZero() || len(ev.StateBegin) < 2 {
 			continue
 		}
 		begin, setupEnd, end := st.begin(), st.begin().Add(st.Setup), st.Time
 		var marks []time.Time
-		if len(ev.StateBegin) >= 3 {
+		switch {
+		case ev.GuestSock.IsZero() && len(ev.StateBegin) == 2:
+			// Runtimes whose guest serves on the node's channel create no
+			// socket file: guest start-up and the first answer are one row.
+			marks = []time.Time{begin, ev.RunDir, setupEnd, ev.StateBegin[1], end}
+			layerAlone = append(layerAlone, ev.LayerReady.Sub(ev.LayerNew))
+		case ev.GuestSock.IsZero():
+			continue
+		case len(ev.StateBegin) >= 3:
 			marks = []time.Time{begin, ev.LayerNew, ev.LayerReady, ev.RunDir, ev.StateBegin[1], setupEnd, ev.GuestSock, ev.StateBegin[2], end}
-		} else {
+		default:
 			marks = []time.Time{begin, ev.RunDir, setupEnd, ev.GuestSock, ev.StateBegin[1], end}
 			layerAlone = append(layerAlone, ev.LayerReady.Sub(ev.LayerNew))
 		}
 		if names == nil {
-			names = names3
-			if len(marks) == len(names2)+1 {
+			switch len(marks) - 1 {
+			case len(names3):
+				names = names3
+			case len(names2):
 				names = names2
+			default:
+				names = namesChannel
 			}
 			segs = make([][]time.Duration, len(names))
 		}
@@ -317,7 +333,7 @@ func (b *bench) reportInsideStart(p printer) {
 		d := newDist(segs[j])
 		p("| %s | %s | %s | %s |\n", name, f1(d.p50()), f1(d.p99()), f1(mean(segs[j])))
 	}
-	if len(layerAlone) > 0 && len(names) == len(names2) {
+	if len(layerAlone) > 0 && len(names) != len(names3) {
 		d := newDist(layerAlone)
 		p("| of which, in parallel: layer image created → renamed in (C2 before) | %s | %s | %s |\n", f1(d.p50()), f1(d.p99()), f1(mean(layerAlone)))
 	}

@@ -25,7 +25,9 @@ import (
 //     a third after starting it);
 //   - run/<ws> created (after the cgroup);
 //   - run/<ws>/sock/guest.sock created (kibotos-guest listens: inotify
-//     reports the creation through the execution's bind mount).
+//     reports the creation through the execution's bind mount), by
+//     runtimes before the node owned the guest's channel; later ones
+//     create no socket file.
 //
 // Times are when this process read the event: a busy machine delays them.
 type fsTracer struct {
