@@ -169,7 +169,7 @@ func (c *cgroupV1) startFromThread(rel string, mk func() *exec.Cmd) (cmd *exec.C
 		}
 	}
 	cmd = mk()
-	err = cmd.Start()
+	err = startCmd(cmd)
 	clean = moveBack(moves)
 	if err != nil {
 		return nil, clean, fmt.Errorf("fork from inside the cgroup: %w", err)

@@ -87,7 +87,7 @@ func (c *cgroupV2) startIn(rel string, mk func() *exec.Cmd) (*exec.Cmd, error) {
 	}
 	attr.UseCgroupFD, attr.CgroupFD = true, fd
 	cmd.SysProcAttr = &attr
-	if err := cmd.Start(); err != nil {
+	if err := startCmd(cmd); err != nil {
 		return nil, fmt.Errorf("clone into cgroup: %w", err)
 	}
 	return cmd, nil

@@ -420,7 +420,8 @@ func TestHostileConfinement(t *testing.T) {
 			t.Errorf("%s reads %s bytes (exit %d)", p, strings.TrimSpace(out), code)
 		}
 	}
-	for _, p := range []string{"/proc/acpi", "/proc/scsi", "/proc/asound", "/sys/firmware", "/sys/devices/virtual/powercap"} {
+	for _, p := range []string{"/proc/acpi", "/proc/scsi", "/proc/asound", "/sys/firmware", "/sys/devices/virtual/powercap",
+		"/sys/block", "/sys/devices/virtual/block"} {
 		if out, code := run(t, r, ws, "sh", "-c", "test ! -e "+p+" || ls -A "+p); code != 0 || strings.TrimSpace(out) != "" {
 			t.Errorf("%s lists %q (exit %d)", p, out, code)
 		}
@@ -447,6 +448,11 @@ func TestHostileConfinement(t *testing.T) {
 				t.Errorf("/proc/%s/status: %s is %q, want %q", who, k, fields[k], v)
 			}
 		}
+	}
+
+	// No loop device's backing file (a host path) anywhere in /sys.
+	if out := sh(t, r, ws, "find /sys -name backing_file 2>/dev/null; cat /sys/class/block/loop*/loop/backing_file /sys/dev/block/*/loop/backing_file 2>/dev/null; true"); strings.TrimSpace(out) != "" {
+		t.Errorf("/sys shows loop backing files:\n%s", out)
 	}
 
 	// No host path in the mount table.

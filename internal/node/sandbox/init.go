@@ -15,12 +15,13 @@ type initConfig = initshim.Config
 // must call it first thing in main. kibotos-guest, the default init binary,
 // calls initshim.MaybeRun itself.
 //
-// The shim starts as PID 1 of new mount, PID, UTS, IPC and network
-// namespaces (clone flags set by the node), in the execution's cgroup (born
+// The shim starts as PID 1 of a new user namespace (its ID maps written
+// by the node) and new mount, PID, UTS, IPC and network namespaces that it
+// owns (clone flags set by the node), in the execution's cgroup (born
 // there, or placed there by the node before it sends the configuration),
 // and waits for its configuration. It then enters a new cgroup namespace,
-// mounts the writable layer and the overlay root, /proc and /sys (masked
-// and read-only paths), a minimal /dev, /tmp and /run, sets the hostname,
+// moves the overlay root the node made into place, mounts /proc and /sys
+// (masked and read-only paths), a minimal /dev (the host's devices bound), /tmp and /run, sets the hostname,
 // brings up lo, pivots into the new root, installs the system call
 // filter, sets no_new_privs, drops capabilities and execs kibotos-guest
 // from the runtime's memfd, which stays PID 1 with descriptors 0 to 2 and

@@ -7,19 +7,24 @@
 //   - Writable layer: an ext4 image of exactly CapacityBytes at
 //     Root/layers/<ws>.img, made (sparse: cloned from the formatted seed of
 //     its capacity, or mkfs.ext4) at the first start and kept across stops; attached to a loop device with LO_FLAGS_AUTOCLEAR
-//     (see loop.go) and mounted, with its upper/ and work/ directories, as
-//     the upper layer of an overlayfs whose lower layer is the read-only
-//     template rootfs.
+//     (see loop.go) and mounted by the node as a detached mount (fsmount),
+//     with its upper/ and work/ directories, as the upper layer of an
+//     overlayfs whose lower layer is the read-only template rootfs; both
+//     layers idmapped to the execution's ID range, the overlay handed to the
+//     init shim as a descriptor (userns.go).
 //   - Cgroup (v1 or v2, one interface): memory limit (and no swap), CPU
 //     quota of whole vCPUs (ceil(cpu_millis/1000) × period), pids limit,
 //     a device allow-list (devices.go) and IO limits on the writable
 //     layer's loop device (io.go, Config.IO). Path
 //     <CgroupParent>/<root tag>/<ws>, the tag being a hash of Root, so that
 //     two runtimes on one host never touch each other's cgroups.
-//   - Namespaces: mount, PID, UTS (hostname = workspace id), IPC, network
-//     (lo only, up) and cgroup. An init shim (package initshim; by default
-//     kibotos-guest itself, see Config.InitBinary) does all mounts inside the
-//     new mount namespace, pivots into the overlay root and execs
+//   - Namespaces: user (IDs 0–65535 are a range of host IDs of the
+//     execution's own, from Config.IDBase, recorded with the execution;
+//     userns.go), and owned by it mount, PID, UTS (hostname = workspace
+//     id), IPC, network (lo only, up) and cgroup. An init shim (package
+//     initshim; by default kibotos-guest itself, see Config.InitBinary)
+//     moves the overlay root into its new mount namespace, does the other
+//     mounts there, pivots into the overlay root and execs
 //     kibotos-guest as PID 1 from the runtime's sealed in-memory copy of it
 //     (a memfd made once in New: nothing of the host's filesystem is
 //     mounted into the workspace for it). No mount of an execution is ever
@@ -36,7 +41,7 @@
 //     reads no path the guest can write.
 //   - State: Root/exec/<ws>.json (atomic writes) records PID 1's pid and
 //     start time, the loop device, the cgroup, the generation and the
-//     inodes of the channel and the log pipe. The processes do not depend
+//     inodes of the channel and the log pipe, and the ID range. The processes do not depend
 //     on the node (own session, no parent-death signal), so a restarted node
 //     re-adopts them with Adopt.
 //
@@ -79,6 +84,7 @@
 //     program for cgroup v2); io.go: IOLimits
 //   - layer.go, layerseed.go: the writable layer image and its seeds
 //   - loop.go: loop devices
+//   - userns.go: the ID ranges, the idmapped layers and the overlay root
 //   - init.go: the init shim (package initshim)
 //   - check.go: the start-up checks
 //   - leaks.go: Leaks and Cleanup
@@ -138,6 +144,13 @@ type Config struct {
 	// IO caps each execution's IO on its writable layer (io.go); nil is
 	// DefaultIOLimits, a zero field no cap.
 	IO *IOLimits
+	// IDBase is the first host uid and gid of the executions' ID ranges
+	// (DefaultIDBase, 1,000,000,000): each execution runs in a user
+	// namespace of its own, its IDs 0 to 65535 being a range of
+	// IDsPerExecution host IDs from IDBase (userns.go). IDRanges is how
+	// many ranges there are (4096), the most executions at once.
+	IDBase   uint32
+	IDRanges int
 }
 
 // Runtime runs sandbox executions on this host.
@@ -153,6 +166,11 @@ type Runtime struct {
 	// when missing) against the removal of cgBase once it is empty, so
 	// that a start never loses its parent between mkdir and mkdir.
 	cgMu sync.Mutex
+
+	// idUsed holds the first host ID of every range in use, with its
+	// workspace (userns.go).
+	idMu   sync.Mutex
+	idUsed map[uint32]string
 
 	mu     sync.Mutex
 	execs  map[string]*execution
@@ -218,6 +236,15 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.DefaultPidsMax <= 0 {
 		cfg.DefaultPidsMax = 1024
 	}
+	if cfg.IDBase == 0 {
+		cfg.IDBase = DefaultIDBase
+	}
+	if cfg.IDRanges <= 0 {
+		cfg.IDRanges = 4096
+	}
+	if uint64(cfg.IDBase)+uint64(cfg.IDRanges)*IDsPerExecution > 1<<32-1 {
+		return nil, errors.New("sandbox: Config.IDBase + IDRanges×65536 exceeds the 32-bit ID space")
+	}
 	if os.Geteuid() != 0 {
 		return nil, errors.New("sandbox: the sandbox runtime needs root")
 	}
@@ -252,12 +279,14 @@ func New(cfg Config) (*Runtime, error) {
 		cg:     cg,
 		cgBase: path.Join(cfg.CgroupParent, rootTag(root)),
 		guest:  memfd,
+		idUsed: map[uint32]string{},
 		execs:  map[string]*execution{},
 		locks:  map[string]chan struct{}{},
 		events: newEventQueue(),
 		ctx:    ctx,
 		cancel: cancel,
 	}
+	r.loadIDs()
 	_ = writeFileAtomic(filepath.Join(root, "runtime.json"), map[string]string{"cgroup_parent": cfg.CgroupParent, "cgroup": r.cgBase})
 	return r, nil
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/internal/guest/protocol"
+	"github.com/kibotos/kibotos/internal/node/sandbox/initshim"
 	"github.com/kibotos/kibotos/internal/workspace/limits"
 )
 
@@ -58,18 +60,23 @@ func (r *Runtime) Start(ctx context.Context, s Spec) error {
 // and their order matter, see bench_test.go):
 //
 //  1. startLayer: the writable layer is made in the background meanwhile;
-//  2. newExecState, writeState: the record, phase starting;
+//  2. newExecState, allocIDs, writeState: the record, phase starting,
+//     with the execution's ID range (userns.go);
 //  3. createCgroup: the cgroup and its limits;
 //  4. prepareRunDir: a fresh run directory (the mount points);
-//  5. the layer (waited for) is attached to a loop device; the cgroup's
-//     IO limits and setup device list name it (limitLayerDevice);
+//  5. the layer (waited for) is attached to a loop device and mounted as
+//     a detached mount (mountLayer); the cgroup's IO limits and setup
+//     device list name it (limitLayerDevice);
 //  6. openInitPipes, openGuestFiles, launchShim: the init shim starts in
-//     new namespaces, born in the cgroup when the host allows it, with the
-//     guest's channel and log pipe;
+//     a new user namespace and new namespaces it owns, born in the cgroup
+//     when the host allows it, with the guest's channel and log pipe;
 //  7. track, attachGuest: the shim is the execution now (pidfd, watcher,
 //     channel, log copy); a shim not born in the cgroup is moved there;
-//  8. configureShim, waitShimSetup: the shim mounts, pivots and execs the
-//     guest; the device list narrows to the workspace's (devices.go);
+//  8. makeRoot, configureShim, waitShimSetup: the overlay root, its
+//     layers idmapped through the shim's user namespace, goes to the shim
+//     with its configuration; the shim moves it into place, mounts,
+//     pivots and execs the guest; the device list narrows to the
+//     workspace's (devices.go);
 //  9. waitGuest: the guest's first answer;
 //  10. markRunning: the record, phase running; health pings start.
 //
@@ -80,7 +87,11 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 	layer := r.startLayer(ctx, ws, s.CapacityBytes)
 	defer layer.wait()
 	st := r.newExecState(s)
+	if st.IDBase, err = r.allocIDs(ws); err != nil {
+		return fmt.Errorf("%w: user namespace: %v", ErrStart, err)
+	}
 	if err := r.writeState(st); err != nil {
+		r.freeIDs(ws, st.IDBase)
 		return fmt.Errorf("%w: state: %v", ErrStart, err)
 	}
 	var e *execution
@@ -102,8 +113,7 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 	if err := r.createCgroup(st.Cgroup, s); err != nil {
 		return fmt.Errorf("%w: cgroup: %v", ErrStart, err)
 	}
-	run, err := r.prepareRunDir(ws)
-	if err != nil {
+	if _, err := r.prepareRunDir(ws); err != nil {
 		return fmt.Errorf("%w: %v", ErrStart, err)
 	}
 	lr := layer.wait()
@@ -116,6 +126,11 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 	}
 	defer loopf.Close()
 	st.Loop = dev
+	layerMnt, err := mountLayer(dev)
+	if err != nil {
+		return fmt.Errorf("%w: writable layer: %v", ErrStart, err)
+	}
+	defer unix.Close(layerMnt)
 	if err := r.limitLayerDevice(st.Cgroup, dev); err != nil {
 		return fmt.Errorf("%w: cgroup: %v", ErrStart, err)
 	}
@@ -129,10 +144,10 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 		return fmt.Errorf("%w: guest channel: %v", ErrStart, err)
 	}
 	defer gf.close()
-	cmd, joined, startErr := r.launchShim(ws, st.Cgroup, func() *exec.Cmd { return r.shimCmd(gf, loopf, pipes) })
+	cmd, joined, startErr := r.launchShim(ws, st.Cgroup, func() *exec.Cmd { return r.shimCmd(gf, pipes, st.IDBase) })
 	pipes.closeShimEnds()
 	gf.closeShimEnds()
-	loopf.Close() // the shim holds the device until its mount does
+	loopf.Close() // the layer's mount holds the device (autoclear)
 	if startErr != nil {
 		return fmt.Errorf("%w: init shim: %v", ErrStart, startErr)
 	}
@@ -152,7 +167,17 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 			return fmt.Errorf("%w: cgroup: %v", ErrStart, err)
 		}
 	}
-	if err := r.configureShim(pipes.cfgW, s, dev, run); err != nil {
+	// PID 1 protects itself from the OOM killer (its commands reset theirs
+	// through the guest's exec trampoline); root in its user namespace
+	// cannot lower it.
+	_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", st.PID), []byte("-998"), 0)
+	rootMnt, err := r.makeRoot(st, layerMnt)
+	if err != nil {
+		return fmt.Errorf("%w: root: %v", ErrStart, err)
+	}
+	err = r.configureShim(pipes.cfgW, s, rootMnt)
+	unix.Close(rootMnt)
+	if err != nil {
 		return fmt.Errorf("%w: configure init shim: %v", ErrStart, err)
 	}
 	if err := r.waitShimSetup(ctx, pipes.statR); err != nil {
@@ -262,7 +287,7 @@ func (r *Runtime) prepareRunDir(ws string) (string, error) {
 // inherits its ends as initshim.ConfigFD (cfgR) and initshim.StatusFD
 // (statW).
 type initPipes struct {
-	cfgR, cfgW   *os.File // the shim's configuration (initConfig, JSON)
+	cfgR, cfgW   *os.File // the shim's configuration (initConfig, JSON, and the root): a SOCK_SEQPACKET pair
 	statR, statW *os.File // a setup error of the shim; its exec of the guest closes it empty
 }
 
@@ -270,9 +295,11 @@ type initPipes struct {
 func openInitPipes() (initPipes, error) {
 	var p initPipes
 	var err error
-	if p.cfgR, p.cfgW, err = os.Pipe(); err != nil {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
 		return initPipes{}, err
 	}
+	p.cfgR, p.cfgW = os.NewFile(uintptr(fds[0]), "config"), os.NewFile(uintptr(fds[1]), "config")
 	if p.statR, p.statW, err = os.Pipe(); err != nil {
 		p.cfgR.Close()
 		p.cfgW.Close()
@@ -295,27 +322,52 @@ func (p initPipes) closeNodeEnds() {
 }
 
 // shimCmd is the command of the init shim: its own session and new
-// namespaces, its output into the log pipe, and as fds 3 to 9 the guest's
+// namespaces, a user namespace among them whose IDs are the range from
+// idBase (userns.go; the uid and gid maps are written before the shim
+// runs), its output into the log pipe, and as fds 3 to 9 the guest's
 // channel and what PID 1 keeps of the node's (initshim.ChannelFD,
-// NodeChannelFD, LogReadFD), the pipes, the loop device and the guest
-// binary (initshim.ConfigFD, StatusFD, LoopFD, GuestFD).
-func (r *Runtime) shimCmd(g *guestFiles, loopf *os.File, p initPipes) *exec.Cmd {
+// NodeChannelFD, LogReadFD), the configuration socket, the status pipe,
+// nothing (8) and the guest binary (initshim.ConfigFD, StatusFD, GuestFD).
+// The default shim, the guest itself, is executed from that memfd: root
+// of the user namespace may not search the directories of the host's.
+func (r *Runtime) shimCmd(g *guestFiles, p initPipes, idBase uint32) *exec.Cmd {
+	path := r.cfg.InitBinary
+	if path == r.cfg.GuestBinary {
+		path = "/proc/self/fd/" + strconv.Itoa(initshim.GuestFD)
+	}
 	return &exec.Cmd{
-		Path:       r.cfg.InitBinary,
+		Path:       path,
 		Args:       []string{initArg0},
 		Env:        []string{},
 		Dir:        "/",
 		Stdout:     g.logW,
 		Stderr:     g.logW,
-		ExtraFiles: append(g.shimFiles(), p.cfgR, p.statW, loopf, r.guest),
+		ExtraFiles: append(g.shimFiles(), p.cfgR, p.statW, nil, r.guest),
 		SysProcAttr: &syscall.SysProcAttr{
 			// Own session and no parent-death signal: the execution
 			// outlives the node agent.
 			Setsid: true,
-			Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS |
+			Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS |
 				unix.CLONE_NEWIPC | unix.CLONE_NEWNET,
+			UidMappings:                idMappings(idBase),
+			GidMappings:                idMappings(idBase),
+			GidMappingsEnableSetgroups: true,
+			// The shim's IDs become 0 of its user namespace (the host
+			// IDs idBase), and with them its capabilities there.
+			Credential: &syscall.Credential{Uid: 0, Gid: 0},
 		},
 	}
+}
+
+// makeRoot makes the overlay root of the execution st from its layer's
+// detached mount, idmapped through the shim's user namespace.
+func (r *Runtime) makeRoot(st *execState, layerMnt int) (int, error) {
+	ns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", st.PID), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("the shim's user namespace: %w", err)
+	}
+	defer unix.Close(ns)
+	return rootMount(st.TemplateDir, layerMnt, ns, st.IDBase)
 }
 
 // launchShim starts the init shim from mk. It is born in its cgroup rel
@@ -333,7 +385,7 @@ func (r *Runtime) launchShim(ws, rel string, mk func() *exec.Cmd) (cmd *exec.Cmd
 	}
 	if !joined {
 		cmd = mk()
-		err = cmd.Start()
+		err = startCmd(cmd)
 	}
 	return cmd, joined, err
 }
@@ -357,22 +409,38 @@ func (r *Runtime) track(ws string, cmd *exec.Cmd, st *execState) *execution {
 	return e
 }
 
-// configureShim sends the shim its configuration on w and closes w.
-func (r *Runtime) configureShim(w *os.File, s Spec, loopDev, run string) error {
+// userLimits are the per-user-namespace limits of every execution
+// (/proc/sys/user in its user namespace).
+var userLimits = map[string]uint64{
+	"max_inotify_instances": 128,
+	"max_inotify_watches":   65536,
+}
+
+// configureShim sends the shim its configuration and the overlay root
+// (rootMnt) on w and closes w.
+func (r *Runtime) configureShim(w *os.File, s Spec, rootMnt int) error {
 	cfg := initConfig{
 		WorkspaceID:   s.WorkspaceID,
-		Loop:          loopDev,
-		LayerMount:    filepath.Join(run, "layer"),
-		RootMount:     filepath.Join(run, "root"),
-		TemplateDir:   s.TemplateDir,
 		CgroupVersion: r.cg.version(),
 		TmpfsBytes:    uint64(s.MemoryMiB) * limits.MiB / 2,
+		UserLimits:    userLimits,
 	}
-	if err := json.NewEncoder(w).Encode(cfg); err != nil {
+	b, err := json.Marshal(cfg)
+	if err != nil {
 		return err
 	}
-	w.Close()
-	return nil
+	defer w.Close()
+	rc, err := w.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.Sendmsg(int(fd), b, unix.UnixRights(rootMnt), nil, 0)
+	}); err != nil {
+		return err
+	}
+	return serr
 }
 
 // waitShimSetup waits for the shim's setup (at most StartTimeout). The

@@ -54,6 +54,9 @@ type execState struct {
 	// only if it is the same socket or pipe.
 	ChannelInode uint64 `json:"channel_inode,omitempty"`
 	LogInode     uint64 `json:"log_inode,omitempty"`
+	// IDBase is the first host ID of the execution's uid and gid range
+	// (userns.go), held until the record is removed.
+	IDBase uint32 `json:"id_base,omitempty"`
 }
 
 // writeState replaces the state file atomically. Which crash does each

@@ -268,7 +268,11 @@ func (r *Runtime) releaseResources(st *execState) error {
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %v", ErrRelease, errors.Join(errs...))
 	}
-	return r.removeState(st.WorkspaceID)
+	if err := r.removeState(st.WorkspaceID); err != nil {
+		return err
+	}
+	r.freeIDs(st.WorkspaceID, st.IDBase)
+	return nil
 }
 
 // removeCgroup removes the cgroup rel (killing what it still lists, for at

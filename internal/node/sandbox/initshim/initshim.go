@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -41,13 +40,14 @@ const (
 	// LogReadFD is the read end of the log pipe (PID 1's stdout and
 	// stderr), kept by PID 1 for the same reason.
 	LogReadFD = protocol.LogReadFD
-	// ConfigFD is the read end of a pipe: the Config JSON, then EOF.
+	// ConfigFD is a SOCK_SEQPACKET socket: one message, the Config JSON
+	// with the overlay root (a detached mount, idmapped layers) attached;
+	// end of file without one when the node gave up.
 	ConfigFD = 6
 	// StatusFD is the write end of a pipe: an error message, or EOF at
 	// the exec of the guest.
 	StatusFD = 7
-	// LoopFD is the attached loop device of the writable layer.
-	LoopFD = 8
+	// Descriptor 8 is unused.
 	// GuestFD is the node's sealed, in-memory copy of kibotos-guest
 	// (a memfd), which the shim execs as PID 1: nothing of the host's
 	// filesystem is mounted for it, so no host path shows in the
@@ -55,21 +55,16 @@ const (
 	GuestFD = 9
 )
 
-// Config is what the runtime tells the init shim (JSON on ConfigFD). All
-// paths are host paths.
+// Config is what the runtime tells the init shim (JSON on ConfigFD).
 type Config struct {
-	WorkspaceID string `json:"workspace_id"`
-	// Loop is the loop device (held open at LoopFD until mounted).
-	Loop string `json:"loop"`
-	// LayerMount and RootMount are empty host directories: the writable
-	// layer and the overlay root are mounted there, in the execution's
-	// private mount namespace only.
-	LayerMount    string `json:"layer_mount"`
-	RootMount     string `json:"root_mount"`
-	TemplateDir   string `json:"template_dir"`
+	WorkspaceID   string `json:"workspace_id"`
 	CgroupVersion int    `json:"cgroup_version"`
 	// TmpfsBytes sizes /tmp and /dev/shm.
 	TmpfsBytes uint64 `json:"tmpfs_bytes"`
+	// UserLimits are written to /proc/sys/user/<name> of the execution's
+	// user namespace (per-namespace kernel limits such as
+	// max_inotify_instances) before the capabilities go.
+	UserLimits map[string]uint64 `json:"user_limits,omitempty"`
 }
 
 // MaybeRun runs the sandbox init shim and never returns when this process
@@ -78,14 +73,17 @@ type Config struct {
 // the runtime through sandbox.MaybeRunInit) must call it first thing in
 // main.
 //
-// The shim starts as PID 1 of new mount, PID, UTS, IPC and network
-// namespaces (clone flags set by the node), in the execution's cgroup (born
+// The shim starts as PID 1 of a new user namespace (its ID maps written
+// by the node) and new mount, PID, UTS, IPC and network namespaces that it
+// owns (clone flags set by the node), in the execution's cgroup (born
 // there, or placed there by the node before it sends the configuration),
 // and waits for its configuration. It then enters a new cgroup namespace,
-// mounts the writable layer and the overlay root, /proc (sensitive files
-// masked, host-wide knobs read-only), /sys (read-only, firmware masked), a
-// minimal /dev, /tmp and /run, sets the hostname, brings up lo, pivots
-// into the new root, installs the system call filter, sets no_new_privs,
+// moves the overlay root the node made (a descriptor sent with the
+// configuration) into place, mounts /proc (sensitive files masked,
+// host-wide knobs read-only), /sys (read-only, firmware and block devices
+// masked), a minimal /dev (the host's devices bound), /tmp and /run, sets
+// the hostname, brings up lo, pivots into the new root, sets the
+// per-user-namespace limits (Config.UserLimits), installs the system call filter, sets no_new_privs,
 // drops capabilities from the bounding set and execs kibotos-guest, which
 // stays PID 1, with descriptors 0 to 2 and the three of the channel
 // (ChannelFD, NodeChannelFD, LogReadFD) only.
@@ -118,28 +116,20 @@ func runInit() error {
 	}
 	unix.Umask(0)
 	unix.CloseOnExec(StatusFD)
-	cf := os.NewFile(ConfigFD, "config")
-	if cf == nil {
-		return errors.New("init: no configuration pipe")
-	}
-	b, err := io.ReadAll(io.LimitReader(cf, 1<<20))
-	cf.Close()
+	cfg, rootFD, err := readConfig()
 	if err != nil {
-		return fmt.Errorf("init: read configuration: %w", err)
-	}
-	if len(b) == 0 {
-		return errors.New("init: the node went away before configuring the execution")
-	}
-	var cfg Config
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		return fmt.Errorf("init: configuration: %w", err)
+		return err
 	}
 	// The node has put this process into the execution's cgroup: a cgroup
 	// namespace made now has that cgroup as its root.
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		return fmt.Errorf("init: unshare cgroup namespace: %w", err)
 	}
-	if err := setupRoot(&cfg); err != nil {
+	root, err := attachRoot(rootFD)
+	if err != nil {
+		return err
+	}
+	if err := setupRoot(&cfg, root); err != nil {
 		return err
 	}
 	if err := unix.Sethostname([]byte(cfg.WorkspaceID)); err != nil {
@@ -148,16 +138,14 @@ func runInit() error {
 	if err := loopbackUp(); err != nil {
 		return fmt.Errorf("init: lo up: %w", err)
 	}
-	if err := pivot(cfg.RootMount); err != nil {
+	if err := pivot(root); err != nil {
 		return err
 	}
+	setUserLimits(cfg.UserLimits)
 	// Stdin was the host's /dev/null; the workspace's own replaces it.
 	if err := stdinDevNull(); err != nil {
 		return err
 	}
-	// PID 1 protects itself from the OOM killer (its commands reset theirs
-	// through the guest's exec trampoline).
-	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-998"), 0)
 	// The system call filter goes on while this process still holds
 	// CAP_SYS_ADMIN, and stays across the exec of the guest and in
 	// everything it starts; so does no_new_privs: no setuid or file
@@ -260,27 +248,72 @@ func mountPoint(root, name string, mode os.FileMode) (string, error) {
 	return p, nil
 }
 
-func setupRoot(cfg *Config) error {
-	if err := mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return err
+// readConfig reads the configuration and the overlay root's descriptor.
+func readConfig() (Config, int, error) {
+	var cfg Config
+	b := make([]byte, 1<<20)
+	oob := make([]byte, unix.CmsgSpace(4))
+	n, oobn, _, _, err := unix.Recvmsg(ConfigFD, b, oob, unix.MSG_CMSG_CLOEXEC)
+	unix.Close(ConfigFD)
+	if err != nil {
+		return cfg, -1, fmt.Errorf("init: read configuration: %w", err)
 	}
-	if err := mount(cfg.Loop, cfg.LayerMount, "ext4", unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
-		return err
+	if n == 0 {
+		return cfg, -1, errors.New("init: the node went away before configuring the execution")
 	}
-	if f := os.NewFile(LoopFD, "loop"); f != nil {
-		f.Close() // the mount holds the device now (autoclear)
-	}
-	upper := filepath.Join(cfg.LayerMount, "upper")
-	work := filepath.Join(cfg.LayerMount, "work")
-	for _, d := range []string{upper, work} {
-		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-			return fmt.Errorf("init: %w", err)
+	fd := -1
+	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
+		if fds, err := unix.ParseUnixRights(&msgs[0]); err == nil && len(fds) == 1 {
+			fd = fds[0]
 		}
 	}
-	if err := mountOverlay(cfg.RootMount, cfg.TemplateDir, upper, work); err != nil {
-		return err
+	if fd < 0 {
+		return cfg, -1, errors.New("init: the configuration came without the root")
 	}
-	root := cfg.RootMount
+	if err := json.Unmarshal(b[:n], &cfg); err != nil {
+		return cfg, -1, fmt.Errorf("init: configuration: %w", err)
+	}
+	return cfg, fd, nil
+}
+
+// attachRoot attaches the overlay root (the detached mount fd) in this
+// mount namespace, which is a copy of the host's where this process, the
+// root of a user namespace of its own, can search few directories: on a
+// private tmpfs over the copy's /tmp (or /mnt), gone with the pivot.
+func attachRoot(fd int) (string, error) {
+	if err := mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return "", err
+	}
+	scratch := "/tmp"
+	if fi, err := os.Stat(scratch); err != nil || !fi.IsDir() {
+		scratch = "/mnt"
+	}
+	if err := mount("tmpfs", scratch, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=700,size=64k"); err != nil {
+		return "", err
+	}
+	root := filepath.Join(scratch, "root")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		return "", fmt.Errorf("init: %w", err)
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, root, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return "", fmt.Errorf("init: move the root into place: %w", err)
+	}
+	unix.Close(fd)
+	return root, nil
+}
+
+// setUserLimits writes the per-user-namespace limits (best effort: a
+// kernel without one of them only lacks that limit).
+func setUserLimits(m map[string]uint64) {
+	for name, v := range m {
+		if strings.ContainsAny(name, "/.") {
+			continue
+		}
+		_ = os.WriteFile("/proc/sys/user/"+name, []byte(strconv.FormatUint(v, 10)), 0)
+	}
+}
+
+func setupRoot(cfg *Config, root string) error {
 	const nosuidNodevNoexec = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
 
 	// /proc, with the host-wide knobs read-only and the sensitive files masked.
@@ -313,12 +346,15 @@ func setupRoot(cfg *Config) error {
 	if err := mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=755,size=1m,nr_inodes=4096"); err != nil {
 		return err
 	}
-	for _, d := range []struct {
-		name         string
-		major, minor uint32
-	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}} {
-		if err := unix.Mknod(filepath.Join(dev, d.name), unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
-			return fmt.Errorf("init: mknod /dev/%s: %w", d.name, err)
+	// Devices cannot be made in a user namespace: the host's are bound
+	// (the execution's device list allows these only).
+	for _, d := range []string{"null", "zero", "full", "random", "urandom", "tty"} {
+		t := filepath.Join(dev, d)
+		if err := os.WriteFile(t, nil, 0o666); err != nil {
+			return fmt.Errorf("init: %w", err)
+		}
+		if err := mount("/dev/"+d, t, "", unix.MS_BIND, ""); err != nil {
+			return err
 		}
 	}
 	for _, l := range [][2]string{{"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"}, {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"}, {"pts/ptmx", "ptmx"}} {
@@ -364,23 +400,6 @@ func setupRoot(cfg *Config) error {
 	return nil
 }
 
-// mountOverlay mounts the overlay root on target. Its layers are named by
-// descriptor (/proc/self/fd/N), so that the options the workspace reads in
-// its mountinfo name no host path.
-func mountOverlay(target, lower, upper, work string) error {
-	var names [3]string
-	for i, dir := range []string{lower, upper, work} {
-		fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("init: open %s: %w", dir, err)
-		}
-		defer unix.Close(fd)
-		names[i] = "/proc/self/fd/" + strconv.Itoa(fd)
-	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off", names[0], names[1], names[2])
-	return mount("overlay", target, "overlay", unix.MS_NODEV, opts)
-}
-
 // mountCgroupFS shows the execution's own cgroup (the cgroup namespace's
 // root) read-only, so that the guest can measure memory pressure. Failure
 // only costs that measurement.
@@ -412,7 +431,9 @@ var (
 		"kpageflags", "kpagecount", "kpagecgroup", "slabinfo", "vmallocinfo",
 	}
 	readOnlyProc = []string{"bus", "fs", "irq", "sys", "sysrq-trigger"}
-	maskedSys    = []string{"firmware", "devices/virtual/powercap"}
+	// block and devices/virtual/block show the host's block devices,
+	// loop devices with their backing files' host paths among them.
+	maskedSys = []string{"firmware", "devices/virtual/powercap", "block", "devices/virtual/block"}
 )
 
 // hardenProc makes the host-wide parts of /proc read-only and masks files
@@ -495,15 +516,17 @@ func pivot(root string) error {
 	return nil
 }
 
-// keptCapabilities is what processes of a workspace may have (the set
-// container runtimes grant by default, without CAP_MKNOD since the
-// runtime has no device cgroup): no mounts, no raw devices, no module
-// loading, no ptrace, no open_by_handle_at.
+// keptCapabilities is what processes of a workspace may have, in the
+// execution's user namespace (the set container runtimes grant by
+// default, without CAP_MKNOD, which the device list and the user namespace
+// make useless, and without CAP_NET_RAW: the system call filter refuses
+// raw and packet sockets): no mounts, no raw devices, no module loading,
+// no ptrace, no open_by_handle_at.
 var keptCapabilities = map[int]bool{
 	unix.CAP_CHOWN: true, unix.CAP_DAC_OVERRIDE: true, unix.CAP_FOWNER: true,
 	unix.CAP_FSETID: true, unix.CAP_KILL: true, unix.CAP_SETGID: true,
 	unix.CAP_SETUID: true, unix.CAP_SETPCAP: true, unix.CAP_NET_BIND_SERVICE: true,
-	unix.CAP_NET_RAW: true, unix.CAP_SYS_CHROOT: true, unix.CAP_AUDIT_WRITE: true,
+	unix.CAP_SYS_CHROOT: true, unix.CAP_AUDIT_WRITE: true,
 	unix.CAP_SETFCAP: true,
 }
 

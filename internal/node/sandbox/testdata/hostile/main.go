@@ -8,6 +8,7 @@
 //	hostile pidfd-getfd PID FD     pidfd_getfd, prints "ok" or the error
 //	hostile traceme-exec ARGV...   PTRACE_TRACEME (its parent becomes its tracer), then exec
 //	hostile serve PATH             a unix socket at PATH that answers every request as a guest would
+//	hostile inotify-hold PATH      opens inotify instances until refused, prints "N error", holds them until PATH exists (30s at most)
 package main
 
 import (
@@ -65,6 +66,22 @@ func main() {
 		}
 		report(syscall.Exec(path, os.Args[2:], os.Environ()))
 		os.Exit(126)
+	case "inotify-hold":
+		n := 0
+		var err error
+		for ; n < 1<<20; n++ {
+			if _, err = unix.InotifyInit1(0); err != nil {
+				break
+			}
+		}
+		fmt.Printf("%d %v\n", n, err)
+		os.Stdout.Close()
+		for i := 0; i < 600; i++ {
+			if _, err := os.Stat(os.Args[2]); err == nil {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 	case "serve":
 		ln, err := net.Listen("unix", os.Args[2])
 		if err != nil {
