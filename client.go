@@ -35,6 +35,8 @@ type Client struct {
 	// EnrollmentService is EnrollmentService (Operator API): node enrollment
 	// tokens.
 	EnrollmentService ctrlv1connect.EnrollmentServiceClient
+	// SessionService is SessionService: data-plane credentials.
+	SessionService ctrlv1connect.SessionServiceClient
 
 	endpoint   string
 	httpClient *http.Client
@@ -194,6 +196,7 @@ func NewClient(endpoint string, opts ...Option) (*Client, error) {
 		ResolverService:   ctrlv1connect.NewResolverServiceClient(hc, base, o.connectOpts...),
 		VolumeService:     ctrlv1connect.NewVolumeServiceClient(hc, base, o.connectOpts...),
 		EnrollmentService: ctrlv1connect.NewEnrollmentServiceClient(hc, base, o.connectOpts...),
+		SessionService:    ctrlv1connect.NewSessionServiceClient(hc, base, o.connectOpts...),
 		endpoint:          base,
 		httpClient:        hc,
 		wait:              o.wait,

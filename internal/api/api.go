@@ -36,13 +36,16 @@ type ServerInfo struct {
 	HasNodes func() bool
 	// Enrollment reports whether node enrollment is served.
 	Enrollment bool
+	// DataPlaneForTests: see capability.Features.
+	DataPlaneForTests bool
 }
 
 var _ ctrlv1connect.ServerInfoServiceHandler = (*ServerInfo)(nil)
 
 // Capabilities returns the capabilities the deployment serves now, sorted.
 func (s *ServerInfo) Capabilities() []string {
-	return capability.Served(capability.Features{Nodes: s.HasNodes != nil && s.HasNodes(), Enrollment: s.Enrollment})
+	return capability.Served(capability.Features{Nodes: s.HasNodes != nil && s.HasNodes(), Enrollment: s.Enrollment,
+		DataPlaneForTests: s.DataPlaneForTests})
 }
 
 // GetServerInfo returns the source revision and the served capabilities.

@@ -68,6 +68,16 @@ var fieldCases = map[string]fieldCase{
 		_, err := c.Workspace.StopWorkspace(ctx, connect.NewRequest(req))
 		return req, err
 	},
+	// Both rows of scopes (EXEC needs workspace.exec, FILESYSTEM
+	// workspace.filesystem) share the case, which asks for both.
+	ctrlv1connect.SessionServiceCreateDataPlaneSessionProcedure + " scopes": func(ctx context.Context, c ctrltest.Clients, id string, use bool) (proto.Message, error) {
+		req := &ctrlv1.CreateDataPlaneSessionRequest{Metadata: md(id), WorkspaceId: "ws-aaaaaaaaaaaaaaaaaaaa"}
+		if use {
+			req.Scopes = []ctrlv1.DataPlaneScope{ctrlv1.DataPlaneScope_DATA_PLANE_SCOPE_EXEC, ctrlv1.DataPlaneScope_DATA_PLANE_SCOPE_FILESYSTEM}
+		}
+		_, err := c.Session.CreateDataPlaneSession(ctx, connect.NewRequest(req))
+		return req, err
+	},
 	ctrlv1connect.WorkspaceServiceGetWorkspaceCommandProcedure + " wait_timeout": func(ctx context.Context, c ctrltest.Clients, id string, use bool) (proto.Message, error) {
 		req := &ctrlv1.GetWorkspaceCommandRequest{CommandId: id}
 		if use {
@@ -133,6 +143,14 @@ func TestRefusedFieldsRecordNothing(t *testing.T) {
 			}
 			if row.Procedure == ctrlv1connect.WorkspaceServiceGetWorkspaceCommandProcedure {
 				return // a read: nothing to record
+			}
+			if row.Procedure == ctrlv1connect.SessionServiceCreateDataPlaneSessionProcedure {
+				// Without a scope the request is invalid_argument (recorded
+				// nowhere); sessions are no Workspace commands.
+				if connect.CodeOf(err) != connect.CodeInvalidArgument {
+					t.Errorf("without scopes: %v, want invalid_argument", err)
+				}
+				return
 			}
 			// ... and recorded under the command ID the refusal left free.
 			if _, err := c.Workspace.GetWorkspaceCommand(ctx, connect.NewRequest(&ctrlv1.GetWorkspaceCommandRequest{CommandId: id})); err != nil {

@@ -12,7 +12,7 @@ import (
 
 // Workspaces serves WorkspaceService. The lifecycle methods are served; the
 // configuration methods (expiration, network policy, memory, CPU, writable
-// layer resize, Volume binding, data-plane revocation) answer unimplemented
+// layer resize, Volume binding) answer unimplemented
 // with an ErrorDetail until their capabilities are served.
 type Workspaces struct {
 	ctrlv1connect.UnimplementedWorkspaceServiceHandler
@@ -84,4 +84,10 @@ func (h *Workspaces) UpdateWorkspaceAnnotations(ctx context.Context, req *connec
 		return nil, err
 	}
 	return connect.NewResponse(&ctrlv1.UpdateWorkspaceAnnotationsResponse{Workspace: w}), nil
+}
+
+// RevokeWorkspaceDataPlane ends every data-plane credential of the
+// Workspace; it returns completed.
+func (h *Workspaces) RevokeWorkspaceDataPlane(ctx context.Context, req *connect.Request[ctrlv1.RevokeWorkspaceDataPlaneRequest]) (*connect.Response[ctrlv1.RevokeWorkspaceDataPlaneResponse], error) {
+	return respond(h.svc.RevokeDataPlane(ctx, req.Msg))
 }

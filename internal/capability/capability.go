@@ -59,6 +59,7 @@ var withNodes = []string{
 	WorkspaceStop,
 	WorkspaceDelete,
 	WorkspaceCommandWait,
+	WorkspaceDataPlaneRevoke,
 }
 
 // Features are the parts of a deployment that decide what it serves.
@@ -68,6 +69,11 @@ type Features struct {
 	// Enrollment: ctrl can sign node certificates (it holds the client CA's
 	// key).
 	Enrollment bool
+	// DataPlaneForTests serves workspace.exec and workspace.filesystem,
+	// which no part of this build serves yet: tests only (ctrl.Config and
+	// ctrltest set it; no flag does), so that the issuing of data-plane
+	// credentials is exercised through the API.
+	DataPlaneForTests bool
 }
 
 // Served returns the capabilities served, sorted.
@@ -78,6 +84,9 @@ func Served(f Features) []string {
 	}
 	if f.Enrollment {
 		out = append(out, NodeEnrollment)
+	}
+	if f.DataPlaneForTests {
+		out = append(out, WorkspaceExec, WorkspaceFilesystem)
 	}
 	slices.Sort(out)
 	return out
@@ -117,6 +126,7 @@ var Procedures = map[string]string{
 	"/kibotos.ctrl.v1.WorkspaceService/UpdateWorkspaceVolumeBinding": WorkspaceVolumeBinding,
 	"/kibotos.ctrl.v1.WorkspaceService/UpdateWorkspaceExpiration":    WorkspaceExpiration,
 	"/kibotos.ctrl.v1.WorkspaceService/RevokeWorkspaceDataPlane":     WorkspaceDataPlaneRevoke,
+	"/kibotos.ctrl.v1.SessionService/CreateDataPlaneSession":         WorkspaceCreate,
 	"/kibotos.ctrl.v1.VolumeService/CreateVolume":                    VolumeCreate,
 	"/kibotos.ctrl.v1.VolumeService/GetVolume":                       VolumeCreate,
 	"/kibotos.ctrl.v1.VolumeService/ListVolumes":                     VolumeCreate,

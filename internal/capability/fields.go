@@ -1,6 +1,8 @@
 package capability
 
 import (
+	"slices"
+
 	"google.golang.org/protobuf/proto"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
@@ -51,6 +53,21 @@ var fields = []field{
 		func(m proto.Message) bool { return armsExpiration(m.(*ctrlv1.StopWorkspaceRequest).GetExpiration()) }},
 	{"/kibotos.ctrl.v1.WorkspaceService/GetWorkspaceCommand", "wait_timeout", WorkspaceCommandWait,
 		func(m proto.Message) bool { return m.(*ctrlv1.GetWorkspaceCommandRequest).GetWaitTimeout() != nil }},
+	// Each scope of a data-plane credential needs the capability of what it
+	// allows.
+	{"/kibotos.ctrl.v1.SessionService/CreateDataPlaneSession", "scopes", WorkspaceExec,
+		func(m proto.Message) bool {
+			return hasScope(m.(*ctrlv1.CreateDataPlaneSessionRequest), ctrlv1.DataPlaneScope_DATA_PLANE_SCOPE_EXEC)
+		}},
+	{"/kibotos.ctrl.v1.SessionService/CreateDataPlaneSession", "scopes", WorkspaceFilesystem,
+		func(m proto.Message) bool {
+			return hasScope(m.(*ctrlv1.CreateDataPlaneSessionRequest), ctrlv1.DataPlaneScope_DATA_PLANE_SCOPE_FILESYSTEM)
+		}},
+}
+
+// hasScope: the request asks for scope.
+func hasScope(r *ctrlv1.CreateDataPlaneSessionRequest, scope ctrlv1.DataPlaneScope) bool {
+	return slices.Contains(r.GetScopes(), scope)
 }
 
 // FieldNeeds returns the capabilities that msg, a request of procedure,
@@ -113,6 +130,10 @@ var requestTypes = map[string]func(proto.Message) bool{
 	},
 	"/kibotos.ctrl.v1.WorkspaceService/GetWorkspaceCommand": func(m proto.Message) bool {
 		_, ok := m.(*ctrlv1.GetWorkspaceCommandRequest)
+		return ok
+	},
+	"/kibotos.ctrl.v1.SessionService/CreateDataPlaneSession": func(m proto.Message) bool {
+		_, ok := m.(*ctrlv1.CreateDataPlaneSessionRequest)
 		return ok
 	},
 }

@@ -24,13 +24,16 @@ func (a *app) workspaceCommand() *cobra.Command {
 	cmd := group("workspace", "Manage Workspaces",
 		`Manage Workspaces. Each command needs the capability of its procedure
 (workspace.create for create, get, list, command, labels and annotations;
-workspace.start, workspace.stop and workspace.delete for the others); a server
-that does not list it makes the command exit 14 without sending anything.`)
+workspace.start, workspace.stop and workspace.delete for the others;
+workspace.data_plane.revoke for revoke-data-plane; session create needs the
+capability of each scope); a server that does not list it makes the command
+exit 14 without sending anything.`)
 	cmd.AddCommand(
 		a.workspaceCreate(), a.workspaceGet(), a.workspaceList(),
 		a.workspaceStart(), a.workspaceStop(), a.workspaceDelete(),
 		a.workspaceLabels(), a.workspaceAnnotations(),
 		a.workspaceCommandGet(),
+		a.workspaceRevokeDataPlane(), a.workspaceSessionCommand(),
 	)
 	return cmd
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -49,6 +50,7 @@ type Options struct {
 	NodeGrace     time.Duration
 	CAKey         string
 	NodeCertValid time.Duration
+	DataPlaneURL  string
 }
 
 // Main runs kibotos-ctrl with args (without the program name) and returns
@@ -75,6 +77,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.CAKey, "ca-key", "", "private key of --client-ca (PEM): lets ctrl sign node certificates at enrollment (EnrollmentService); with --dev defaults to DIR/pki/ca-key.pem")
 	fs.DurationVar(&o.NodeCertValid, "node-cert-validity", pki.DefaultNodeCertValidity, "validity of node certificates issued at enrollment")
 	fs.DurationVar(&o.NodeGrace, "node-grace", 15*time.Second, "how long a node may stay silent before its workspaces turn UNKNOWN")
+	fs.StringVar(&o.DataPlaneURL, "data-plane-url", "", "public URL of the data plane, returned with every data-plane session (https://host[:port]); with --dev defaults to https://LISTEN")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -172,6 +175,15 @@ func run(ctx context.Context, o Options, log *slog.Logger, stdout io.Writer) err
 			return fmt.Errorf("--ca-key: %w", err)
 		}
 	}
+	dataPlaneURL := o.DataPlaneURL
+	if dataPlaneURL == "" && o.Dev {
+		dataPlaneURL = "https://" + o.Listen
+	}
+	if dataPlaneURL != "" {
+		if u, err := url.Parse(dataPlaneURL); err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			return errors.New("--data-plane-url must be an https URL without credentials, query or fragment")
+		}
+	}
 	st, err := OpenStore(ctx, o.Store)
 	if err != nil {
 		return err
@@ -183,7 +195,7 @@ func run(ctx context.Context, o Options, log *slog.Logger, stdout io.Writer) err
 	srv, err := New(ctx, Config{
 		Store: st, Checker: &netguard.Checker{Allow: allow}, Logger: log,
 		SourceRevision: buildinfo.Revision(), Registry: reg, WaitBound: o.CommandWait, NodeGrace: o.NodeGrace,
-		Issuer: issuer, NodeCertValidity: o.NodeCertValid,
+		Issuer: issuer, NodeCertValidity: o.NodeCertValid, DataPlaneURL: dataPlaneURL,
 	})
 	if err != nil {
 		return err

@@ -30,6 +30,7 @@ import (
 	"github.com/kibotos/kibotos/internal/apierr"
 	"github.com/kibotos/kibotos/internal/catalog"
 	"github.com/kibotos/kibotos/internal/command"
+	"github.com/kibotos/kibotos/internal/dataplane"
 	"github.com/kibotos/kibotos/internal/enrollment"
 	"github.com/kibotos/kibotos/internal/netguard"
 	"github.com/kibotos/kibotos/internal/nodepeer"
@@ -78,6 +79,13 @@ type Config struct {
 	// NodeCertValidity is the validity of node certificates issued at
 	// enrollment and renewal; zero is pki.DefaultNodeCertValidity.
 	NodeCertValidity time.Duration
+	// DataPlaneURL is the public data plane's URL, returned with every
+	// data-plane session (kibotos-ctrl --data-plane-url).
+	DataPlaneURL string
+	// DataPlaneForTests advertises workspace.exec and workspace.filesystem
+	// although nothing serves them yet, so that tests can issue data-plane
+	// sessions through the API. Tests only: no flag sets it.
+	DataPlaneForTests bool
 }
 
 // Server is a configured control plane.
@@ -89,6 +97,7 @@ type Server struct {
 	metrics *metrics
 	recon   *reconciler.Reconciler
 	enroll  *enrollment.Service
+	dplane  *dataplane.Service
 	// verifications counts client chain verifications (tests check that
 	// there is one per connection).
 	verifications atomic.Int64
@@ -124,8 +133,18 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("load enrollment token key: %w", err)
 		}
 	}
+	seed, err := cfg.Store.Secret(ctx, dataplane.SecretName, randomKey) // an Ed25519 seed
+	if err != nil {
+		return nil, fmt.Errorf("load data-plane token key: %w", err)
+	}
+	dpKey, err := dataplane.KeyFromSeed(seed)
+	if err != nil {
+		return nil, err
+	}
+	s.dplane = &dataplane.Service{Engine: engine, Store: cfg.Store, Key: dpKey, Endpoint: cfg.DataPlaneURL, Now: cfg.Now}
 	info := &api.ServerInfo{SourceRevision: cfg.SourceRevision,
-		HasNodes: func() bool { return s.recon.MaxCapacity().MemoryMiB > 0 }, Enrollment: s.enroll.Available()}
+		HasNodes: func() bool { return s.recon.MaxCapacity().MemoryMiB > 0 }, Enrollment: s.enroll.Available(),
+		DataPlaneForTests: cfg.DataPlaneForTests}
 	opts := connect.WithHandlerOptions(append(codecs(),
 		connect.WithInterceptors(s.metrics.interceptor(log), apierr.NewInterceptor(log), decodeInterceptor(),
 			api.RefuseUnservedFields(info.Capabilities)),
@@ -152,6 +171,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	mux.Handle(nodev1connect.NewNodeServiceHandler(s.recon, connect.WithInterceptors(apierr.NewInterceptor(log)),
 		connect.WithReadMaxBytes(reconciler.MaxNodeMessageBytes), connect.WithSendMaxBytes(reconciler.MaxNodeMessageBytes)))
 	mux.Handle(ctrlv1connect.NewVolumeServiceHandler(&api.Volumes{}, opts))
+	mux.Handle(ctrlv1connect.NewSessionServiceHandler(api.NewSessions(s.dplane), opts))
 	enrollments := api.NewEnrollments(s.enroll)
 	mux.Handle(ctrlv1connect.NewEnrollmentServiceHandler(enrollments, opts))
 	mux.Handle(nodev1connect.NewBootstrapServiceHandler(enrollments, opts))
@@ -160,7 +180,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	services := []string{
 		ctrlv1connect.ServerInfoServiceName, ctrlv1connect.WorkspaceServiceName,
 		ctrlv1connect.EgressServiceName, ctrlv1connect.ResolverServiceName, ctrlv1connect.VolumeServiceName,
-		ctrlv1connect.EnrollmentServiceName,
+		ctrlv1connect.EnrollmentServiceName, ctrlv1connect.SessionServiceName,
 	}
 	s.health = grpchealth.NewStaticChecker(services...)
 	reflector := grpcreflect.NewStaticReflector(services...)
@@ -172,6 +192,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.handler = s.authenticate(mux, health)
 	return s, nil
 }
+
+// DataPlaneVerifier returns a Verifier of the data-plane tokens this server
+// issues.
+func (s *Server) DataPlaneVerifier() *dataplane.Verifier { return s.dplane.Verifier() }
 
 // HasNodes reports whether a node has registered, so that workspaces can
 // run.

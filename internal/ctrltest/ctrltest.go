@@ -22,6 +22,7 @@ import (
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/internal/ctrl"
+	"github.com/kibotos/kibotos/internal/dataplane"
 	"github.com/kibotos/kibotos/internal/netguard"
 	"github.com/kibotos/kibotos/internal/node/agent"
 	"github.com/kibotos/kibotos/internal/pki"
@@ -44,6 +45,8 @@ type Env struct {
 	Log *SyncBuffer
 	// HTTP is an HTTP client presenting the operator certificate.
 	HTTP *http.Client
+	// Verifier verifies the data-plane tokens the server issues.
+	Verifier *dataplane.Verifier
 }
 
 // Options tune New.
@@ -68,7 +71,13 @@ type Options struct {
 	// Enrollment gives ctrl the development CA's key, so that
 	// EnrollmentService and node enrollment are served.
 	Enrollment bool
+	// DataPlane advertises workspace.exec and workspace.filesystem, so that
+	// data-plane sessions can be issued (ctrl.Config.DataPlaneForTests).
+	DataPlane bool
 }
+
+// DataPlaneURL is the data-plane URL of every test server.
+const DataPlaneURL = "https://data-plane.test:7443"
 
 // OpenStore opens a fresh SQLite or PostgreSQL store for t.
 func OpenStore(t testing.TB, pg bool) store.Store {
@@ -125,6 +134,7 @@ func New(t testing.TB, o Options) *Env {
 		Store:  st, Checker: &netguard.Checker{Allow: allow, Resolver: o.Resolver},
 		Logger:         slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		SourceRevision: "test-revision", WaitBound: o.WaitBound, NodeGrace: o.NodeGrace,
+		DataPlaneURL: DataPlaneURL, DataPlaneForTests: o.DataPlane,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -144,7 +154,8 @@ func New(t testing.TB, o Options) *Env {
 		_ = srv.Serve(ctx, ln, tlsc)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	e := &Env{URL: "https://" + ln.Addr().String(), PKI: p, Store: st, Log: logs}
+	e := &Env{URL: "https://" + ln.Addr().String(), PKI: p, Store: st, Log: logs, Verifier: srv.DataPlaneVerifier()}
+	t.Cleanup(e.Verifier.Close)
 	e.HTTP = e.Client(t, p.Operator, p.OperatorKey)
 	if o.Runtime != nil {
 		e.StartNode(t, "node-1", o)
@@ -233,6 +244,7 @@ type Clients struct {
 	Workspace  ctrlv1connect.WorkspaceServiceClient
 	Volume     ctrlv1connect.VolumeServiceClient
 	Enrollment ctrlv1connect.EnrollmentServiceClient
+	Session    ctrlv1connect.SessionServiceClient
 }
 
 // Clients returns typed clients over hc with opts.
@@ -244,6 +256,7 @@ func (e *Env) Clients(hc *http.Client, opts ...connect.ClientOption) Clients {
 		Workspace:  ctrlv1connect.NewWorkspaceServiceClient(hc, e.URL, opts...),
 		Volume:     ctrlv1connect.NewVolumeServiceClient(hc, e.URL, opts...),
 		Enrollment: ctrlv1connect.NewEnrollmentServiceClient(hc, e.URL, opts...),
+		Session:    ctrlv1connect.NewSessionServiceClient(hc, e.URL, opts...),
 	}
 }
 

@@ -14,6 +14,7 @@ func TestMethods(t *testing.T) {
 		startMethod:  ctrlv1connect.WorkspaceServiceStartWorkspaceProcedure,
 		stopMethod:   ctrlv1connect.WorkspaceServiceStopWorkspaceProcedure,
 		deleteMethod: ctrlv1connect.WorkspaceServiceDeleteWorkspaceProcedure,
+		revokeMethod: ctrlv1connect.WorkspaceServiceRevokeWorkspaceDataPlaneProcedure,
 	} {
 		if got != want {
 			t.Errorf("method %q, want %q", got, want)

@@ -27,13 +27,14 @@ const (
 	OpUpdateNetworkPolicy
 	OpUpdateExpiration
 	OpRevokeDataPlane
+	OpCreateDataPlaneSession
 )
 
 var opNames = map[Op]string{
 	OpStart: "start", OpStop: "stop", OpForceStop: "forced stop", OpDelete: "delete",
 	OpUpdateMaps: "label or annotation update", OpUpdateConfig: "configuration update",
 	OpUpdateNetworkPolicy: "network policy update", OpUpdateExpiration: "expiration update",
-	OpRevokeDataPlane: "data-plane revocation",
+	OpRevokeDataPlane: "data-plane revocation", OpCreateDataPlaneSession: "data-plane session",
 }
 
 func (o Op) String() string { return opNames[o] }
@@ -81,7 +82,7 @@ func Admit(op Op, s Status) error {
 			(st == ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED && !s.HoldsExecution && !s.DeletionBegan)
 	case OpUpdateNetworkPolicy:
 		ok = st == ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE || st == ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED
-	case OpUpdateExpiration, OpRevokeDataPlane:
+	case OpUpdateExpiration, OpRevokeDataPlane, OpCreateDataPlaneSession:
 		ok = st != ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETING && st != ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETED
 	}
 	if ok {

@@ -36,6 +36,7 @@ const (
 	startMethod  = "/kibotos.ctrl.v1.WorkspaceService/StartWorkspace"
 	stopMethod   = "/kibotos.ctrl.v1.WorkspaceService/StopWorkspace"
 	deleteMethod = "/kibotos.ctrl.v1.WorkspaceService/DeleteWorkspace"
+	revokeMethod = "/kibotos.ctrl.v1.WorkspaceService/RevokeWorkspaceDataPlane"
 )
 
 // Capacity is the largest a single node offers; zero when no node is known.
@@ -625,6 +626,45 @@ func (s *Service) Delete(ctx context.Context, req *ctrlv1.DeleteWorkspaceRequest
 	}
 	out := &ctrlv1.DeleteWorkspaceResponse{}
 	return out, proto.Unmarshal(rec.Result, out)
+}
+
+// RevokeDataPlane serves RevokeWorkspaceDataPlane: one transaction raises
+// data_plane_generation by one and records the command COMPLETED, so it
+// returns completed (nothing runs asynchronously; the one-minute bound of
+// the API is never reached). It has no expected revision. It neither
+// supersedes the Workspace's command in flight nor wakes the reconciler:
+// the execution is untouched. Its Workspace's topic is notified after the
+// commit, which is what Verifiers on this replica invalidate their cached
+// generation on.
+func (s *Service) RevokeDataPlane(ctx context.Context, req *ctrlv1.RevokeWorkspaceDataPlaneRequest) (*ctrlv1.RevokeWorkspaceDataPlaneResponse, error) {
+	id := req.GetWorkspaceId()
+	if err := validateID(id); err != nil {
+		return nil, err
+	}
+	defer s.Store.Notify(store.WorkspaceTopic(id))
+	return command.Execute(ctx, s.Engine, command.Spec[*ctrlv1.RevokeWorkspaceDataPlaneRequest, *ctrlv1.RevokeWorkspaceDataPlaneResponse]{
+		Method: revokeMethod, ObjectKind: ObjectKind, ObjectID: id,
+		CommandKind: int(ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_REVOKE_DATA_PLANE), Request: req,
+		NewResponse: func() *ctrlv1.RevokeWorkspaceDataPlaneResponse { return &ctrlv1.RevokeWorkspaceDataPlaneResponse{} },
+		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (*ctrlv1.RevokeWorkspaceDataPlaneResponse, error) {
+			w, pub, err := s.load(ctx, tx, id)
+			if err != nil {
+				return nil, err
+			}
+			if err := Admit(OpRevokeDataPlane, status(w, pub)); err != nil {
+				return nil, observed(err, pub)
+			}
+			pub.DataPlaneGeneration++
+			if err := Save(w, pub, s.now()); err != nil {
+				return nil, err
+			}
+			if err := tx.UpdateWorkspace(ctx, w); err != nil {
+				return nil, err
+			}
+			// rec is COMPLETED already (the engine's default).
+			return &ctrlv1.RevokeWorkspaceDataPlaneResponse{Workspace: pub, Command: CommandMessage(rec)}, nil
+		},
+	})
 }
 
 // wait blocks until the command completes or the bound passes. A completed
