@@ -33,15 +33,18 @@ import (
 //  1. layer: a sparse image of the same size, mkfs.ext4 with the runtime's
 //     exact options, fsync'd and renamed in (as ensureLayer does);
 //  2. mounts: a loop device attached with LOOP_CONFIGURE + autoclear, the
-//     ext4 mounted, upper/ and work/ made, overlayfs (index=off) over the
-//     template mounted as the bundle's rootfs;
+//     ext4 mounted (fsmount), upper/ and work/ made, the ext4 and the
+//     template idmapped to the reference's ID range, overlayfs (index=off)
+//     over them attached as the bundle's rootfs — the runtime's own code
+//     (sandbox.MountIdmappedRoot);
 //  3. cgroup + crun run --detach: a cgroup with the same limits (memory
 //     without swap, whole vCPUs of CPU quota, 1024 pids) in the same
 //     controllers, made by the harness, which crun starts in (as the
-//     runtime's init shim does); crun makes new mount, PID, UTS, IPC,
-//     network and cgroup namespaces, mounts /proc, /sys (ro),
+//     runtime's init shim does); crun makes a user namespace (OCI
+//     uidMappings/gidMappings: 65536 IDs from sandbox.DefaultIDBase) and
+//     new mount, PID, UTS, IPC, network and cgroup namespaces, mounts /proc, /sys (ro),
 //     /sys/fs/cgroup (ro), /dev (tmpfs, devpts, shm), /tmp, /run, the
-//     guest's socket directory and binary, sets the hostname, brings lo up,
+//     guest's socket directory (idmapped: crun's "idmap" option) and binary, sets the hostname, brings lo up,
 //     pivots, keeps the runtime's capability set and execs the guest; then
 //     the harness sets oom_score_adj -998 on PID 1 (crun 1.8.1 applies a
 //     negative process.oomScoreAdj after dropping capabilities, and fails),
@@ -67,6 +70,7 @@ import (
 const refPingEvery = time.Millisecond
 
 type refEnv struct {
+	userns   int    // the user namespace of the idmapped mounts (idmapUserns)
 	dir      string // TMP/ref: bundles, images, crun state
 	crun     string
 	crunRoot string
@@ -146,9 +150,9 @@ type refSample struct {
 }
 
 type refRun struct {
-	id, base, img, layer, rootfs, bundle, sock string
-	mountedLayer, mountedRoot, created, cgroup bool
-	loop                                       string
+	id, base, img, rootfs, bundle, sock string
+	mountedRoot, created, cgroup        bool
+	loop                                string
 }
 
 // ensureCrun returns the path of crun, installing Debian's package when it
@@ -200,6 +204,14 @@ func newRefEnv(dir, crun, rootfs, guest, runID string, spec wsSpec) (*refEnv, er
 		cgParent: "kibotos-wsbench-" + runID, runID: runID, spec: spec, active: map[string]*refRun{}}
 	if err := os.MkdirAll(r.crunRoot, 0o700); err != nil {
 		return nil, err
+	}
+	// The container's root, an unprivileged uid on the host, must reach
+	// its bundle's rootfs (crun sets it up from within the user
+	// namespace): search, not read, permission down to it.
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			return nil, err
+		}
 	}
 	t, err := startNSThread(func() error {
 		if cgroupVersion() == 1 {
@@ -287,7 +299,6 @@ func (r *refEnv) runLocked(ctx context.Context, name string) (s refSample) {
 	run := &refRun{id: "wsb-" + r.runID + "-" + name}
 	run.base = filepath.Join(r.dir, run.id)
 	run.img = run.base + ".img"
-	run.layer = filepath.Join(run.base, "layer")
 	run.bundle = filepath.Join(run.base, "bundle")
 	run.rootfs = filepath.Join(run.bundle, "rootfs")
 	run.sock = filepath.Join(run.base, "sock")
@@ -303,8 +314,8 @@ func (r *refEnv) runLocked(ctx context.Context, name string) (s refSample) {
 	}()
 
 	t0 := time.Now()
-	for _, d := range []string{run.layer, run.rootfs, run.sock} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
+	for _, d := range []string{run.rootfs, run.sock} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
 			s.Err = err
 			return s
 		}
@@ -374,8 +385,34 @@ func protectPID1(pidFile string) error {
 	return os.WriteFile("/proc/"+strings.TrimSpace(string(b))+"/oom_score_adj", []byte("-998"), 0)
 }
 
-// mountRoot attaches the image to a loop device (autoclear), mounts it and
-// the overlay root.
+// refIDBase is the first host ID of the reference containers' user
+// namespace (all of them share one range: crun does not care).
+const refIDBase = sandbox.DefaultIDBase
+
+// idmapUserns returns a user namespace with the reference's ID mapping,
+// made once (a process that sleeps in it until the namespace is open).
+func (r *refEnv) idmapUserns() (int, error) {
+	if r.userns > 0 {
+		return r.userns, nil
+	}
+	cmd := exec.Command("sleep", "60")
+	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: refIDBase, Size: sandbox.IDsPerExecution}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER, UidMappings: m, GidMappings: m}
+	if err := cmd.Start(); err != nil {
+		return -1, fmt.Errorf("a user namespace for the idmapped mounts: %w", err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	r.userns = fd
+	return fd, nil
+}
+
+// mountRoot attaches the image to a loop device (autoclear) and mounts the
+// overlay root of it and the template, both idmapped to the reference's
+// ID range, as the runtime does (sandbox.MountIdmappedRoot).
 func (r *refEnv) mountRoot(run *refRun) error {
 	loopf, dev, err := attachLoop(run.img)
 	if err != nil {
@@ -383,19 +420,17 @@ func (r *refEnv) mountRoot(run *refRun) error {
 	}
 	defer loopf.Close() // the mount holds the device from here on (autoclear)
 	run.loop = dev
-	if err := unix.Mount(dev, run.layer, "ext4", unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
-		return fmt.Errorf("mount %s on %s: %w", dev, run.layer, err)
+	userns, err := r.idmapUserns()
+	if err != nil {
+		return err
 	}
-	run.mountedLayer = true
-	upper, work := filepath.Join(run.layer, "upper"), filepath.Join(run.layer, "work")
-	for _, d := range []string{upper, work} {
-		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-			return err
-		}
+	m, err := sandbox.MountIdmappedRoot(r.rootfs, dev, userns, refIDBase)
+	if err != nil {
+		return err
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off", r.rootfs, upper, work)
-	if err := unix.Mount("overlay", run.rootfs, "overlay", unix.MS_NODEV, opts); err != nil {
-		return fmt.Errorf("mount overlay on %s: %w", run.rootfs, err)
+	defer unix.Close(m)
+	if err := unix.MoveMount(m, "", unix.AT_FDCWD, run.rootfs, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach the root on %s: %w", run.rootfs, err)
 	}
 	run.mountedRoot = true
 	return nil
@@ -451,7 +486,7 @@ func attachLoop(image string) (*os.File, string, error) {
 
 // keptCaps mirrors the sandbox runtime's capability set (init.go).
 var keptCaps = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID",
-	"CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_SYS_CHROOT", "CAP_AUDIT_WRITE", "CAP_SETFCAP"}
+	"CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_AUDIT_WRITE", "CAP_SETFCAP"}
 
 func (r *refEnv) writeConfig(run *refRun) error {
 	mem := int64(r.spec.MemoryMiB) << 20
@@ -481,13 +516,15 @@ func (r *refEnv) writeConfig(run *refRun) error {
 			{"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": []string{nsn, "nodev", "noexec", "mode=1777", tmpfs}},
 			{"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": []string{nsn, "nodev", "mode=1777", tmpfs}},
 			{"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": []string{nsn, "nodev", "mode=755", "size=16m"}},
-			{"destination": protocol.SocketDir, "type": "bind", "source": run.sock, "options": []string{"bind", nsn, "nodev", "noexec"}},
+			{"destination": protocol.SocketDir, "type": "bind", "source": run.sock, "options": []string{"bind", nsn, "nodev", "noexec", "idmap"}},
 			{"destination": protocol.GuestBinaryPath, "type": "bind", "source": r.guest, "options": []string{"bind", "ro", nsn, "nodev"}},
 		},
 		"linux": map[string]any{
 			"namespaces": []map[string]string{
-				{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "cgroup"},
+				{"type": "user"}, {"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "cgroup"},
 			},
+			"uidMappings":   []map[string]any{{"containerID": 0, "hostID": refIDBase, "size": sandbox.IDsPerExecution}},
+			"gidMappings":   []map[string]any{{"containerID": 0, "hostID": refIDBase, "size": sandbox.IDsPerExecution}},
 			"maskedPaths":   []string{"/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/kallsyms"},
 			"readonlyPaths": []string{"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"},
 		},
@@ -540,11 +577,6 @@ func (r *refEnv) teardown(run *refRun) error {
 	}
 	if run.mountedRoot {
 		if err := unmountRetry(run.rootfs); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if run.mountedLayer {
-		if err := unmountRetry(run.layer); err != nil {
 			errs = append(errs, err)
 		}
 	}
