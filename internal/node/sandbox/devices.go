@@ -18,21 +18,17 @@ import (
 // /dev, the template's (the overlay root is nodev anyway) or one of the
 // host's reached through some hole.
 //
-// The list is applied twice on a start (see start.go):
-//
-//   - before the init shim starts, setupDevices: the workspace's devices
-//     with mknod, which the shim makes in the workspace's /dev, and the
-//     writable layer's loop device (read, write), which the shim mounts:
-//     the kernel checks the device list when a block device is mounted;
-//   - once the shim has exec'd the guest, workspaceDevices: the same
-//     devices, read and write only, and no loop device. The processes of a
-//     workspace have no CAP_MKNOD either.
+// The list, workspaceDevices, is applied once, before the init shim
+// starts (see start.go): the shim makes no device node (it binds the
+// host's, in a user namespace) and mounts no block device (the node mounts
+// the writable layer), so it needs no more than the workspace. The
+// processes of a workspace have no CAP_MKNOD either.
 //
 // cgroup v1 writes the list to the devices controller (devices.deny,
 // devices.allow); cgroup v2 has no devices controller and attaches a
-// BPF_PROG_TYPE_CGROUP_DEVICE program to the cgroup instead. The second
-// application only narrows, without a moment where less than its list
-// is allowed: the guest runs then.
+// BPF_PROG_TYPE_CGROUP_DEVICE program to the cgroup instead. A later
+// application of a narrower list (limitDevices on a cgroup in use) only
+// narrows, without a moment where less than its list is allowed.
 
 // anyDevice stands for every major or minor ("*").
 const anyDevice = -1
@@ -59,7 +55,7 @@ func (d deviceRule) String() string {
 }
 
 // workspaceDevices are the devices of the workspace's /dev (the init shim
-// makes them: initshim.setupRoot), read and write: null, zero, full,
+// binds the host's: initshim.setupRoot), read and write: null, zero, full,
 // random, urandom, tty, and devpts's ptmx and pseudo-terminals (136:*, as
 // in the OCI runtimes' default list). Not there, so not allowed: console
 // (5:1), /dev/net/tun, fuse, kvm, the host's disks and loop devices.
@@ -74,17 +70,6 @@ var workspaceDevices = []deviceRule{
 	{'c', 136, anyDevice, "rw"}, // pts/N
 }
 
-// setupDevices is the list while the init shim sets up: the workspace's
-// devices with mknod, and the loop device loop (read, write).
-func setupDevices(loop uint64) []deviceRule {
-	out := make([]deviceRule, 0, len(workspaceDevices)+1)
-	for _, d := range workspaceDevices {
-		d.Access = "rwm"
-		out = append(out, d)
-	}
-	return append(out, deviceRule{'b', int64(unix.Major(loop)), int64(unix.Minor(loop)), "rw"})
-}
-
 // blockDevice returns the device number of the block device at path.
 func blockDevice(path string) (uint64, error) {
 	var st unix.Stat_t
@@ -97,18 +82,16 @@ func blockDevice(path string) (uint64, error) {
 	return st.Rdev, nil
 }
 
-// limitLayerDevice applies what the execution's cgroup rel enforces about
-// the writable layer's loop device loopDev, once it is attached and before
-// the init shim starts: the setup's device list (setupDevices, which lets
-// the shim mount it) and the node's IO limits on it (Config.IO). start
-// narrows the device list to workspaceDevices once the shim has mounted
-// it.
+// limitLayerDevice applies, once the writable layer's loop device loopDev
+// is attached and before the init shim starts, the execution's device list
+// (workspaceDevices: not the loop device, which the node mounts) and the
+// node's IO limits on the loop device (Config.IO) to the cgroup rel.
 func (r *Runtime) limitLayerDevice(rel, loopDev string) error {
 	dev, err := blockDevice(loopDev)
 	if err != nil {
 		return err
 	}
-	if err := r.cg.limitDevices(rel, setupDevices(dev)); err != nil {
+	if err := r.cg.limitDevices(rel, workspaceDevices); err != nil {
 		return err
 	}
 	return r.cg.limitIO(rel, dev, r.ioLimits())

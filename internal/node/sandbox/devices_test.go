@@ -291,3 +291,14 @@ func TestWorkspaceDevices(t *testing.T) {
 	}
 	assertNoLeaks(t, root)
 }
+
+// setupDevices is a wider list than the workspace's (its devices with
+// mknod, and the loop device loop), which the tests narrow.
+func setupDevices(loop uint64) []deviceRule {
+	out := make([]deviceRule, 0, len(workspaceDevices)+1)
+	for _, d := range workspaceDevices {
+		d.Access = "rwm"
+		out = append(out, d)
+	}
+	return append(out, deviceRule{'b', int64(unix.Major(loop)), int64(unix.Minor(loop)), "rw"})
+}

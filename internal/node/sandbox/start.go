@@ -65,8 +65,8 @@ func (r *Runtime) Start(ctx context.Context, s Spec) error {
 //  3. createCgroup: the cgroup and its limits;
 //  4. prepareRunDir: a fresh run directory (the mount points);
 //  5. the layer (waited for) is attached to a loop device and mounted as
-//     a detached mount (mountLayer); the cgroup's IO limits and setup
-//     device list name it (limitLayerDevice);
+//     a detached mount (mountLayer); the cgroup's IO limits name it, and
+//     its device list is the workspace's (limitLayerDevice);
 //  6. openInitPipes, openGuestFiles, launchShim: the init shim starts in
 //     a new user namespace and new namespaces it owns, born in the cgroup
 //     when the host allows it, with the guest's channel and log pipe;
@@ -75,8 +75,7 @@ func (r *Runtime) Start(ctx context.Context, s Spec) error {
 //  8. makeRoot, configureShim, waitShimSetup: the overlay root, its
 //     layers idmapped through the shim's user namespace, goes to the shim
 //     with its configuration; the shim moves it into place, mounts,
-//     pivots and execs the guest; the device list narrows to the
-//     workspace's (devices.go);
+//     pivots and execs the guest;
 //  9. waitGuest: the guest's first answer;
 //  10. markRunning: the record, phase running; health pings start.
 //
@@ -182,9 +181,6 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 	}
 	if err := r.waitShimSetup(ctx, pipes.statR); err != nil {
 		return err
-	}
-	if err := r.cg.limitDevices(st.Cgroup, workspaceDevices); err != nil {
-		return fmt.Errorf("%w: cgroup: %v", ErrStart, err)
 	}
 	tExec := time.Now()
 	if err := r.waitGuest(ctx, e); err != nil {

@@ -101,6 +101,11 @@ func TestUserNamespace(t *testing.T) {
 	if got := sh(t, r, ws, "id -u; echo hi > /root/f; mkdir -p /home/u; echo u > /home/u/g; chown -R 1000:1001 /home/u; rm -rf /etc; mkdir /etc; echo new > /etc/x; ls -ln /root/f"); !strings.HasPrefix(got, "0\n") || !strings.Contains(got, " 0 ") {
 		t.Errorf("inside: %q", got)
 	}
+	// Ports below 1024: root has CAP_NET_BIND_SERVICE in the network
+	// namespace its user namespace owns.
+	if got := sh(t, r, ws, "nc -l -p 80 </dev/null >/dev/null 2>/tmp/nc.err & p=$!; sleep 0.3; kill -0 $p && echo listening; kill $p; cat /tmp/nc.err"); got != "listening\n" {
+		t.Errorf("listening on port 80 inside: %q", got)
+	}
 	if err := r.Stop(ctx, ws, false); err != nil {
 		t.Fatal(err)
 	}
