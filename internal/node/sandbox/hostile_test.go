@@ -347,6 +347,38 @@ func TestHostilePID1(t *testing.T) {
 	}
 }
 
+// Finding 7: AF_VSOCK is not isolated by the network namespace, and raw and
+// packet sockets were allowed. Inside a real workspace, under its real
+// filter, creating them is refused; ordinary sockets still work. The
+// sockets are only created: a vsock port is never bound or connected (the
+// machine's own services use vsock).
+func TestHostileSockets(t *testing.T) {
+	r, _, _, spec := hostileRuntime(t)
+	ctx := context.Background()
+	const ws = "ws-sockets"
+	start(t, r, spec(ws))
+	defer r.Delete(ctx, ws)
+	for _, tc := range []struct {
+		name        string
+		family, typ int
+		want        string
+	}{
+		{"vsock stream", unix.AF_VSOCK, unix.SOCK_STREAM, "address family not supported by protocol"},
+		{"vsock datagram", unix.AF_VSOCK, unix.SOCK_DGRAM, "address family not supported by protocol"},
+		{"packet", unix.AF_PACKET, unix.SOCK_RAW, "address family not supported by protocol"},
+		{"raw IPv4", unix.AF_INET, unix.SOCK_RAW, "operation not permitted"},
+		{"raw IPv6", unix.AF_INET6, unix.SOCK_RAW, "operation not permitted"},
+		{"TCP", unix.AF_INET, unix.SOCK_STREAM, "ok"},
+		{"UDP", unix.AF_INET6, unix.SOCK_DGRAM, "ok"},
+		{"unix", unix.AF_UNIX, unix.SOCK_STREAM, "ok"},
+	} {
+		out, _ := run(t, r, ws, "hostile", "socket", strconv.Itoa(tc.family), strconv.Itoa(tc.typ))
+		if got := strings.TrimSpace(out); got != tc.want {
+			t.Errorf("%s: socket(%d, %d) inside: %q, want %q", tc.name, tc.family, tc.typ, got, tc.want)
+		}
+	}
+}
+
 // Finding 6: descriptors the node inherited leaked into every PID 1. Now
 // the shim closes everything but 0-2 and the channel's three at its exec.
 func TestHostileInheritedDescriptor(t *testing.T) {

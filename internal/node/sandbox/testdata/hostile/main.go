@@ -9,6 +9,7 @@
 //	hostile traceme-exec ARGV...   PTRACE_TRACEME (its parent becomes its tracer), then exec
 //	hostile serve PATH             a unix socket at PATH that answers every request as a guest would
 //	hostile inotify-hold PATH      opens inotify instances until refused, prints "N error", holds them until PATH exists (30s at most)
+//	hostile socket FAMILY TYPE     socket(FAMILY, TYPE, 0) only (never bound or connected), prints "ok" or the error
 package main
 
 import (
@@ -82,6 +83,14 @@ func main() {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
+	case "socket":
+		family, _ := strconv.Atoi(os.Args[2])
+		typ, _ := strconv.Atoi(os.Args[3])
+		fd, err := unix.Socket(family, typ, 0)
+		if err == nil {
+			unix.Close(fd)
+		}
+		report(err)
 	case "serve":
 		ln, err := net.Listen("unix", os.Args[2])
 		if err != nil {
