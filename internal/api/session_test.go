@@ -46,6 +46,7 @@ func TestDataPlaneSessionNotServed(t *testing.T) {
 	_, c, _ := wsEnv(t, ctrltest.Options{})
 	ctx := t.Context()
 	w, _ := createWS(t, c, "dpns-create")
+	waitNode(t, c) // the workspace capabilities are listed once the node has registered
 	info, err := c.ServerInfo.GetServerInfo(ctx, connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
 	if err != nil {
 		t.Fatal(err)
