@@ -7,8 +7,9 @@
 // (READY, DISK_PRESSURE when the writable layer has less than 5% free,
 // MEMORY_PRESSURE when the working set of the workspace's cgroup is above 90%
 // of its limit), flushes the writable layer when the node asks for writeback,
-// runs commands for the node (OpExec) and powers the workspace off on
-// request.
+// serves the data plane's ProcessService (process.go, ring.go, serve.go:
+// connect-go over HTTP/2 on the node's connections) and powers the
+// workspace off on request.
 //
 // PID 1 is not dumpable (Main sets it before anything else): the
 // workspace's root, which has no CAP_SYS_PTRACE, can neither ptrace it nor
@@ -42,6 +43,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"runtime"
@@ -55,6 +57,7 @@ import (
 
 	"github.com/kibotos/kibotos/internal/mountinfo"
 
+	"golang.org/x/net/http2"
 	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/internal/guest/protocol"
@@ -99,6 +102,15 @@ type Agent struct {
 	loopDone chan struct{}
 	looping  atomic.Bool
 
+	// The data plane (serve.go): the HTTP/2 server, its handler, the
+	// processes it started, and the context its connections are served
+	// with (ended when Run returns).
+	h2        *http2.Server
+	h2Handler http.Handler
+	procs     *processTable
+	ctx       context.Context
+	cancel    context.CancelFunc
+
 	mu       sync.Mutex
 	ln       net.Listener
 	stopping bool
@@ -127,8 +139,19 @@ func New(cfg Config) *Agent {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	return &Agent{cfg: cfg, log: cfg.Log, pid1: pid1, reaper: newReaper(pid1),
-		loop: make(chan func()), loopDone: make(chan struct{}), done: make(chan struct{})}
+	a := &Agent{cfg: cfg, log: cfg.Log, pid1: pid1, reaper: newReaper(pid1),
+		loop: make(chan func()), loopDone: make(chan struct{}), done: make(chan struct{}),
+		procs: newProcessTable()}
+	a.ctx, a.cancel = context.WithCancel(context.Background())
+	a.h2, a.h2Handler = a.newDataPlane()
+	return a
+}
+
+// isStopping reports whether the guest is powering off.
+func (a *Agent) isStopping() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.stopping
 }
 
 // Main is kibotos-guest's main: it returns the process exit code. Its
@@ -247,6 +270,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer runtime.UnlockOSThread()
 	a.looping.Store(true)
 	defer close(a.loopDone)
+	defer a.cancel()
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, unix.SIGCHLD, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGPWR, unix.SIGUSR1, unix.SIGUSR2)
 	defer signal.Stop(sigs)
@@ -345,9 +369,9 @@ func (a *Agent) accept(ln net.Listener) {
 	}
 }
 
-func (a *Agent) serveConn(c net.Conn) {
+// serveLines serves the line protocol of package protocol on c.
+func (a *Agent) serveLines(c net.Conn, br *bufio.Reader) {
 	defer c.Close()
-	br := bufio.NewReader(c)
 	for {
 		var req protocol.Request
 		if err := protocol.ReadMessage(br, &req, protocol.MaxRequest); err != nil {

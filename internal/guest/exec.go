@@ -191,12 +191,7 @@ func (a *Agent) Exec(ctx context.Context, req *protocol.ExecRequest) (*protocol.
 	}
 	dir := req.Dir
 	if dir == "" {
-		dir = "/"
-		if a.pid1 {
-			if fi, err := os.Stat("/root"); err == nil && fi.IsDir() {
-				dir = "/root"
-			}
-		}
+		dir = a.defaultDir()
 	}
 	path, argv := a.cfg.Trampoline, append([]string{"kibotos-guest", trampolineArg}, req.Argv...)
 	if path == "" {
@@ -312,6 +307,17 @@ func (a *Agent) Exec(ctx context.Context, req *protocol.ExecRequest) (*protocol.
 		res.ExitCode = -1
 	}
 	return res, nil
+}
+
+// defaultDir is the working directory of a command that names none: /root
+// in a workspace that has it, / otherwise.
+func (a *Agent) defaultDir() string {
+	if a.pid1 {
+		if fi, err := os.Stat("/root"); err == nil && fi.IsDir() {
+			return "/root"
+		}
+	}
+	return "/"
 }
 
 func envValue(env []string, key string) string {

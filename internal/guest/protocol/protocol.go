@@ -15,8 +15,11 @@
 // microVM runtime would replace only the channel: "send a socket over the
 // channel" is the same operation as "connect to the port".
 //
-// The data plane will put connect-go over HTTP/2 on such a connection; the
-// newline-JSON framing below is all that changes then.
+// A connection carries one of two protocols, told apart by its first byte:
+// "{" the newline-JSON line protocol below (ping, writeback, shutdown, and
+// the agent tests' exec), "P" — the client preface of HTTP/2 with prior
+// knowledge (h2c) — the data plane: connect-go services of package
+// guestv1 (proto/kibotos/guest/v1), today the ProcessService.
 //
 // Outside the sandbox runtime (the agent's own tests, the crun reference of
 // bench/workspacebench) the guest can instead listen on SocketPath, and Dial
@@ -46,8 +49,8 @@
 //     (NoticePoweroff); it then waits for the node to end it.
 //   - OpExec: runs Exec.Argv inside the workspace and answers with its
 //     output (at most MaxExecOutput bytes of each stream) and exit code. It
-//     is the tests' way to run a command today and will grow into the data
-//     plane.
+//     is the agent tests' way to run a command in listening mode; the node
+//     runs processes through the data plane's ProcessService instead.
 package protocol
 
 import (
@@ -95,6 +98,10 @@ const (
 	// MaxExecOutput bounds each of stdout and stderr of an OpExec, so that
 	// both, base64-encoded, fit in MaxResponse.
 	MaxExecOutput = 16 << 10
+	// MaxDataPlaneMessage bounds one message of the data plane's services
+	// (package guestv1), both ways: connect.WithReadMaxBytes on the node
+	// and in the guest.
+	MaxDataPlaneMessage = 512 << 10
 	// MaxText bounds the free text of a response (Message, Error, Signal,
 	// each Synced entry): the guest clips to it, and so does the node
 	// before it logs or reports any.

@@ -1,0 +1,562 @@
+package guest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
+
+	guestv1 "github.com/kibotos/kibotos/gen/kibotos/guest/v1"
+	"github.com/kibotos/kibotos/internal/guest/protocol"
+)
+
+// Bounds of the process table.
+const (
+	// MaxProcesses bounds the processes the guest keeps: running ones and
+	// ended ones whose output a client may still read. A Start beyond it
+	// forgets the oldest ended process, or fails with resource_exhausted
+	// when all run.
+	MaxProcesses = 256
+	// maxInputRequest bounds the data of one SendInput.
+	maxInputRequest = 256 << 10
+	// outputLinger is how long output is still read after the process
+	// ended (a background child may hold its pipes): then the guest stops
+	// reading and reports the exit.
+	outputLinger = 250 * time.Millisecond
+)
+
+// process is a process started through the ProcessService.
+type process struct {
+	id, tag string
+	argv    []string
+	pid     int
+	pty     *os.File // the terminal's master, with a pty
+
+	mu      sync.Mutex
+	changed chan struct{} // closed and replaced at every change
+	out     *ring
+	in      inputBuffer
+	inClose bool            // CloseInput was asked
+	exited  *guestv1.Exited // set once its output ended too
+	stdin   *os.File        // the write end of stdin (nil with a pty)
+}
+
+// notify wakes the readers; p.mu is held.
+func (p *process) notify() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// processTable is the guest's processes.
+type processTable struct {
+	mu     sync.Mutex
+	byID   map[string]*process
+	byTag  map[string]*process
+	order  []*process
+	nextID int
+}
+
+func newProcessTable() *processTable {
+	return &processTable{byID: map[string]*process{}, byTag: map[string]*process{}}
+}
+
+func (t *processTable) get(id, tag string) *process {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if id != "" {
+		return t.byID[id]
+	}
+	if tag != "" {
+		return t.byTag[tag]
+	}
+	return nil
+}
+
+// reserve makes room for one more process; t.mu is held.
+func (t *processTable) reserve() bool {
+	if len(t.order) < MaxProcesses {
+		return true
+	}
+	for i, p := range t.order {
+		p.mu.Lock()
+		ended := p.exited != nil
+		p.mu.Unlock()
+		if ended {
+			t.order = append(t.order[:i], t.order[i+1:]...)
+			delete(t.byID, p.id)
+			if p.tag != "" && t.byTag[p.tag] == p {
+				delete(t.byTag, p.tag)
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// processService serves guestv1connect.ProcessServiceHandler.
+type processService struct{ a *Agent }
+
+func notFound(id, tag string) error {
+	if id == "" && tag == "" {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("no process_id or tag"))
+	}
+	if id == "" {
+		return connect.NewError(connect.CodeNotFound, fmt.Errorf("no process tagged %q", protocol.Clip(tag, 128)))
+	}
+	return connect.NewError(connect.CodeNotFound, fmt.Errorf("no process %q", protocol.Clip(id, 128)))
+}
+
+func (s processService) Start(ctx context.Context, req *connect.Request[guestv1.StartRequest]) (*connect.Response[guestv1.StartResponse], error) {
+	m := req.Msg
+	if len(m.GetArgv()) == 0 {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("empty argv"))
+	}
+	if s.a.isStopping() {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("guest is powering off"))
+	}
+	t := s.a.procs
+	// One Start at a time: a tag is looked up and claimed atomically.
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if m.GetTag() != "" {
+		if p := t.byTag[m.GetTag()]; p != nil {
+			return connect.NewResponse(&guestv1.StartResponse{ProcessId: p.id, Pid: int32(p.pid), Existing: true}), nil
+		}
+	}
+	if !t.reserve() {
+		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%d processes run", MaxProcesses))
+	}
+	t.nextID++
+	p, err := s.a.startProcess("p-"+strconv.Itoa(t.nextID), m)
+	if err != nil {
+		return nil, err
+	}
+	t.byID[p.id] = p
+	if p.tag != "" {
+		t.byTag[p.tag] = p
+	}
+	t.order = append(t.order, p)
+	return connect.NewResponse(&guestv1.StartResponse{ProcessId: p.id, Pid: int32(p.pid)}), nil
+}
+
+// startProcess starts m's process as a child of the agent's loop thread
+// (see reaper), in its own session, with pipes or a terminal.
+func (a *Agent) startProcess(id string, m *guestv1.StartRequest) (*process, error) {
+	env := m.GetEnv()
+	if len(env) == 0 {
+		term := "TERM=dumb"
+		if m.GetPty() != nil {
+			term = "TERM=xterm"
+		}
+		env = []string{"PATH=" + DefaultPath, "HOME=/root", term, "LANG=C.UTF-8"}
+	}
+	dir := m.GetWorkingDirectory()
+	if dir == "" {
+		dir = a.defaultDir()
+	}
+	path, argv := a.cfg.Trampoline, append([]string{"kibotos-guest", trampolineArg}, m.GetArgv()...)
+	if path == "" {
+		p, err := lookPathIn(m.GetArgv()[0], envValue(env, "PATH"))
+		if err != nil {
+			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("%s: command not found", protocol.Clip(m.GetArgv()[0], 256)))
+		}
+		path, argv = p, m.GetArgv()
+	}
+	sys := &syscall.SysProcAttr{Setsid: true}
+	if m.Uid != nil || m.Gid != nil {
+		sys.Credential = &syscall.Credential{Uid: m.GetUid(), Gid: m.GetGid()}
+	}
+	p := &process{id: id, tag: m.GetTag(), argv: m.GetArgv(), changed: make(chan struct{}),
+		out: newRing(RingBytes), in: inputBuffer{max: InputBytes}}
+	var files []*os.File // the child's ends, closed once it started
+	var readers []*os.File
+	var streams []guestv1.Stream
+	closeAll := func() {
+		for _, f := range append(files, readers...) {
+			f.Close()
+		}
+		if p.stdin != nil {
+			p.stdin.Close()
+		}
+		if p.pty != nil {
+			p.pty.Close()
+		}
+	}
+	if pty := m.GetPty(); pty != nil {
+		master, slave, err := openPty(pty.GetRows(), pty.GetCols())
+		if err != nil {
+			return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("pty: %w", err))
+		}
+		p.pty = master
+		files = []*os.File{slave, slave, slave}
+		sys.Setctty, sys.Ctty = true, 0
+		readers, streams = []*os.File{master}, []guestv1.Stream{guestv1.Stream_STREAM_STDOUT}
+	} else {
+		inR, inW, err := os.Pipe()
+		if err != nil {
+			return nil, connect.NewError(connect.CodeInternal, err)
+		}
+		p.stdin = inW
+		files = append(files, inR)
+		for _, s := range []guestv1.Stream{guestv1.Stream_STREAM_STDOUT, guestv1.Stream_STREAM_STDERR} {
+			r, w, err := os.Pipe()
+			if err != nil {
+				closeAll()
+				return nil, connect.NewError(connect.CodeInternal, err)
+			}
+			files = append(files, w)
+			readers, streams = append(readers, r), append(streams, s)
+		}
+	}
+	attr := &os.ProcAttr{Dir: dir, Env: env, Files: files, Sys: sys}
+	var wait <-chan unix.WaitStatus
+	var err error
+	a.onLoop(func() {
+		p.pid, wait, err = a.reaper.start(func() (int, error) {
+			proc, err := os.StartProcess(path, argv, attr)
+			if err != nil {
+				return 0, err
+			}
+			pid := proc.Pid
+			_ = proc.Release()
+			return pid, nil
+		})
+	})
+	for _, f := range files {
+		f.Close()
+	}
+	files = nil
+	if err != nil {
+		closeAll()
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s: %w", protocol.Clip(m.GetArgv()[0], 256), err))
+	}
+	var readersDone sync.WaitGroup
+	for i, r := range readers {
+		readersDone.Add(1)
+		go func() {
+			defer readersDone.Done()
+			p.readOutput(r, streams[i])
+		}()
+	}
+	go p.writeInput()
+	go func() {
+		ws := <-wait
+		done := make(chan struct{})
+		go func() { readersDone.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(outputLinger):
+			for _, r := range readers {
+				_ = r.SetReadDeadline(time.Unix(1, 0))
+			}
+			<-done
+		}
+		for _, r := range readers {
+			if r != p.pty {
+				r.Close()
+			}
+		}
+		ex := exitOf(ws)
+		p.mu.Lock()
+		ex.EndOffset = p.out.end
+		p.exited = ex
+		if p.stdin != nil {
+			p.stdin.Close() // ends a writeInput blocked on a full pipe
+		}
+		p.notify()
+		p.mu.Unlock()
+		if p.pty != nil {
+			p.pty.Close()
+		}
+	}()
+	return p, nil
+}
+
+func exitOf(ws unix.WaitStatus) *guestv1.Exited {
+	switch {
+	case ws.Exited():
+		return &guestv1.Exited{ExitCode: int32(ws.ExitStatus())}
+	case ws.Signaled():
+		return &guestv1.Exited{ExitCode: 128 + int32(ws.Signal()), Signal: int32(ws.Signal()), SignalName: unix.SignalName(ws.Signal())}
+	}
+	return &guestv1.Exited{ExitCode: -1}
+}
+
+// readOutput copies r into the ring, ChunkBytes at a time, until it ends
+// (EOF, or EIO from a terminal whose other side is closed).
+func (p *process) readOutput(r *os.File, stream guestv1.Stream) {
+	for {
+		buf := make([]byte, ChunkBytes)
+		n, err := r.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			p.out.append(stream, buf[:n:n])
+			p.notify()
+			p.mu.Unlock()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// writeInput writes the input buffer to the process until it ends, or
+// until the input is closed and the buffer drained.
+func (p *process) writeInput() {
+	for {
+		p.mu.Lock()
+		for len(p.in.buf) == 0 && !p.inClose && p.exited == nil {
+			ch := p.changed
+			p.mu.Unlock()
+			<-ch
+			p.mu.Lock()
+		}
+		if p.exited != nil {
+			p.mu.Unlock()
+			return
+		}
+		data := p.in.buf
+		closing := p.inClose && len(data) == 0
+		p.mu.Unlock()
+		if closing {
+			if p.pty != nil {
+				_, _ = p.pty.Write([]byte{4}) // VEOF
+			} else {
+				p.stdin.Close()
+			}
+			return
+		}
+		w := p.stdin
+		if p.pty != nil {
+			w = p.pty
+		}
+		n, err := w.Write(data)
+		p.mu.Lock()
+		p.in.buf = p.in.buf[n:]
+		if len(p.in.buf) == 0 {
+			p.in.buf = nil
+		}
+		p.notify()
+		p.mu.Unlock()
+		if err != nil {
+			return // the process closed its stdin or ended: input is dropped
+		}
+	}
+}
+
+func (s processService) Events(ctx context.Context, req *connect.Request[guestv1.EventsRequest], stream *connect.ServerStream[guestv1.EventsResponse]) error {
+	p := s.a.procs.get(req.Msg.GetProcessId(), req.Msg.GetTag())
+	if p == nil {
+		return notFound(req.Msg.GetProcessId(), req.Msg.GetTag())
+	}
+	if err := stream.Send(&guestv1.EventsResponse{Event: &guestv1.EventsResponse_Started{Started: &guestv1.Started{Pid: int32(p.pid)}}}); err != nil {
+		return err
+	}
+	off := req.Msg.GetFromOffset()
+	for {
+		p.mu.Lock()
+		ev, next, ok := p.out.read(off)
+		exited, changed := p.exited, p.changed
+		p.mu.Unlock()
+		if ok {
+			if err := stream.Send(ev); err != nil {
+				return err
+			}
+			off = next
+			continue
+		}
+		if exited != nil {
+			return stream.Send(&guestv1.EventsResponse{Event: &guestv1.EventsResponse_Exited{Exited: exited}})
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (s processService) SendInput(ctx context.Context, req *connect.Request[guestv1.SendInputRequest]) (*connect.Response[guestv1.SendInputResponse], error) {
+	m := req.Msg
+	if len(m.GetData()) > maxInputRequest {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("input of %d bytes exceeds %d", len(m.GetData()), maxInputRequest))
+	}
+	p := s.a.procs.get(m.GetProcessId(), "")
+	if p == nil {
+		return nil, notFound(m.GetProcessId(), "")
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.exited != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("the process has ended"))
+	}
+	if p.inClose {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("the input is closed"))
+	}
+	n, gap := p.in.accept(m.GetOffset(), m.GetData())
+	if gap {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("input offset %d is past the guest's %d", m.GetOffset(), p.in.offset))
+	}
+	p.notify()
+	resp := &guestv1.SendInputResponse{AcceptedBytes: uint64(n), InputOffset: p.in.offset}
+	if n < len(m.GetData()) {
+		err := connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("input buffer full: %d of %d bytes accepted", n, len(m.GetData())))
+		if d, derr := connect.NewErrorDetail(resp); derr == nil {
+			err.AddDetail(d)
+		}
+		return nil, err
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s processService) CloseInput(ctx context.Context, req *connect.Request[guestv1.CloseInputRequest]) (*connect.Response[guestv1.CloseInputResponse], error) {
+	p := s.a.procs.get(req.Msg.GetProcessId(), "")
+	if p == nil {
+		return nil, notFound(req.Msg.GetProcessId(), "")
+	}
+	p.mu.Lock()
+	p.inClose = true
+	p.notify()
+	p.mu.Unlock()
+	return connect.NewResponse(&guestv1.CloseInputResponse{}), nil
+}
+
+func (s processService) Signal(ctx context.Context, req *connect.Request[guestv1.SignalRequest]) (*connect.Response[guestv1.SignalResponse], error) {
+	m := req.Msg
+	p := s.a.procs.get(m.GetProcessId(), "")
+	if p == nil {
+		return nil, notFound(m.GetProcessId(), "")
+	}
+	if m.GetSignal() < 0 || m.GetSignal() > 64 {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("no signal %d", m.GetSignal()))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.exited != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("the process has ended"))
+	}
+	target := p.pid
+	if m.GetProcessGroup() {
+		target = -p.pid
+	}
+	if err := unix.Kill(target, unix.Signal(m.GetSignal())); err != nil && !errors.Is(err, unix.ESRCH) {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
+	}
+	return connect.NewResponse(&guestv1.SignalResponse{}), nil
+}
+
+func (s processService) Resize(ctx context.Context, req *connect.Request[guestv1.ResizeRequest]) (*connect.Response[guestv1.ResizeResponse], error) {
+	m := req.Msg
+	p := s.a.procs.get(m.GetProcessId(), "")
+	if p == nil {
+		return nil, notFound(m.GetProcessId(), "")
+	}
+	if p.pty == nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("the process has no terminal"))
+	}
+	if m.GetRows() == 0 || m.GetCols() == 0 || m.GetRows() > 1<<15 || m.GetCols() > 1<<15 {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("bad size %dx%d", m.GetRows(), m.GetCols()))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.exited != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("the process has ended"))
+	}
+	if err := setWinsize(p.pty, m.GetRows(), m.GetCols()); err != nil {
+		return nil, connect.NewError(connect.CodeInternal, err)
+	}
+	return connect.NewResponse(&guestv1.ResizeResponse{}), nil
+}
+
+func (s processService) List(ctx context.Context, req *connect.Request[guestv1.ListRequest]) (*connect.Response[guestv1.ListResponse], error) {
+	t := s.a.procs
+	t.mu.Lock()
+	order := append([]*process(nil), t.order...)
+	t.mu.Unlock()
+	resp := &guestv1.ListResponse{}
+	for _, p := range order {
+		p.mu.Lock()
+		info := &guestv1.ProcessInfo{ProcessId: p.id, Tag: protocol.Clip(p.tag, 256), Argv: clipArgv(p.argv, 1<<10),
+			Pid: int32(p.pid), Running: p.exited == nil, Exited: p.exited, Pty: p.pty != nil, OutputOffset: p.out.end}
+		p.mu.Unlock()
+		resp.Processes = append(resp.Processes, info)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// clipArgv cuts argv to at most max bytes in all.
+func clipArgv(argv []string, max int) []string {
+	var out []string
+	for _, a := range argv {
+		if max <= 0 {
+			break
+		}
+		a = protocol.Clip(a, max)
+		max -= len(a)
+		out = append(out, a)
+	}
+	return out
+}
+
+// openPty opens a new pseudo-terminal of rows×cols (24×80 for zeros).
+func openPty(rows, cols uint32) (master, slave *os.File, err error) {
+	mfd, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := unix.IoctlSetPointerInt(mfd, unix.TIOCSPTLCK, 0); err != nil {
+		unix.Close(mfd)
+		return nil, nil, err
+	}
+	// O_NOCTTY: the terminal must not become PID 1's own (PID 1 leads
+	// a session; closing the master would then SIGHUP it).
+	r, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(mfd), unix.TIOCGPTPEER, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC)
+	sfd := int(r)
+	if errno != 0 {
+		n, nerr := unix.IoctlGetInt(mfd, unix.TIOCGPTN)
+		if nerr != nil {
+			unix.Close(mfd)
+			return nil, nil, nerr
+		}
+		sfd, err = unix.Open("/dev/pts/"+strconv.Itoa(n), unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			unix.Close(mfd)
+			return nil, nil, err
+		}
+	}
+	unix.CloseOnExec(sfd)
+	if rows == 0 {
+		rows = 24
+	}
+	if cols == 0 {
+		cols = 80
+	}
+	if err := unix.IoctlSetWinsize(mfd, unix.TIOCSWINSZ, &unix.Winsize{Row: uint16(rows), Col: uint16(cols)}); err != nil {
+		unix.Close(mfd)
+		unix.Close(sfd)
+		return nil, nil, err
+	}
+	_ = unix.SetNonblock(mfd, true)
+	return os.NewFile(uintptr(mfd), "pty"), os.NewFile(uintptr(sfd), "pts"), nil
+}
+
+func setWinsize(f *os.File, rows, cols uint32) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ierr error
+	if err := rc.Control(func(fd uintptr) {
+		ierr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: uint16(rows), Col: uint16(cols)})
+	}); err != nil {
+		return err
+	}
+	return ierr
+}
