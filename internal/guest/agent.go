@@ -160,12 +160,15 @@ func (a *Agent) isStopping() bool {
 //
 //	kibotos-guest             run the agent (PID 1 of a workspace)
 //	kibotos-guest poweroff    ask the running agent to power the workspace off
-//	kibotos-guest __exec ...  internal: the OpExec trampoline
+//	kibotos-guest __exec ...  internal: the trampoline of commands
+//	kibotos-guest __exec-as UID GID ...  internal: the same, as UID:GID
 func Main(args []string) int {
 	if len(args) > 1 {
 		switch args[1] {
 		case trampolineArg:
 			return runTrampoline(args[2:])
+		case trampolineAsArg:
+			return runTrampolineAs(args[2:])
 		case "poweroff", "shutdown", "halt":
 			if err := requestPoweroff(); err != nil {
 				fmt.Fprintln(os.Stderr, "kibotos-guest:", err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -26,6 +27,42 @@ const trampolineArg = "__exec"
 
 // DefaultPath is the PATH of commands run in the workspace.
 const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// trampolineAsArg is trampolineArg that also takes on a user and group:
+//
+//	kibotos-guest __exec-as UID GID argv...
+//
+// It drops to them itself (no supplementary groups) after the OOM score
+// reset, since the unprivileged user may not execute the guest binary.
+const trampolineAsArg = "__exec-as"
+
+func runTrampolineAs(args []string) int {
+	if len(args) < 3 {
+		fmt.Fprintln(os.Stderr, "kibotos-guest: __exec-as: usage: UID GID argv...")
+		return 127
+	}
+	uid, err1 := strconv.ParseUint(args[0], 10, 32)
+	gid, err2 := strconv.ParseUint(args[1], 10, 32)
+	if err1 != nil || err2 != nil {
+		fmt.Fprintln(os.Stderr, "kibotos-guest: __exec-as: bad uid or gid")
+		return 127
+	}
+	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("0"), 0)
+	// syscall's, not unix's: they change every thread of the process.
+	if err := syscall.Setgroups(nil); err != nil {
+		fmt.Fprintf(os.Stderr, "kibotos-guest: setgroups: %v\n", err)
+		return 126
+	}
+	if err := syscall.Setgid(int(gid)); err != nil {
+		fmt.Fprintf(os.Stderr, "kibotos-guest: setgid %d: %v\n", gid, err)
+		return 126
+	}
+	if err := syscall.Setuid(int(uid)); err != nil {
+		fmt.Fprintf(os.Stderr, "kibotos-guest: setuid %d: %v\n", uid, err)
+		return 126
+	}
+	return runTrampoline(args[2:])
+}
 
 func runTrampoline(argv []string) int {
 	if len(argv) == 0 {

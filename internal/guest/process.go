@@ -162,16 +162,21 @@ func (a *Agent) startProcess(id string, m *guestv1.StartRequest) (*process, erro
 		dir = a.defaultDir()
 	}
 	path, argv := a.cfg.Trampoline, append([]string{"kibotos-guest", trampolineArg}, m.GetArgv()...)
+	sys := &syscall.SysProcAttr{Setsid: true}
+	if m.Uid != nil || m.Gid != nil {
+		// The trampoline drops to them; without one, the kernel does.
+		argv = append([]string{"kibotos-guest", trampolineAsArg,
+			strconv.FormatUint(uint64(m.GetUid()), 10), strconv.FormatUint(uint64(m.GetGid()), 10)}, m.GetArgv()...)
+		if path == "" {
+			sys.Credential = &syscall.Credential{Uid: m.GetUid(), Gid: m.GetGid()}
+		}
+	}
 	if path == "" {
 		p, err := lookPathIn(m.GetArgv()[0], envValue(env, "PATH"))
 		if err != nil {
 			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("%s: command not found", protocol.Clip(m.GetArgv()[0], 256)))
 		}
 		path, argv = p, m.GetArgv()
-	}
-	sys := &syscall.SysProcAttr{Setsid: true}
-	if m.Uid != nil || m.Gid != nil {
-		sys.Credential = &syscall.Credential{Uid: m.GetUid(), Gid: m.GetGid()}
 	}
 	p := &process{id: id, tag: m.GetTag(), argv: m.GetArgv(), changed: make(chan struct{}),
 		out: newRing(RingBytes), in: inputBuffer{max: InputBytes}}

@@ -128,6 +128,19 @@ func TestProcessService(t *testing.T) {
 		}
 	})
 
+	t.Run("uid and gid", func(t *testing.T) {
+		uid, gid := uint32(1000), uint32(1001)
+		id := startProc(t, ctx, c, &guestv1.StartRequest{Argv: shArgv("id -u; id -g; id -G"), Uid: &uid, Gid: &gid})
+		ev, err := collect(t, ctx, c, id, "", 0)
+		if err != nil || string(ev.stdout) != "1000\n1001\n1001\n" {
+			t.Errorf("as 1000:1001: %q %q %v", ev.stdout, ev.stderr, err)
+		}
+		id = startProc(t, ctx, c, &guestv1.StartRequest{Argv: shArgv("id -u")})
+		if ev, err := collect(t, ctx, c, id, "", 0); err != nil || string(ev.stdout) != "0\n" {
+			t.Errorf("by default: %q %v", ev.stdout, err)
+		}
+	})
+
 	t.Run("signal", func(t *testing.T) {
 		id := startProc(t, ctx, c, &guestv1.StartRequest{Argv: []string{"sleep", "60"}})
 		if _, err := c.Signal(ctx, connect.NewRequest(&guestv1.SignalRequest{ProcessId: id, Signal: int32(unix.SIGTERM)})); err != nil {
