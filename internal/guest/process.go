@@ -39,6 +39,11 @@ type process struct {
 	pid     int
 	pty     *os.File // the terminal's master, with a pty
 
+	// pidfd refers to the process itself (-1 without pidfd_open): a
+	// signal through it never reaches another process that got its pid
+	// once it was reaped. Closed at its exit, under mu.
+	pidfd int
+
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced at every change
 	out     *ring
@@ -178,7 +183,7 @@ func (a *Agent) startProcess(id string, m *guestv1.StartRequest) (*process, erro
 		}
 		path, argv = p, m.GetArgv()
 	}
-	p := &process{id: id, tag: m.GetTag(), argv: m.GetArgv(), changed: make(chan struct{}),
+	p := &process{id: id, tag: m.GetTag(), argv: m.GetArgv(), changed: make(chan struct{}), pidfd: -1,
 		out: newRing(RingBytes), in: inputBuffer{max: InputBytes}}
 	var files []*os.File // the child's ends, closed once it started
 	var readers []*os.File
@@ -231,6 +236,10 @@ func (a *Agent) startProcess(id string, m *guestv1.StartRequest) (*process, erro
 			}
 			pid := proc.Pid
 			_ = proc.Release()
+			// Not yet reapable (the reaper waits for this function).
+			if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+				p.pidfd = fd
+			}
 			return pid, nil
 		})
 	})
@@ -272,6 +281,10 @@ func (a *Agent) startProcess(id string, m *guestv1.StartRequest) (*process, erro
 		p.mu.Lock()
 		ex.EndOffset = p.out.end
 		p.exited = ex
+		if p.pidfd >= 0 {
+			unix.Close(p.pidfd)
+			p.pidfd = -1
+		}
 		if p.stdin != nil {
 			p.stdin.Close() // ends a writeInput blocked on a full pipe
 		}
@@ -447,11 +460,18 @@ func (s processService) Signal(ctx context.Context, req *connect.Request[guestv1
 	if p.exited != nil {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("the process has ended"))
 	}
-	target := p.pid
-	if m.GetProcessGroup() {
-		target = -p.pid
+	var err error
+	switch {
+	case m.GetProcessGroup():
+		// The group keeps its ID, which the kernel does not reuse while
+		// any member lives.
+		err = unix.Kill(-p.pid, unix.Signal(m.GetSignal()))
+	case p.pidfd >= 0:
+		err = unix.PidfdSendSignal(p.pidfd, unix.Signal(m.GetSignal()), nil, 0)
+	default:
+		err = unix.Kill(p.pid, unix.Signal(m.GetSignal()))
 	}
-	if err := unix.Kill(target, unix.Signal(m.GetSignal())); err != nil && !errors.Is(err, unix.ESRCH) {
+	if err != nil && !errors.Is(err, unix.ESRCH) {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
 	}
 	return connect.NewResponse(&guestv1.SignalResponse{}), nil
