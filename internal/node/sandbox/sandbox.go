@@ -70,6 +70,8 @@
 //     and the release of what an execution held
 //   - delete.go: Delete and Resize
 //   - exec.go: Exec, ExecRequest and Poweroff (requests to the guest)
+//   - process.go: ProcessClient, the node's client of the guest's
+//     ProcessService (connect-go over HTTP/2 on channel connections)
 //   - channel.go: the guest channel and log on the node's side, their
 //     bounds, and taking them back after a restart
 //   - health.go: guest conditions and the health pings
