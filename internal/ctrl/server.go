@@ -38,6 +38,7 @@ import (
 	"github.com/kibotos/kibotos/internal/pki"
 	"github.com/kibotos/kibotos/internal/reconciler"
 	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/tunnel"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
 
@@ -98,6 +99,8 @@ type Server struct {
 	recon   *reconciler.Reconciler
 	enroll  *enrollment.Service
 	dplane  *dataplane.Service
+	// tunnels are the nodes' data connections to this ctrl.
+	tunnels *tunnel.Registry
 	// verifications counts client chain verifications (tests check that
 	// there is one per connection).
 	verifications atomic.Int64
@@ -125,7 +128,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	pages := paging.NewCodec(key)
 	engine := &command.Engine{Store: cfg.Store, Now: cfg.Now}
 
-	s := &Server{cfg: cfg, log: log, metrics: newMetrics(cfg.Registry)}
+	s := &Server{cfg: cfg, log: log, metrics: newMetrics(cfg.Registry), tunnels: &tunnel.Registry{Log: log}}
 	s.enroll = &enrollment.Service{Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 		Issuer: cfg.Issuer, CertValidity: cfg.NodeCertValidity}
 	if cfg.Issuer != nil {
@@ -170,6 +173,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	// than any other request, and no more: every message is bounded.
 	mux.Handle(nodev1connect.NewNodeServiceHandler(s.recon, connect.WithInterceptors(apierr.NewInterceptor(log)),
 		connect.WithReadMaxBytes(reconciler.MaxNodeMessageBytes), connect.WithSendMaxBytes(reconciler.MaxNodeMessageBytes)))
+	mux.Handle(tunnel.Path, http.HandlerFunc(s.acceptTunnel))
 	mux.Handle(ctrlv1connect.NewVolumeServiceHandler(&api.Volumes{}, opts))
 	mux.Handle(ctrlv1connect.NewSessionServiceHandler(api.NewSessions(s.dplane), opts))
 	enrollments := api.NewEnrollments(s.enroll)
@@ -218,7 +222,7 @@ func TLSConfig(base *tls.Config) *tls.Config {
 // authenticate checks the client certificate of every API call: verified
 // against the client CA (else unauthenticated), then its role, its only OU,
 // against the one the path needs, exactly (else permission_denied):
-// NodeService and CertificateService need OU "node", every other API OU
+// NodeService, CertificateService and the data tunnel need OU "node", every other API OU
 // "operator"; a certificate with another OU, several or none calls nothing. gRPC
 // health is served without a certificate, for load balancers and probes,
 // and so is BootstrapService, whose enrollment token is the credential of a
@@ -236,7 +240,7 @@ func (s *Server) authenticate(api, health http.Handler) http.Handler {
 		}
 		role := pki.RoleOperator
 		if strings.HasPrefix(r.URL.Path, "/"+nodev1connect.NodeServiceName+"/") ||
-			strings.HasPrefix(r.URL.Path, "/"+nodev1connect.CertificateServiceName+"/") {
+			strings.HasPrefix(r.URL.Path, "/"+nodev1connect.CertificateServiceName+"/") || r.URL.Path == tunnel.Path {
 			role = pki.RoleNode
 		}
 		auth, err := s.verifyPeer(r)
@@ -385,6 +389,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsc *tls.Config) e
 		}
 	}()
 	defer func() { stopRecon(); <-reconDone }()
+	defer s.tunnels.Close() // Shutdown does not close hijacked connections
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ServeTLS(ln, "", "") }()
 	select {
@@ -414,4 +419,36 @@ func (s *Server) EnrollmentToken(ctx context.Context, commandID, nodeID string) 
 		return "", err
 	}
 	return res.GetToken(), nil
+}
+
+// acceptTunnel opens a node's data tunnel (internal/tunnel) after the same
+// admission as its NodeService stream: a node certificate (authenticate),
+// whose key is not denied and is its node's latest enrollment's
+// (nodepeer.Admit).
+func (s *Server) acceptTunnel(w http.ResponseWriter, r *http.Request) {
+	errw := connect.NewErrorWriter()
+	peer, ok := nodepeer.From(r.Context())
+	if !ok {
+		_ = errw.Write(w, r, apierr.FromDetail(connect.CodePermissionDenied, &ctrlv1.ErrorDetail{
+			Reason: ctrlv1.FailureReason_FAILURE_REASON_PERMISSION_DENIED, Message: "a data tunnel needs a node certificate"}))
+		return
+	}
+	err := s.cfg.Store.View(r.Context(), func(tx store.Tx) error {
+		n, err := tx.GetNode(r.Context(), peer.NodeID)
+		if errors.Is(err, store.ErrNotFound) {
+			n, err = nil, nil
+		}
+		if err != nil {
+			return err
+		}
+		return peer.Admit(r.Context(), tx, n)
+	})
+	if err != nil {
+		s.log.WarnContext(r.Context(), "refused data tunnel", "node_id", peer.NodeID, "remote", r.RemoteAddr, "error", err.Error())
+		_ = errw.Write(w, r, apierr.Convert(r.Context(), s.log, tunnel.Path, err))
+		return
+	}
+	if err := s.tunnels.Accept(w, r, peer.NodeID); err != nil {
+		s.log.WarnContext(r.Context(), "data tunnel failed", "node_id", peer.NodeID, "error", err.Error())
+	}
 }

@@ -274,3 +274,16 @@ func templateMap(list []*nodev1.TemplateInfo) map[string]string {
 	}
 	return m
 }
+
+// LastSeen returns when the last message of node's stream arrived (by the
+// reconciler's clock); ok is false when the node has no stream to this
+// ctrl.
+func (r *Reconciler) LastSeen(node string) (t time.Time, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	nc := r.nodes[node]
+	if nc == nil {
+		return time.Time{}, false
+	}
+	return nc.lastSeen, true
+}

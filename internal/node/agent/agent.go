@@ -14,19 +14,22 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
-	"github.com/kibotos/kibotos/internal/nodewire"
 	"log/slog"
 	"net/http"
 	"sync"
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/net/http2"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/node/v1/nodev1connect"
+	"github.com/kibotos/kibotos/internal/nodewire"
+	"github.com/kibotos/kibotos/internal/tunnel"
 )
 
 // Spec is what the runtime needs to start an execution.
@@ -105,6 +108,13 @@ type Config struct {
 	Log       *slog.Logger
 	// Heartbeat is the interval of heartbeats; zero is 5 seconds.
 	Heartbeat time.Duration
+	// DataTLS presents the node certificate on the data tunnels; nil takes
+	// the TLS config of HTTP's transport (an *http2.Transport or
+	// *http.Transport), and without one no tunnel is opened.
+	DataTLS *tls.Config
+	// DataTunnels is how many data tunnels the node keeps open to ctrl;
+	// zero is one.
+	DataTunnels int
 }
 
 // Agent is a running node agent.
@@ -138,8 +148,24 @@ func New(cfg Config) *Agent {
 
 // Run keeps a stream to ctrl open until ctx is done, reconnecting with
 // back-off.
+//
+// Beside the stream it keeps DataTunnels data tunnels (internal/tunnel)
+// open to the same ctrl, on which ctrl reaches the node's data service
+// (NewDataHandler, when the Runtime implements Processes): bytes of the
+// data plane never travel on the control stream. Every ctrl a node is
+// connected to thus has a tunnel to it; a ctrl replica that is not
+// connected to the node has none (serving it through another replica is
+// future work).
 func (a *Agent) Run(ctx context.Context) error {
 	go a.watchEvents(ctx)
+	if tlsc := a.dataTLS(); tlsc != nil {
+		var h http.Handler = http.NotFoundHandler()
+		if p, ok := a.cfg.Runtime.(Processes); ok {
+			h = NewDataHandler(p)
+		}
+		d := &tunnel.Dialer{Endpoint: a.cfg.Endpoint, TLS: tlsc, Handler: h, Conns: a.cfg.DataTunnels, Log: a.cfg.Log}
+		go d.Run(ctx)
+	}
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		start := time.Now()
@@ -156,6 +182,23 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 5*time.Second)
+	}
+	return nil
+}
+
+// dataTLS returns the TLS config of the data tunnels, or nil.
+func (a *Agent) dataTLS() *tls.Config {
+	if a.cfg.DataTLS != nil {
+		return a.cfg.DataTLS
+	}
+	if a.cfg.HTTP == nil {
+		return nil
+	}
+	switch t := a.cfg.HTTP.Transport.(type) {
+	case *http2.Transport:
+		return t.TLSClientConfig
+	case *http.Transport:
+		return t.TLSClientConfig
 	}
 	return nil
 }

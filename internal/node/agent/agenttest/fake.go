@@ -5,10 +5,19 @@ package agenttest
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 
+	"connectrpc.com/connect"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/h2c"
+
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/gen/kibotos/guest/v1/guestv1connect"
 	"github.com/kibotos/kibotos/internal/node/agent"
 )
 
@@ -29,6 +38,13 @@ type Runtime struct {
 	Gate chan struct{}
 	// Starts counts Start calls per workspace.
 	Starts map[string]int
+	// Guest, when set, is the ProcessService every running workspace's
+	// guest serves (Processes); set it before the agent starts.
+	Guest guestv1connect.ProcessServiceHandler
+
+	guestOnce sync.Once
+	guestSrv  *httptest.Server
+	guestHTTP *http.Client
 }
 
 // New returns an empty Runtime.
@@ -141,3 +157,31 @@ func (r *Runtime) GuestSays(id string, cond ctrlv1.GuestCondition, msg string) {
 
 // Running reports whether the workspace's execution runs.
 func (r *Runtime) Running(id string) bool { return r.Status(id).Running }
+
+// Processes returns a client of r.Guest, served over h2c on a loopback
+// listener (closed by Close), for a running workspace.
+func (r *Runtime) Processes(id string) (guestv1connect.ProcessServiceClient, func(), error) {
+	if !r.Running(id) {
+		return nil, nil, agent.ErrNotRunning
+	}
+	if r.Guest == nil {
+		return nil, nil, errors.New("agenttest: no Guest")
+	}
+	r.guestOnce.Do(func() {
+		mux := http.NewServeMux()
+		mux.Handle(guestv1connect.NewProcessServiceHandler(r.Guest))
+		r.guestSrv = httptest.NewServer(h2c.NewHandler(mux, &http2.Server{}))
+		r.guestHTTP = &http.Client{Transport: &http2.Transport{AllowHTTP: true,
+			DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, network, addr)
+			}}}
+	})
+	return guestv1connect.NewProcessServiceClient(r.guestHTTP, r.guestSrv.URL, connect.WithGRPC()), func() {}, nil
+}
+
+// Close stops the Guest's server.
+func (r *Runtime) Close() {
+	if r.guestSrv != nil {
+		r.guestSrv.Close()
+	}
+}

@@ -1,0 +1,349 @@
+// Package tunnel carries data-plane bytes between ctrl and a node on
+// connections the node opens, never on the node's control stream.
+//
+// The node dials ctrl's listener and sends one HTTP/1.1 request, POST Path
+// with "Upgrade: kibotos-data"; ctrl answers 101 Switching Protocols and
+// takes the connection over (http.Hijacker). From then on the roles are
+// reversed: ctrl is the HTTP/2 client (http2.Transport.NewClientConn) and
+// the node the HTTP/2 server (http2.Server.ServeConn) of whatever handler
+// it serves there. So ctrl reaches a node behind NAT or a firewall that
+// lets it dial out only, every data-plane stream is an HTTP/2 stream with
+// its own flow control, and a large transfer never delays the control
+// stream's heartbeats, which travel on another connection.
+//
+// The package speaks only this protocol: who may open a tunnel (the node
+// certificate and its admission) is the caller's to decide before Accept,
+// what the node serves is the caller's handler.
+package tunnel
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"golang.org/x/net/http2"
+)
+
+const (
+	// Path is the request path that opens a tunnel.
+	Path = "/kibotos.node.v1.DataTunnel"
+	// Protocol is the Upgrade token of a tunnel.
+	Protocol = "kibotos-data"
+	// maxFrame bounds an HTTP/2 frame both ways.
+	maxFrame = 1 << 20
+	// maxHeaders bounds a header list both ways.
+	maxHeaders = 64 << 10
+)
+
+// ErrNoTunnel is returned by Registry.RoundTrip when the node has no open
+// tunnel to this ctrl.
+var ErrNoTunnel = errors.New("tunnel: the node has no open data connection")
+
+// Registry is ctrl's side: the open tunnels of each node, and an
+// http.RoundTripper that sends a request whose URL host is a node ID on
+// one of them. Its zero value is ready to use.
+type Registry struct {
+	// Log receives the tunnels' openings and closings; nil discards them.
+	Log *slog.Logger
+
+	mu     sync.Mutex
+	nodes  map[string][]*tun
+	next   int
+	closed bool
+}
+
+type tun struct {
+	node string
+	cc   *http2.ClientConn
+	conn net.Conn
+}
+
+// Accept takes r's connection over as a tunnel of node (already
+// authenticated by the caller) and answers 101. It returns once the
+// tunnel is registered; it closes when the connection breaks, the node
+// closes it or the Registry is closed.
+func (g *Registry) Accept(w http.ResponseWriter, r *http.Request, node string) error {
+	if r.Method != http.MethodPost || r.Header.Get("Upgrade") != Protocol {
+		http.Error(w, "this path opens a data tunnel: POST with Upgrade: "+Protocol, http.StatusBadRequest)
+		return errors.New("tunnel: not an upgrade to " + Protocol)
+	}
+	hj, ok := w.(http.Hijacker)
+	if !ok { // HTTP/2 requests cannot be taken over
+		http.Error(w, "a data tunnel needs HTTP/1.1", http.StatusHTTPVersionNotSupported)
+		return errors.New("tunnel: the request is not HTTP/1.1")
+	}
+	conn, brw, err := hj.Hijack()
+	if err != nil {
+		return err
+	}
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+Protocol+"\r\nConnection: Upgrade\r\n\r\n"); err != nil {
+		conn.Close()
+		return err
+	}
+	_ = conn.SetDeadline(time.Time{})
+	t := &tun{node: node}
+	t.conn = &watchedConn{Conn: bufferedConn(conn, brw.Reader), onErr: func() { g.drop(t) }}
+	tr := &http2.Transport{
+		MaxHeaderListSize: maxHeaders,
+		MaxReadFrameSize:  maxFrame,
+		// A node that stops answering is found by pings.
+		ReadIdleTimeout: 15 * time.Second,
+		PingTimeout:     10 * time.Second,
+	}
+	if t.cc, err = tr.NewClientConn(t.conn); err != nil {
+		conn.Close()
+		return err
+	}
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		t.cc.Close()
+		return errors.New("tunnel: registry closed")
+	}
+	if g.nodes == nil {
+		g.nodes = map[string][]*tun{}
+	}
+	g.nodes[node] = append(g.nodes[node], t)
+	g.mu.Unlock()
+	g.log().Info("data tunnel opened", "node_id", node, "remote", r.RemoteAddr)
+	return nil
+}
+
+func (g *Registry) log() *slog.Logger {
+	if g.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return g.Log
+}
+
+// drop forgets t and closes it.
+func (g *Registry) drop(t *tun) {
+	g.mu.Lock()
+	list := g.nodes[t.node]
+	for i, x := range list {
+		if x == t {
+			list = append(list[:i:i], list[i+1:]...)
+			if len(list) == 0 {
+				delete(g.nodes, t.node)
+			} else {
+				g.nodes[t.node] = list
+			}
+			g.mu.Unlock()
+			t.conn.Close()
+			g.log().Info("data tunnel closed", "node_id", t.node)
+			return
+		}
+	}
+	g.mu.Unlock()
+}
+
+// Count returns how many tunnels node has open.
+func (g *Registry) Count(node string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.nodes[node])
+}
+
+// CloseNode closes every tunnel of node (a node whose key was revoked).
+func (g *Registry) CloseNode(node string) {
+	g.mu.Lock()
+	list := append([]*tun(nil), g.nodes[node]...)
+	g.mu.Unlock()
+	for _, t := range list {
+		g.drop(t)
+	}
+}
+
+// Close closes every tunnel; later ones are refused.
+func (g *Registry) Close() {
+	g.mu.Lock()
+	g.closed = true
+	var all []*tun
+	for _, list := range g.nodes {
+		all = append(all, list...)
+	}
+	g.mu.Unlock()
+	for _, t := range all {
+		g.drop(t)
+	}
+}
+
+// RoundTrip sends req on a tunnel of the node its URL's host names,
+// choosing among the node's tunnels in turn; ErrNoTunnel when it has none
+// that takes a new stream.
+func (g *Registry) RoundTrip(req *http.Request) (*http.Response, error) {
+	node := req.URL.Hostname()
+	g.mu.Lock()
+	list := g.nodes[node]
+	var pick *http2.ClientConn
+	for i := range list {
+		t := list[(g.next+i)%len(list)]
+		if t.cc.CanTakeNewRequest() {
+			pick = t.cc
+			break
+		}
+	}
+	g.next++
+	g.mu.Unlock()
+	if pick == nil {
+		return nil, ErrNoTunnel
+	}
+	return pick.RoundTrip(req)
+}
+
+// NodeURL is the base URL of node's handler through a Registry.
+func NodeURL(node string) string { return "http://" + url.PathEscape(node) }
+
+// Dialer is the node's side: it keeps Conns tunnels open to ctrl, serving
+// Handler on each, and dials again when one closes.
+type Dialer struct {
+	// Endpoint is ctrl's URL (https://host:port).
+	Endpoint string
+	// TLS presents the node certificate; its NextProtos are replaced by
+	// HTTP/1.1 (the upgrade is an HTTP/1.1 request).
+	TLS *tls.Config
+	// Dial replaces the TLS dial (tests); it returns a connection to
+	// ctrl's listener ready for HTTP/1.1.
+	Dial func(ctx context.Context) (net.Conn, error)
+	// Handler serves ctrl's requests.
+	Handler http.Handler
+	// Conns is how many tunnels to keep open; zero is one.
+	Conns int
+	// Log receives failures; nil discards them.
+	Log *slog.Logger
+	// Opened, when set, is called each time a tunnel is open (tests).
+	Opened func()
+}
+
+// Run keeps the tunnels open until ctx is done.
+func (d *Dialer) Run(ctx context.Context) {
+	n := max(d.Conns, 1)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() { defer wg.Done(); d.keep(ctx) }()
+	}
+	wg.Wait()
+}
+
+func (d *Dialer) log() *slog.Logger {
+	if d.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return d.Log
+}
+
+// keep runs one tunnel after another, with back-off after failures.
+func (d *Dialer) keep(ctx context.Context) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := d.once(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			d.log().Warn("data tunnel ended", "error", err.Error())
+		}
+		if time.Since(start) > 10*time.Second {
+			backoff = 100 * time.Millisecond
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// once opens one tunnel and serves it until it closes.
+func (d *Dialer) once(ctx context.Context) error {
+	u, err := url.Parse(d.Endpoint)
+	if err != nil {
+		return err
+	}
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var conn net.Conn
+	if d.Dial != nil {
+		conn, err = d.Dial(dctx)
+	} else {
+		c := d.TLS.Clone()
+		c.NextProtos = []string{"http/1.1"}
+		host := u.Host
+		if u.Port() == "" {
+			host = net.JoinHostPort(u.Hostname(), "443")
+		}
+		conn, err = (&tls.Dialer{Config: c}).DialContext(dctx, "tcp", host)
+	}
+	if err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	req := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\nUpgrade: %s\r\nConnection: Upgrade\r\nContent-Length: 0\r\n\r\n", Path, u.Host, Protocol)
+	if _, err := io.WriteString(conn, req); err != nil {
+		return err
+	}
+	br := bufio.NewReader(conn)
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return err
+	}
+	if res.StatusCode != http.StatusSwitchingProtocols {
+		body, _ := io.ReadAll(io.LimitReader(res.Body, 1024))
+		res.Body.Close()
+		return fmt.Errorf("tunnel refused: %s: %q", res.Status, body)
+	}
+	_ = conn.SetDeadline(time.Time{})
+	if d.Opened != nil {
+		d.Opened()
+	}
+	srv := &http2.Server{MaxReadFrameSize: maxFrame, MaxUploadBufferPerConnection: 8 << 20, MaxUploadBufferPerStream: 1 << 20}
+	srv.ServeConn(bufferedConn(conn, br), &http2.ServeConnOpts{Context: ctx, Handler: d.Handler,
+		BaseConfig: &http.Server{MaxHeaderBytes: maxHeaders}})
+	return errors.New("tunnel closed")
+}
+
+// bufferedConn returns conn reading first what br buffered from it.
+func bufferedConn(conn net.Conn, br *bufio.Reader) net.Conn {
+	if br == nil || br.Buffered() == 0 {
+		return conn
+	}
+	return &readerConn{Conn: conn, r: io.MultiReader(io.LimitReader(br, int64(br.Buffered())), conn)}
+}
+
+type readerConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *readerConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// watchedConn calls onErr once its first read fails: the HTTP/2 client
+// reads all the time, so that is when the tunnel is gone.
+type watchedConn struct {
+	net.Conn
+	once  sync.Once
+	onErr func()
+}
+
+func (c *watchedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil {
+		c.once.Do(func() { go c.onErr() })
+	}
+	return n, err
+}
