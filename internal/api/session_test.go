@@ -38,9 +38,10 @@ func revokeReq(id, ws string) *ctrlv1.RevokeWorkspaceDataPlaneRequest {
 	return &ctrlv1.RevokeWorkspaceDataPlaneRequest{Metadata: md(id), WorkspaceId: ws}
 }
 
-// TestDataPlaneSessionNotServed: this build serves neither workspace.exec
-// nor workspace.filesystem, so every issue request is refused by its
-// scopes, naming the field, while revocation is served.
+// TestDataPlaneSessionNotServed: this build serves workspace.exec (once a
+// node registered) but not workspace.filesystem, so an issue request with
+// the FILESYSTEM scope is refused by its scopes, naming the field, while
+// EXEC sessions and revocation are served.
 func TestDataPlaneSessionNotServed(t *testing.T) {
 	t.Parallel()
 	_, c, _ := wsEnv(t, ctrltest.Options{})
@@ -52,15 +53,16 @@ func TestDataPlaneSessionNotServed(t *testing.T) {
 		t.Fatal(err)
 	}
 	caps := info.Msg.GetCapabilities()
-	if !slices.Contains(caps, capability.WorkspaceDataPlaneRevoke) || slices.Contains(caps, capability.WorkspaceExec) || slices.Contains(caps, capability.WorkspaceFilesystem) {
-		t.Fatalf("capabilities = %v, want %s without exec and filesystem", caps, capability.WorkspaceDataPlaneRevoke)
+	if !slices.Contains(caps, capability.WorkspaceDataPlaneRevoke) || !slices.Contains(caps, capability.WorkspaceExec) || slices.Contains(caps, capability.WorkspaceFilesystem) {
+		t.Fatalf("capabilities = %v, want %s and %s without filesystem", caps, capability.WorkspaceDataPlaneRevoke, capability.WorkspaceExec)
 	}
-	for _, sc := range []ctrlv1.DataPlaneScope{scopeExec, scopeFS} {
-		_, err := c.Session.CreateDataPlaneSession(ctx, connect.NewRequest(sessionReq("dpns-"+sc.String(), w.GetWorkspaceId(), 0, sc)))
-		d := wantErr(t, err, connect.CodeUnimplemented, ctrlv1.FailureReason_FAILURE_REASON_CAPABILITY_UNAVAILABLE, false)
-		if d.GetField() != "scopes" {
-			t.Errorf("field = %q, want scopes", d.GetField())
-		}
+	_, err = c.Session.CreateDataPlaneSession(ctx, connect.NewRequest(sessionReq("dpns-fs", w.GetWorkspaceId(), 0, scopeFS)))
+	d := wantErr(t, err, connect.CodeUnimplemented, ctrlv1.FailureReason_FAILURE_REASON_CAPABILITY_UNAVAILABLE, false)
+	if d.GetField() != "scopes" {
+		t.Errorf("field = %q, want scopes", d.GetField())
+	}
+	if _, err := c.Session.CreateDataPlaneSession(ctx, connect.NewRequest(sessionReq("dpns-exec", w.GetWorkspaceId(), 0, scopeExec))); err != nil {
+		t.Errorf("CreateDataPlaneSession(EXEC) = %v", err)
 	}
 	r, err := c.Workspace.RevokeWorkspaceDataPlane(ctx, connect.NewRequest(revokeReq("dpns-revoke", w.GetWorkspaceId())))
 	if err != nil || r.Msg.GetWorkspace().GetDataPlaneGeneration() != 2 {

@@ -60,6 +60,7 @@ var withNodes = []string{
 	WorkspaceDelete,
 	WorkspaceCommandWait,
 	WorkspaceDataPlaneRevoke,
+	WorkspaceExec, // ProcessService, over the nodes' data tunnels
 }
 
 // Features are the parts of a deployment that decide what it serves.
@@ -69,8 +70,8 @@ type Features struct {
 	// Enrollment: ctrl can sign node certificates (it holds the client CA's
 	// key).
 	Enrollment bool
-	// DataPlaneForTests serves workspace.exec and workspace.filesystem,
-	// which no part of this build serves yet: tests only (ctrl.Config and
+	// DataPlaneForTests serves workspace.filesystem, which no part of
+	// this build serves yet, and workspace.exec without a node: tests only (ctrl.Config and
 	// ctrltest set it; no flag does), so that the issuing of data-plane
 	// credentials is exercised through the API.
 	DataPlaneForTests bool
@@ -89,7 +90,7 @@ func Served(f Features) []string {
 		out = append(out, WorkspaceExec, WorkspaceFilesystem)
 	}
 	slices.Sort(out)
-	return out
+	return slices.Compact(out)
 }
 
 // Procedures maps each ctrl procedure to the capability it needs. kibo and
@@ -110,6 +111,13 @@ var Procedures = map[string]string{
 	"/kibotos.ctrl.v1.ResolverService/DeleteResolver":                ResolverManage,
 	"/kibotos.ctrl.v1.ResolverService/UpdateResolverLabels":          ResolverManage,
 	"/kibotos.ctrl.v1.ResolverService/UpdateResolverAnnotations":     ResolverManage,
+	"/kibotos.ctrl.v1.ProcessService/StartProcess":                   WorkspaceExec,
+	"/kibotos.ctrl.v1.ProcessService/ProcessEvents":                  WorkspaceExec,
+	"/kibotos.ctrl.v1.ProcessService/SendInput":                      WorkspaceExec,
+	"/kibotos.ctrl.v1.ProcessService/CloseInput":                     WorkspaceExec,
+	"/kibotos.ctrl.v1.ProcessService/SignalProcess":                  WorkspaceExec,
+	"/kibotos.ctrl.v1.ProcessService/ResizeProcess":                  WorkspaceExec,
+	"/kibotos.ctrl.v1.ProcessService/ListProcesses":                  WorkspaceExec,
 	"/kibotos.ctrl.v1.WorkspaceService/CreateWorkspace":              WorkspaceCreate,
 	"/kibotos.ctrl.v1.WorkspaceService/GetWorkspace":                 WorkspaceCreate,
 	"/kibotos.ctrl.v1.WorkspaceService/ListWorkspaces":               WorkspaceCreate,

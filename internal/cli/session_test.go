@@ -28,7 +28,8 @@ func waitWorkspaceServed(t *testing.T, c []string) {
 
 // TestDataPlaneCommands: revoke-data-plane is served; session create is
 // refused by its scopes' capabilities (exit 14, nothing sent) until they
-// are served, and then prints the token once.
+// are served (workspace.exec is, workspace.filesystem not yet), and then
+// prints the token once.
 func TestDataPlaneCommands(t *testing.T) {
 	t.Parallel()
 	for _, served := range []bool{false, true} {
@@ -40,8 +41,8 @@ func TestDataPlaneCommands(t *testing.T) {
 		create := args(c, "workspace", "session", "create", id, "--scope", "exec", "--scope", "filesystem", "--ttl", "10m", "--command-id", "sess/1")
 		if !served {
 			r := kibo(t, create...).want(t, ExitUnavailable)
-			if !strings.Contains(r.stderr, `--scope needs the capability "workspace.exec"`) || !strings.Contains(r.stderr, "nothing was sent") || printedID.MatchString(r.stderr) {
-				t.Errorf("session create without workspace.exec: stderr:\n%s", r.stderr)
+			if !strings.Contains(r.stderr, `--scope needs the capability "workspace.filesystem"`) || !strings.Contains(r.stderr, "nothing was sent") || printedID.MatchString(r.stderr) {
+				t.Errorf("session create without workspace.filesystem: stderr:\n%s", r.stderr)
 			}
 		} else {
 			r := kibo(t, create...).want(t, ExitOK)

@@ -25,6 +25,7 @@ import (
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
+	"github.com/kibotos/kibotos/gen/kibotos/guest/v1/guestv1connect"
 	"github.com/kibotos/kibotos/gen/kibotos/node/v1/nodev1connect"
 	"github.com/kibotos/kibotos/internal/api"
 	"github.com/kibotos/kibotos/internal/apierr"
@@ -33,6 +34,7 @@ import (
 	"github.com/kibotos/kibotos/internal/dataplane"
 	"github.com/kibotos/kibotos/internal/enrollment"
 	"github.com/kibotos/kibotos/internal/netguard"
+	"github.com/kibotos/kibotos/internal/node/agent"
 	"github.com/kibotos/kibotos/internal/nodepeer"
 	"github.com/kibotos/kibotos/internal/paging"
 	"github.com/kibotos/kibotos/internal/pki"
@@ -41,6 +43,10 @@ import (
 	"github.com/kibotos/kibotos/internal/tunnel"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
+
+// dataMessageBytes bounds a message of the data plane between ctrl and a
+// guest, both ways (the guest's own bound).
+const dataMessageBytes = 512 << 10
 
 // MaxRequestBytes bounds every request body; larger bodies are refused
 // before they are parsed.
@@ -174,6 +180,14 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	mux.Handle(nodev1connect.NewNodeServiceHandler(s.recon, connect.WithInterceptors(apierr.NewInterceptor(log)),
 		connect.WithReadMaxBytes(reconciler.MaxNodeMessageBytes), connect.WithSendMaxBytes(reconciler.MaxNodeMessageBytes)))
 	mux.Handle(tunnel.Path, http.HandlerFunc(s.acceptTunnel))
+	// The public data plane: Bearer tokens, forwarded over the nodes' data
+	// tunnels.
+	tunnelHTTP := &http.Client{Transport: s.tunnels}
+	mux.Handle(ctrlv1connect.NewProcessServiceHandler(&api.Processes{Verifier: s.dplane.Verifier(), Store: cfg.Store, Now: cfg.Now,
+		Guest: func(node, ws string) guestv1connect.ProcessServiceClient {
+			return guestv1connect.NewProcessServiceClient(tunnelHTTP, tunnel.NodeURL(node)+agent.DataPath(ws), connect.WithGRPC(),
+				connect.WithReadMaxBytes(dataMessageBytes), connect.WithSendMaxBytes(dataMessageBytes))
+		}}, opts))
 	mux.Handle(ctrlv1connect.NewVolumeServiceHandler(&api.Volumes{}, opts))
 	mux.Handle(ctrlv1connect.NewSessionServiceHandler(api.NewSessions(s.dplane), opts))
 	enrollments := api.NewEnrollments(s.enroll)
@@ -184,7 +198,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	services := []string{
 		ctrlv1connect.ServerInfoServiceName, ctrlv1connect.WorkspaceServiceName,
 		ctrlv1connect.EgressServiceName, ctrlv1connect.ResolverServiceName, ctrlv1connect.VolumeServiceName,
-		ctrlv1connect.EnrollmentServiceName, ctrlv1connect.SessionServiceName,
+		ctrlv1connect.EnrollmentServiceName, ctrlv1connect.SessionServiceName, ctrlv1connect.ProcessServiceName,
 	}
 	s.health = grpchealth.NewStaticChecker(services...)
 	reflector := grpcreflect.NewStaticReflector(services...)
@@ -226,7 +240,8 @@ func TLSConfig(base *tls.Config) *tls.Config {
 // "operator"; a certificate with another OU, several or none calls nothing. gRPC
 // health is served without a certificate, for load balancers and probes,
 // and so is BootstrapService, whose enrollment token is the credential of a
-// node that has no certificate yet.
+// node that has no certificate yet, and the data plane's ProcessService,
+// whose credential is a data-plane token (api.Processes checks it).
 func (s *Server) authenticate(api, health http.Handler) http.Handler {
 	errw := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -234,7 +249,8 @@ func (s *Server) authenticate(api, health http.Handler) http.Handler {
 			health.ServeHTTP(w, r)
 			return
 		}
-		if strings.HasPrefix(r.URL.Path, "/"+nodev1connect.BootstrapServiceName+"/") {
+		if strings.HasPrefix(r.URL.Path, "/"+nodev1connect.BootstrapServiceName+"/") ||
+			strings.HasPrefix(r.URL.Path, "/"+ctrlv1connect.ProcessServiceName+"/") {
 			api.ServeHTTP(w, r) // bodies are bounded by connect.WithReadMaxBytes
 			return
 		}

@@ -1,0 +1,308 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
+	guestv1 "github.com/kibotos/kibotos/gen/kibotos/guest/v1"
+	"github.com/kibotos/kibotos/gen/kibotos/guest/v1/guestv1connect"
+	"github.com/kibotos/kibotos/internal/apierr"
+	"github.com/kibotos/kibotos/internal/dataplane"
+	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/workspace"
+)
+
+// Processes serves the public data plane's ProcessService: each call is
+// admitted by its Bearer token (scope exec, the request's Workspace) and the
+// Workspace's state, then forwarded to the guest of the Workspace's node
+// (Guest; ctrl routes it over the node's data tunnel). Nothing of the route
+// shows in an answer: a node that cannot be reached is unavailable.
+type Processes struct {
+	Verifier *dataplane.Verifier
+	Store    store.Store
+	// Guest returns a client of the ProcessService of workspaceID's guest
+	// on node.
+	Guest func(node, workspaceID string) guestv1connect.ProcessServiceClient
+	// Now is the clock; nil is time.Now.
+	Now func() time.Time
+}
+
+var _ ctrlv1connect.ProcessServiceHandler = (*Processes)(nil)
+
+func (h *Processes) now() time.Time {
+	if h.Now != nil {
+		return h.Now()
+	}
+	return time.Now()
+}
+
+// bearer returns the token of "Authorization: Bearer <token>".
+func bearer(hdr http.Header) (string, bool) {
+	v := hdr.Get("Authorization")
+	scheme, tok, ok := strings.Cut(v, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(tok) == "" {
+		return "", false
+	}
+	return strings.TrimSpace(tok), true
+}
+
+// admit checks a call to workspaceID: the token (unauthenticated when
+// missing, malformed, forged or expired; permission_denied for another
+// Workspace), the Workspace (not_found when unknown or deleted), then the
+// token's scope and generation (Verifier.Verify), then the Workspace's
+// state (failed_precondition unless AVAILABLE, with observed_workspace).
+// It returns the guest's client.
+func (h *Processes) admit(ctx context.Context, hdr http.Header, workspaceID string) (guestv1connect.ProcessServiceClient, string, error) {
+	tok, ok := bearer(hdr)
+	if !ok {
+		return nil, "", &fault.Error{Kind: fault.KindUnauthenticated, Reason: fault.ReasonPermissionDenied,
+			Message: "the data plane needs a data-plane token: Authorization: Bearer <token> (SessionService)"}
+	}
+	c, err := dataplane.Parse(h.Verifier.Key, tok)
+	if err != nil {
+		return nil, "", &fault.Error{Kind: fault.KindUnauthenticated, Reason: fault.ReasonPermissionDenied, Message: "the data-plane token is not valid"}
+	}
+	if !h.now().Before(c.Expiry()) {
+		return nil, "", &fault.Error{Kind: fault.KindUnauthenticated, Reason: fault.ReasonSessionExpired,
+			Message: "the data-plane session expired; create a new one"}
+	}
+	if workspaceID == "" {
+		return nil, "", fault.Invalid("workspace_id", "workspace_id is required")
+	}
+	if c.WorkspaceID != workspaceID {
+		return nil, "", &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
+			Message: "the data-plane token is for another workspace"}
+	}
+	var pub *ctrlv1.Workspace
+	var node string
+	err = h.Store.View(ctx, func(tx store.Tx) error {
+		w, err := tx.GetWorkspace(ctx, workspaceID)
+		if err != nil {
+			return err
+		}
+		node = w.NodeID
+		pub, err = workspace.Decode(w)
+		return err
+	})
+	if errors.Is(err, store.ErrNotFound) || (err == nil && pub.GetState() == ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETED) {
+		return nil, "", fault.NotFound("workspace", workspaceID)
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	if _, err := h.Verifier.Verify(ctx, tok, workspaceID, dataplane.ScopeExec); err != nil {
+		return nil, "", err
+	}
+	if st := pub.GetState(); st != ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE || node == "" {
+		return nil, "", &fault.Error{Kind: fault.KindFailedPrecondition, Reason: fault.ReasonStateConflict,
+			Message:           "the workspace's processes are served while it is AVAILABLE; it is " + strings.TrimPrefix(st.String(), "WORKSPACE_STATE_"),
+			ObservedWorkspace: pub}
+	}
+	return h.Guest(node, workspaceID), tok, nil
+}
+
+// guestError turns an error of the guest's call into the public one: the
+// guest's answers keep their code and message; a failure to reach it is
+// unavailable, without naming the route.
+func guestError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) && ce.Code() != connect.CodeUnknown && ce.Code() != connect.CodeUnavailable && ce.Code() != connect.CodeInternal &&
+		ce.Code() != connect.CodeCanceled && ce.Code() != connect.CodeDeadlineExceeded {
+		return connect.NewError(ce.Code(), errors.New(ce.Message()))
+	}
+	if errors.Is(err, context.Canceled) || connect.CodeOf(err) == connect.CodeCanceled {
+		return connect.NewError(connect.CodeCanceled, errors.New("canceled"))
+	}
+	if errors.Is(err, context.DeadlineExceeded) || connect.CodeOf(err) == connect.CodeDeadlineExceeded {
+		return connect.NewError(connect.CodeDeadlineExceeded, errors.New("deadline exceeded"))
+	}
+	return fault.Unavailable(fault.ReasonUnavailable, "the workspace's processes cannot be reached right now; retry")
+}
+
+// transcode copies a guest message into its public twin: their field
+// numbers are the same (checked by TestProcessWireTwins).
+func transcode[T proto.Message](from proto.Message, to T) (T, error) {
+	b, err := proto.Marshal(from)
+	if err != nil {
+		return to, err
+	}
+	return to, proto.Unmarshal(b, to)
+}
+
+// StartProcess starts a process.
+func (h *Processes) StartProcess(ctx context.Context, req *connect.Request[ctrlv1.StartProcessRequest]) (*connect.Response[ctrlv1.StartProcessResponse], error) {
+	m := req.Msg
+	g, _, err := h.admit(ctx, req.Header(), m.GetWorkspaceId())
+	if err != nil {
+		return nil, err
+	}
+	in := &guestv1.StartRequest{Argv: m.GetArgv(), Env: m.GetEnv(), WorkingDirectory: m.GetWorkingDirectory(),
+		Uid: m.Uid, Gid: m.Gid, Tag: m.GetTag()}
+	if p := m.GetPty(); p != nil {
+		in.Pty = &guestv1.Pty{Rows: p.GetRows(), Cols: p.GetCols()}
+	}
+	res, err := g.Start(ctx, connect.NewRequest(in))
+	if err != nil {
+		return nil, guestError(err)
+	}
+	return respond(transcode(res.Msg, &ctrlv1.StartProcessResponse{}))
+}
+
+// ProcessEvents streams a process's events until it exits, the client
+// goes, or the token is refused (revoked, expired, the Workspace deleted).
+func (h *Processes) ProcessEvents(ctx context.Context, req *connect.Request[ctrlv1.ProcessEventsRequest], out *connect.ServerStream[ctrlv1.ProcessEventsResponse]) error {
+	m := req.Msg
+	g, tok, err := h.admit(ctx, req.Header(), m.GetWorkspaceId())
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go h.watch(ctx, cancel, tok, m.GetWorkspaceId())
+	in, err := g.Events(ctx, connect.NewRequest(&guestv1.EventsRequest{ProcessId: m.GetProcessId(), Tag: m.GetTag(), FromOffset: m.GetFromOffset()}))
+	if err != nil {
+		return h.streamEnd(ctx, err)
+	}
+	defer in.Close()
+	for in.Receive() {
+		ev, err := transcode(in.Msg(), &ctrlv1.ProcessEventsResponse{})
+		if err != nil {
+			return err
+		}
+		if err := out.Send(ev); err != nil {
+			return h.streamEnd(ctx, err)
+		}
+	}
+	return h.streamEnd(ctx, in.Err())
+}
+
+// streamEnd is the error a stream ends with: the refusal that cut it, else
+// the guest's.
+func (h *Processes) streamEnd(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return guestError(err)
+}
+
+// watch verifies tok again at every change of the Workspace, at least
+// every second and at its expiry, and cancels the stream with the refusal.
+func (h *Processes) watch(ctx context.Context, cancel context.CancelCauseFunc, tok, workspaceID string) {
+	for {
+		changed, release := h.Verifier.Watch(workspaceID)
+		if _, err := h.Verifier.Verify(ctx, tok, workspaceID, dataplane.ScopeExec); err != nil {
+			release()
+			if fe, ok := fault.As(err); ok && (fe.Kind == fault.KindUnauthenticated || fe.Kind == fault.KindPermissionDenied) {
+				cancel(err)
+				return
+			}
+			if ctx.Err() != nil {
+				return
+			}
+		}
+		t := time.NewTimer(time.Second)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			release()
+			return
+		case <-changed:
+		case <-t.C:
+		}
+		t.Stop()
+		release()
+	}
+}
+
+// SendInput appends input; when the buffer is full the refusal carries
+// accepted_bytes.
+func (h *Processes) SendInput(ctx context.Context, req *connect.Request[ctrlv1.SendInputRequest]) (*connect.Response[ctrlv1.SendInputResponse], error) {
+	m := req.Msg
+	g, _, err := h.admit(ctx, req.Header(), m.GetWorkspaceId())
+	if err != nil {
+		return nil, err
+	}
+	res, err := g.SendInput(ctx, connect.NewRequest(&guestv1.SendInputRequest{ProcessId: m.GetProcessId(), Offset: m.GetOffset(), Data: m.GetData()}))
+	if err != nil {
+		var ce *connect.Error
+		if errors.As(err, &ce) && ce.Code() == connect.CodeResourceExhausted {
+			var accepted uint64
+			for _, d := range ce.Details() {
+				if v, derr := d.Value(); derr == nil {
+					if r, ok := v.(*guestv1.SendInputResponse); ok {
+						accepted = r.GetAcceptedBytes()
+					}
+				}
+			}
+			return nil, apierr.FromDetail(connect.CodeResourceExhausted, &ctrlv1.ErrorDetail{
+				Reason: ctrlv1.FailureReason_FAILURE_REASON_CAPACITY_EXHAUSTED, Retryable: true, AcceptedBytes: accepted,
+				Message: "the process's input buffer is full; resend the rest once it has read some"})
+		}
+		return nil, guestError(err)
+	}
+	return respond(transcode(res.Msg, &ctrlv1.SendInputResponse{}))
+}
+
+// CloseInput closes stdin.
+func (h *Processes) CloseInput(ctx context.Context, req *connect.Request[ctrlv1.CloseInputRequest]) (*connect.Response[ctrlv1.CloseInputResponse], error) {
+	m := req.Msg
+	g, _, err := h.admit(ctx, req.Header(), m.GetWorkspaceId())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := g.CloseInput(ctx, connect.NewRequest(&guestv1.CloseInputRequest{ProcessId: m.GetProcessId()})); err != nil {
+		return nil, guestError(err)
+	}
+	return connect.NewResponse(&ctrlv1.CloseInputResponse{}), nil
+}
+
+// SignalProcess signals a process.
+func (h *Processes) SignalProcess(ctx context.Context, req *connect.Request[ctrlv1.SignalProcessRequest]) (*connect.Response[ctrlv1.SignalProcessResponse], error) {
+	m := req.Msg
+	g, _, err := h.admit(ctx, req.Header(), m.GetWorkspaceId())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := g.Signal(ctx, connect.NewRequest(&guestv1.SignalRequest{ProcessId: m.GetProcessId(), Signal: m.GetSignal(), ProcessGroup: m.GetProcessGroup()})); err != nil {
+		return nil, guestError(err)
+	}
+	return connect.NewResponse(&ctrlv1.SignalProcessResponse{}), nil
+}
+
+// ResizeProcess resizes a terminal.
+func (h *Processes) ResizeProcess(ctx context.Context, req *connect.Request[ctrlv1.ResizeProcessRequest]) (*connect.Response[ctrlv1.ResizeProcessResponse], error) {
+	m := req.Msg
+	g, _, err := h.admit(ctx, req.Header(), m.GetWorkspaceId())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := g.Resize(ctx, connect.NewRequest(&guestv1.ResizeRequest{ProcessId: m.GetProcessId(), Rows: m.GetRows(), Cols: m.GetCols()})); err != nil {
+		return nil, guestError(err)
+	}
+	return connect.NewResponse(&ctrlv1.ResizeProcessResponse{}), nil
+}
+
+// ListProcesses lists processes.
+func (h *Processes) ListProcesses(ctx context.Context, req *connect.Request[ctrlv1.ListProcessesRequest]) (*connect.Response[ctrlv1.ListProcessesResponse], error) {
+	g, _, err := h.admit(ctx, req.Header(), req.Msg.GetWorkspaceId())
+	if err != nil {
+		return nil, err
+	}
+	res, err := g.List(ctx, connect.NewRequest(&guestv1.ListRequest{}))
+	if err != nil {
+		return nil, guestError(err)
+	}
+	return respond(transcode(res.Msg, &ctrlv1.ListProcessesResponse{}))
+}
