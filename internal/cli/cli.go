@@ -102,6 +102,10 @@ func run(ctx context.Context, e env, args []string, stdin io.Reader, stdout, std
 	if err == nil {
 		return ExitOK
 	}
+	var rx *remoteExit
+	if errors.As(err, &rx) {
+		return rx.code // the remote process's status: nothing to print
+	}
 	if !a.started && !isUsage(err) {
 		err = usageErr(err)
 	}

@@ -25,8 +25,8 @@ func (a *app) workspaceCommand() *cobra.Command {
 		`Manage Workspaces. Each command needs the capability of its procedure
 (workspace.create for create, get, list, command, labels and annotations;
 workspace.start, workspace.stop and workspace.delete for the others;
-workspace.data_plane.revoke for revoke-data-plane; session create needs the
-capability of each scope); a server that does not list it makes the command
+workspace.data_plane.revoke for revoke-data-plane; workspace.exec for exec;
+session create needs the capability of each scope); a server that does not list it makes the command
 exit 14 without sending anything.`)
 	cmd.AddCommand(
 		a.workspaceCreate(), a.workspaceGet(), a.workspaceList(),
@@ -34,6 +34,7 @@ exit 14 without sending anything.`)
 		a.workspaceLabels(), a.workspaceAnnotations(),
 		a.workspaceCommandGet(),
 		a.workspaceRevokeDataPlane(), a.workspaceSessionCommand(),
+		a.workspaceExec(),
 	)
 	return cmd
 }
