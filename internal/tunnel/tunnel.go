@@ -311,7 +311,10 @@ func (d *Dialer) once(ctx context.Context) error {
 	if d.Opened != nil {
 		d.Opened()
 	}
-	srv := &http2.Server{MaxReadFrameSize: maxFrame, MaxUploadBufferPerConnection: 8 << 20, MaxUploadBufferPerStream: 1 << 20}
+	// Pings find a ctrl that vanished without closing the connection, so
+	// that the tunnel is dialed again.
+	srv := &http2.Server{MaxReadFrameSize: maxFrame, MaxUploadBufferPerConnection: 8 << 20, MaxUploadBufferPerStream: 1 << 20,
+		ReadIdleTimeout: 15 * time.Second, PingTimeout: 10 * time.Second}
 	srv.ServeConn(bufferedConn(conn, br), &http2.ServeConnOpts{Context: ctx, Handler: d.Handler,
 		BaseConfig: &http.Server{MaxHeaderBytes: maxHeaders}})
 	return errors.New("tunnel closed")
