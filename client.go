@@ -37,6 +37,10 @@ type Client struct {
 	EnrollmentService ctrlv1connect.EnrollmentServiceClient
 	// SessionService is SessionService: data-plane credentials.
 	SessionService ctrlv1connect.SessionServiceClient
+	// ProcessService is the data plane's ProcessService: its requests need
+	// an Authorization: Bearer data-plane token (scope EXEC), which
+	// Workspace.ExecCommand creates and sends itself.
+	ProcessService ctrlv1connect.ProcessServiceClient
 
 	endpoint   string
 	httpClient *http.Client
@@ -197,6 +201,7 @@ func NewClient(endpoint string, opts ...Option) (*Client, error) {
 		VolumeService:     ctrlv1connect.NewVolumeServiceClient(hc, base, o.connectOpts...),
 		EnrollmentService: ctrlv1connect.NewEnrollmentServiceClient(hc, base, o.connectOpts...),
 		SessionService:    ctrlv1connect.NewSessionServiceClient(hc, base, o.connectOpts...),
+		ProcessService:    ctrlv1connect.NewProcessServiceClient(hc, base, o.connectOpts...),
 		endpoint:          base,
 		httpClient:        hc,
 		wait:              o.wait,

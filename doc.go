@@ -75,4 +75,16 @@
 // delete require an ExpirationRevision: ExpectExpirationRevision(n), or
 // CurrentExpirationRevision(), which reads it once before the first attempt
 // and never after a refusal. See docs/sdk.md.
+//
+// # Exec
+//
+// ws.ExecCommand returns a *Cmd shaped like os/exec.Cmd that runs a process
+// in the Workspace through the data plane (ProcessService); the SDK checks
+// workspace.exec, creates and renews the EXEC session, streams Stdin and
+// reads the output again from its last offset after a reconnect:
+//
+//	out, err := ws.ExecCommand(ctx, "sh", "-c", "echo hi").Output()
+//
+// A non-zero exit is an *ExitError, a lost event stream a *StreamLostError,
+// output the guest dropped an *OutputDroppedError (or ExitError.DroppedBytes).
 package kibotos

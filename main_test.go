@@ -20,8 +20,9 @@ import (
 	"github.com/kibotos/kibotos/internal/node/agent/agenttest"
 )
 
-// TestMain runs an in-process ctrl with a node (the runtime double of
-// agenttest) for the examples, and points the KIBO_* variables at it, so
+// TestMain runs an in-process ctrl with its data plane and a node (the
+// runtime double of agenttest, whose guests are a fakeGuest) for the
+// examples, and points the KIBO_* variables at it, so
 // that the examples connect with kibotos.NewClientFromEnv exactly as a
 // program run after scripts/dev.sh's export line does. Tests that read
 // the environment set every variable they depend on.
@@ -33,7 +34,10 @@ func TestMain(m *testing.M) {
 func runWithExampleServer(m *testing.M) int {
 	tb := &mainTB{name: "TestMain"}
 	defer tb.cleanup()
-	e := ctrltest.New(tb, ctrltest.Options{Runtime: agenttest.New()})
+	rt := agenttest.New()
+	rt.Guest = newFakeGuest() // the guests of ExampleWorkspace_ExecCommand
+	tb.Cleanup(rt.Close)
+	e := ctrltest.New(tb, ctrltest.Options{Runtime: rt, DataPlane: true})
 	if tb.Failed() {
 		return 1
 	}
