@@ -117,6 +117,11 @@ type execRun struct {
 	ws   string
 	argv []string
 	ttl  time.Duration
+	// pty, when set, runs the process on a terminal of this size.
+	pty *ctrlv1.ProcessPty
+	// onStart, when set, is called once the process started, before its
+	// input and output are copied.
+	onStart func(ctx context.Context, id string)
 
 	sess   *session
 	proc   ctrlv1connect.ProcessServiceClient
@@ -169,7 +174,7 @@ func (x *execRun) run(setup, life context.Context) (int, error) {
 	if err := x.newToken(setup); err != nil {
 		return 0, err
 	}
-	sr := connect.NewRequest(&ctrlv1.StartProcessRequest{WorkspaceId: x.ws, Argv: x.argv})
+	sr := connect.NewRequest(&ctrlv1.StartProcessRequest{WorkspaceId: x.ws, Argv: x.argv, Pty: x.pty})
 	x.auth(sr)
 	st, err := x.proc.StartProcess(setup, sr)
 	if err != nil {
@@ -178,6 +183,9 @@ func (x *execRun) run(setup, life context.Context) (int, error) {
 	id := st.Msg.GetProcessId()
 	life, stop := context.WithCancel(life)
 	defer stop()
+	if x.onStart != nil {
+		x.onStart(life, id)
+	}
 	go x.pumpInput(life, id)
 	return x.follow(life, id), nil
 }

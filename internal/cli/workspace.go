@@ -35,6 +35,7 @@ exit 14 without sending anything.`)
 		a.workspaceCommandGet(),
 		a.workspaceRevokeDataPlane(), a.workspaceSessionCommand(),
 		a.workspaceExec(),
+		a.workspaceShell(),
 	)
 	return cmd
 }
