@@ -61,11 +61,25 @@ func bearer(hdr http.Header) (string, bool) {
 // token's scope and generation (Verifier.Verify), then the Workspace's
 // state (failed_precondition unless AVAILABLE, with observed_workspace).
 // It returns the guest's client.
+//
+// A token that passes Verify is checked once (one signature verification
+// per call); only a refused one goes through the checks one by one, so
+// that its error is the first that applies.
 func (h *Processes) admit(ctx context.Context, hdr http.Header, workspaceID string) (guestv1connect.ProcessServiceClient, string, error) {
 	tok, ok := bearer(hdr)
 	if !ok {
 		return nil, "", &fault.Error{Kind: fault.KindUnauthenticated, Reason: fault.ReasonPermissionDenied,
 			Message: "the data plane needs a data-plane token: Authorization: Bearer <token> (SessionService)"}
+	}
+	if workspaceID != "" {
+		if c, err := h.Verifier.Verify(ctx, tok, workspaceID, dataplane.ScopeExec); err == nil && h.now().Before(c.Expiry()) {
+			w, err := h.lookup(ctx, workspaceID)
+			if err != nil {
+				return nil, "", err
+			}
+			g, err := h.route(w, workspaceID)
+			return g, tok, err
+		}
 	}
 	c, err := dataplane.Parse(h.Verifier.Key, tok)
 	if err != nil {
@@ -82,9 +96,39 @@ func (h *Processes) admit(ctx context.Context, hdr http.Header, workspaceID stri
 		return nil, "", &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
 			Message: "the data-plane token is for another workspace"}
 	}
+	w, err := h.lookup(ctx, workspaceID)
+	if err != nil {
+		return nil, "", err
+	}
+	if _, err := h.Verifier.Verify(ctx, tok, workspaceID, dataplane.ScopeExec); err != nil {
+		return nil, "", err
+	}
+	g, err := h.route(w, workspaceID)
+	return g, tok, err
+}
+
+// route returns the client of the guest of w (workspaceID):
+// failed_precondition unless it is AVAILABLE on a node.
+func (h *Processes) route(w placed, workspaceID string) (guestv1connect.ProcessServiceClient, error) {
+	if st := w.pub.GetState(); st != ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE || w.node == "" {
+		return nil, &fault.Error{Kind: fault.KindFailedPrecondition, Reason: fault.ReasonStateConflict,
+			Message:           "the workspace's processes are served while it is AVAILABLE; it is " + strings.TrimPrefix(st.String(), "WORKSPACE_STATE_"),
+			ObservedWorkspace: w.pub}
+	}
+	return h.Guest(w.node, workspaceID), nil
+}
+
+// placed is a Workspace and the node it is placed on.
+type placed struct {
+	pub  *ctrlv1.Workspace
+	node string
+}
+
+// lookup reads workspaceID: not_found when it is unknown or deleted.
+func (h *Processes) lookup(ctx context.Context, workspaceID string) (placed, error) {
 	var pub *ctrlv1.Workspace
 	var node string
-	err = h.Store.View(ctx, func(tx store.Tx) error {
+	err := h.Store.View(ctx, func(tx store.Tx) error {
 		w, err := tx.GetWorkspace(ctx, workspaceID)
 		if err != nil {
 			return err
@@ -94,20 +138,12 @@ func (h *Processes) admit(ctx context.Context, hdr http.Header, workspaceID stri
 		return err
 	})
 	if errors.Is(err, store.ErrNotFound) || (err == nil && pub.GetState() == ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETED) {
-		return nil, "", fault.NotFound("workspace", workspaceID)
+		return placed{}, fault.NotFound("workspace", workspaceID)
 	}
 	if err != nil {
-		return nil, "", err
+		return placed{}, err
 	}
-	if _, err := h.Verifier.Verify(ctx, tok, workspaceID, dataplane.ScopeExec); err != nil {
-		return nil, "", err
-	}
-	if st := pub.GetState(); st != ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE || node == "" {
-		return nil, "", &fault.Error{Kind: fault.KindFailedPrecondition, Reason: fault.ReasonStateConflict,
-			Message:           "the workspace's processes are served while it is AVAILABLE; it is " + strings.TrimPrefix(st.String(), "WORKSPACE_STATE_"),
-			ObservedWorkspace: pub}
-	}
-	return h.Guest(node, workspaceID), tok, nil
+	return placed{pub: pub, node: node}, nil
 }
 
 // guestError turns an error of the guest's call into the public one: the
@@ -164,13 +200,17 @@ func (h *Processes) StartProcess(ctx context.Context, req *connect.Request[ctrlv
 // goes, or the token is refused (revoked, expired, the Workspace deleted).
 func (h *Processes) ProcessEvents(ctx context.Context, req *connect.Request[ctrlv1.ProcessEventsRequest], out *connect.ServerStream[ctrlv1.ProcessEventsResponse]) error {
 	m := req.Msg
+	// Subscribed before admit verifies the token: a change after that
+	// verification is seen by watch.
+	changed, release := h.Verifier.Watch(m.GetWorkspaceId())
 	g, tok, err := h.admit(ctx, req.Header(), m.GetWorkspaceId())
 	if err != nil {
+		release()
 		return err
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	go h.watch(ctx, cancel, tok, m.GetWorkspaceId())
+	go h.watch(ctx, cancel, tok, m.GetWorkspaceId(), changed, release)
 	in, err := g.Events(ctx, connect.NewRequest(&guestv1.EventsRequest{ProcessId: m.GetProcessId(), Tag: m.GetTag(), FromOffset: m.GetFromOffset()}))
 	if err != nil {
 		return h.streamEnd(ctx, err)
@@ -197,21 +237,12 @@ func (h *Processes) streamEnd(ctx context.Context, err error) error {
 	return guestError(err)
 }
 
-// watch verifies tok again at every change of the Workspace, at least
-// every second and at its expiry, and cancels the stream with the refusal.
-func (h *Processes) watch(ctx context.Context, cancel context.CancelCauseFunc, tok, workspaceID string) {
+// watch verifies tok again at every change of the Workspace (changed,
+// subscribed before the last verification; release ends that
+// subscription), at least every second and at its expiry, and cancels the
+// stream with the refusal.
+func (h *Processes) watch(ctx context.Context, cancel context.CancelCauseFunc, tok, workspaceID string, changed <-chan struct{}, release func()) {
 	for {
-		changed, release := h.Verifier.Watch(workspaceID)
-		if _, err := h.Verifier.Verify(ctx, tok, workspaceID, dataplane.ScopeExec); err != nil {
-			release()
-			if fe, ok := fault.As(err); ok && (fe.Kind == fault.KindUnauthenticated || fe.Kind == fault.KindPermissionDenied) {
-				cancel(err)
-				return
-			}
-			if ctx.Err() != nil {
-				return
-			}
-		}
 		t := time.NewTimer(time.Second)
 		select {
 		case <-ctx.Done():
@@ -223,6 +254,18 @@ func (h *Processes) watch(ctx context.Context, cancel context.CancelCauseFunc, t
 		}
 		t.Stop()
 		release()
+		changed, release = h.Verifier.Watch(workspaceID)
+		if _, err := h.Verifier.Verify(ctx, tok, workspaceID, dataplane.ScopeExec); err != nil {
+			if fe, ok := fault.As(err); ok && (fe.Kind == fault.KindUnauthenticated || fe.Kind == fault.KindPermissionDenied) {
+				release()
+				cancel(err)
+				return
+			}
+			if ctx.Err() != nil {
+				release()
+				return
+			}
+		}
 	}
 }
 

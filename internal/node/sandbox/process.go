@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -18,7 +19,15 @@ import (
 // The data plane's client on the node: connect-go (gRPC protocol) over
 // HTTP/2 with prior knowledge on connections the node sends over the
 // channel (protocol.NodeChannel.Dial), one channel connection per HTTP/2
-// connection. What the guest sends is bounded: every message by
+// connection. Each execution has one client, shared by every call to its
+// guest: its HTTP/2 connection is dialed once and carries call after call
+// (a call then costs no dial, no connection preface and no settings
+// exchange); a connection that breaks is dialed again at the next call,
+// one idle for guestIdleTimeout is closed, and the client is dropped when
+// the execution ends or the Runtime closes. A connection that is busy
+// with the guest's MaxConcurrentStreams streams makes the transport dial
+// another one, so the connections of an execution are bounded by its
+// concurrent calls. What the guest sends is bounded: every message by
 // protocol.MaxDataPlaneMessage (connect.WithReadMaxBytes, checked before it is
 // decoded), the header lists that carry errors by maxGuestHeaders, and
 // HTTP/2 flow control stops a guest that sends faster than the node
@@ -30,24 +39,59 @@ const (
 	maxGuestHeaders = 64 << 10
 	// guestDialTimeout bounds sending a connection over the channel.
 	guestDialTimeout = 10 * time.Second
+	// guestIdleTimeout: a connection to the guest that carried no call
+	// for this long is closed.
+	guestIdleTimeout = 90 * time.Second
 )
 
-// ProcessClient is a ProcessService client of one workspace's guest.
-// Close it when done: it closes its HTTP/2 connection.
+// ProcessClient is a ProcessService client of one execution's guest,
+// shared by every caller of Processes while the execution runs. Close
+// releases it; its connections stay open for the next call and are closed
+// when the execution ends.
 type ProcessClient struct {
 	guestv1connect.ProcessServiceClient
 	tr *http2.Transport
 }
 
-// Close closes the client's connections to the guest.
-func (c *ProcessClient) Close() { c.tr.CloseIdleConnections() }
+// Close releases the client. Its connections are the execution's: they
+// stay open for the next call.
+func (c *ProcessClient) Close() {}
 
-// Processes returns a ProcessService client of workspaceID's guest.
+// guestClients holds the ProcessClient of each execution that has one.
+var guestClients = struct {
+	sync.Mutex
+	m map[*execution]*ProcessClient
+}{m: map[*execution]*ProcessClient{}}
+
+// Processes returns the ProcessService client of workspaceID's guest.
 func (r *Runtime) Processes(workspaceID string) (*ProcessClient, error) {
 	e := r.get(workspaceID)
-	if e == nil || !e.alive() {
+	if e == nil || !e.alive() || r.closed() {
 		return nil, ErrNotRunning
 	}
+	guestClients.Lock()
+	defer guestClients.Unlock()
+	if c := guestClients.m[e]; c != nil {
+		return c, nil
+	}
+	c := newProcessClient(e)
+	guestClients.m[e] = c
+	go func() {
+		select {
+		case <-e.done:
+		case <-r.ctx.Done():
+		}
+		guestClients.Lock()
+		delete(guestClients.m, e)
+		guestClients.Unlock()
+		c.tr.CloseIdleConnections()
+	}()
+	return c, nil
+}
+
+// newProcessClient returns a client whose connections are sent over e's
+// channel.
+func newProcessClient(e *execution) *ProcessClient {
 	tr := &http2.Transport{
 		AllowHTTP: true,
 		DialTLSContext: func(ctx context.Context, _, _ string, _ *tls.Config) (net.Conn, error) {
@@ -64,6 +108,7 @@ func (r *Runtime) Processes(workspaceID string) (*ProcessClient, error) {
 		},
 		MaxHeaderListSize: maxGuestHeaders,
 		MaxReadFrameSize:  64 << 10,
+		IdleConnTimeout:   guestIdleTimeout,
 		// A guest that stops answering is found by pings, not waited
 		// for forever.
 		ReadIdleTimeout: 30 * time.Second,
@@ -71,7 +116,7 @@ func (r *Runtime) Processes(workspaceID string) (*ProcessClient, error) {
 	}
 	c := guestv1connect.NewProcessServiceClient(&http.Client{Transport: tr}, "http://guest",
 		connect.WithGRPC(), connect.WithReadMaxBytes(protocol.MaxDataPlaneMessage), connect.WithSendMaxBytes(protocol.MaxDataPlaneMessage))
-	return &ProcessClient{ProcessServiceClient: c, tr: tr}, nil
+	return &ProcessClient{ProcessServiceClient: c, tr: tr}
 }
 
 // errNoExit: the guest's event stream ended without an exit.

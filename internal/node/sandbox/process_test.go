@@ -105,6 +105,16 @@ func TestProcessService(t *testing.T) {
 		if err := r.Delete(context.Background(), ws); err != nil {
 			t.Error(err)
 		}
+		// The execution's client is dropped once it ended.
+		for deadline := time.Now().Add(10 * time.Second); heldClients(ws) > 0; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Errorf("the client of %s is still held after its execution ended", ws)
+				break
+			}
+		}
+		if _, err := r.Processes(ws); !errors.Is(err, ErrNotRunning) {
+			t.Errorf("Processes(%s) after Delete = %v, want ErrNotRunning", ws, err)
+		}
 	})
 	c, err := r.Processes(ws)
 	if err != nil {
@@ -113,6 +123,21 @@ func TestProcessService(t *testing.T) {
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+
+	t.Run("one client per execution", func(t *testing.T) {
+		c2, err := r.Processes(ws)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c2.Close() // releases it: c still works
+		if c2 != c {
+			t.Errorf("Processes(%s) returned another client while the execution runs", ws)
+		}
+		id := startProc(t, ctx, c, &guestv1.StartRequest{Argv: []string{"true"}})
+		if _, err := collect(t, ctx, c, id, "", 0); err != nil {
+			t.Fatal(err)
+		}
+	})
 
 	t.Run("both streams in order", func(t *testing.T) {
 		id := startProc(t, ctx, c, &guestv1.StartRequest{Argv: shArgv("echo a; sleep 0.05; echo b >&2; sleep 0.05; echo c; exit 3")})
@@ -453,4 +478,17 @@ func waitOutput(tb testing.TB, ctx context.Context, c *ProcessClient, id, want s
 		}
 	}
 	tb.Fatalf("output %q without %q: %v", out, want, errors.Join(s.Err(), sctx.Err()))
+}
+
+// heldClients counts the clients held for executions of ws.
+func heldClients(ws string) int {
+	guestClients.Lock()
+	defer guestClients.Unlock()
+	n := 0
+	for e := range guestClients.m {
+		if e.ws == ws {
+			n++
+		}
+	}
+	return n
 }
