@@ -10,6 +10,7 @@ import (
 
 	guestv1 "github.com/kibotos/kibotos/gen/kibotos/guest/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/guest/v1/guestv1connect"
+	"github.com/kibotos/kibotos/internal/guest/protocol"
 )
 
 // The node's data service, served to ctrl on the node's data tunnels
@@ -18,9 +19,6 @@ import (
 // /w/WORKSPACE_ID/kibotos.guest.v1.ProcessService/METHOD. Every call is
 // forwarded to the workspace's guest as it is; the guest's errors come
 // back unchanged (their codes and details are the guest's contract).
-
-// maxDataMessage bounds a data-plane message both ways, as the guest does.
-const maxDataMessage = 512 << 10
 
 // ErrNotRunning is returned by Processes for a workspace the node does not
 // run.
@@ -41,7 +39,7 @@ func DataPath(workspaceID string) string { return "/w/" + workspaceID }
 // NewDataHandler returns the node's data service over p.
 func NewDataHandler(p Processes) http.Handler {
 	prefix, h := guestv1connect.NewProcessServiceHandler(&processProxy{p: p},
-		connect.WithReadMaxBytes(maxDataMessage), connect.WithSendMaxBytes(maxDataMessage))
+		connect.WithReadMaxBytes(protocol.MaxDataPlaneMessage), connect.WithSendMaxBytes(protocol.MaxDataPlaneMessage))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rest, ok := strings.CutPrefix(r.URL.Path, "/w/")
 		id, tail, ok2 := strings.Cut(rest, "/")
