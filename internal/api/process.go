@@ -32,18 +32,9 @@ type Processes struct {
 	// Guest returns a client of the ProcessService of workspaceID's guest
 	// on node.
 	Guest func(node, workspaceID string) guestv1connect.ProcessServiceClient
-	// Now is the clock; nil is time.Now.
-	Now func() time.Time
 }
 
 var _ ctrlv1connect.ProcessServiceHandler = (*Processes)(nil)
-
-func (h *Processes) now() time.Time {
-	if h.Now != nil {
-		return h.Now()
-	}
-	return time.Now()
-}
 
 // bearer returns the token of "Authorization: Bearer <token>".
 func bearer(hdr http.Header) (string, bool) {
@@ -62,46 +53,35 @@ func bearer(hdr http.Header) (string, bool) {
 // state (failed_precondition unless AVAILABLE, with observed_workspace).
 // It returns the guest's client.
 //
-// A token that passes Verify is checked once (one signature verification
-// per call); only a refused one goes through the checks one by one, so
-// that its error is the first that applies.
+// The token is verified once; a refusal of its scope or generation is
+// answered after the Workspace's not_found, so that the error is the first
+// that applies.
 func (h *Processes) admit(ctx context.Context, hdr http.Header, workspaceID string) (guestv1connect.ProcessServiceClient, string, error) {
 	tok, ok := bearer(hdr)
 	if !ok {
 		return nil, "", &fault.Error{Kind: fault.KindUnauthenticated, Reason: fault.ReasonPermissionDenied,
 			Message: "the data plane needs a data-plane token: Authorization: Bearer <token> (SessionService)"}
 	}
-	if workspaceID != "" {
-		if c, err := h.Verifier.Verify(ctx, tok, workspaceID, dataplane.ScopeExec); err == nil && h.now().Before(c.Expiry()) {
-			w, err := h.lookup(ctx, workspaceID)
-			if err != nil {
-				return nil, "", err
-			}
-			g, err := h.route(w, workspaceID)
-			return g, tok, err
-		}
-	}
-	c, err := dataplane.Parse(h.Verifier.Key, tok)
-	if err != nil {
-		return nil, "", &fault.Error{Kind: fault.KindUnauthenticated, Reason: fault.ReasonPermissionDenied, Message: "the data-plane token is not valid"}
-	}
-	if !h.now().Before(c.Expiry()) {
-		return nil, "", &fault.Error{Kind: fault.KindUnauthenticated, Reason: fault.ReasonSessionExpired,
-			Message: "the data-plane session expired; create a new one"}
-	}
 	if workspaceID == "" {
+		if _, err := h.Verifier.Authenticate(tok); err != nil {
+			return nil, "", err
+		}
 		return nil, "", fault.Invalid("workspace_id", "workspace_id is required")
 	}
-	if c.WorkspaceID != workspaceID {
-		return nil, "", &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
-			Message: "the data-plane token is for another workspace"}
+	_, refused := h.Verifier.Verify(ctx, tok, workspaceID, dataplane.ScopeExec)
+	if refused != nil {
+		// Verify refuses the token itself (malformed, forged, expired,
+		// another Workspace's) before anything of the Workspace is read.
+		if c, err := h.Verifier.Authenticate(tok); err != nil || c.WorkspaceID != workspaceID {
+			return nil, "", refused
+		}
 	}
 	w, err := h.lookup(ctx, workspaceID)
 	if err != nil {
 		return nil, "", err
 	}
-	if _, err := h.Verifier.Verify(ctx, tok, workspaceID, dataplane.ScopeExec); err != nil {
-		return nil, "", err
+	if refused != nil {
+		return nil, "", refused
 	}
 	g, err := h.route(w, workspaceID)
 	return g, tok, err

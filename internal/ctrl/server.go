@@ -183,7 +183,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	// The public data plane: Bearer tokens, forwarded over the nodes' data
 	// tunnels.
 	tunnelHTTP := &http.Client{Transport: s.tunnels}
-	mux.Handle(ctrlv1connect.NewProcessServiceHandler(&api.Processes{Verifier: s.dplane.Verifier(), Store: cfg.Store, Now: cfg.Now,
+	mux.Handle(ctrlv1connect.NewProcessServiceHandler(&api.Processes{Verifier: s.dplane.Verifier(), Store: cfg.Store,
 		Guest: func(node, ws string) guestv1connect.ProcessServiceClient {
 			return guestv1connect.NewProcessServiceClient(tunnelHTTP, tunnel.NodeURL(node)+agent.DataPath(ws), connect.WithGRPC(),
 				connect.WithReadMaxBytes(dataMessageBytes), connect.WithSendMaxBytes(dataMessageBytes))

@@ -88,12 +88,9 @@ func denied(msg string) error {
 // Workspace's (revoked), or of a Workspace being deleted or gone,
 // unauthenticated (SESSION_EXPIRED).
 func (v *Verifier) Verify(ctx context.Context, token, workspaceID, scope string) (*Claims, error) {
-	c, err := Parse(v.Key, token)
+	c, err := v.Authenticate(token)
 	if err != nil {
-		return nil, unauthenticated(fault.ReasonPermissionDenied, "the data-plane token is not valid")
-	}
-	if !v.now().Before(c.Expiry()) {
-		return nil, unauthenticated(fault.ReasonSessionExpired, "the data-plane session expired; create a new one")
+		return nil, err
 	}
 	if c.WorkspaceID != workspaceID {
 		return nil, denied("the data-plane token is for another workspace")
@@ -107,6 +104,20 @@ func (v *Verifier) Verify(ctx context.Context, token, workspaceID, scope string)
 	}
 	if gone || c.Generation < gen {
 		return nil, unauthenticated(fault.ReasonSessionExpired, "the data-plane session was revoked; create a new one")
+	}
+	return c, nil
+}
+
+// Authenticate checks only the token itself, the first of Verify's checks:
+// a malformed token or a bad signature is unauthenticated
+// (PERMISSION_DENIED), an expired one unauthenticated (SESSION_EXPIRED).
+func (v *Verifier) Authenticate(token string) (*Claims, error) {
+	c, err := Parse(v.Key, token)
+	if err != nil {
+		return nil, unauthenticated(fault.ReasonPermissionDenied, "the data-plane token is not valid")
+	}
+	if !v.now().Before(c.Expiry()) {
+		return nil, unauthenticated(fault.ReasonSessionExpired, "the data-plane session expired; create a new one")
 	}
 	return c, nil
 }
