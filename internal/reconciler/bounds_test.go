@@ -3,7 +3,6 @@ package reconciler
 import (
 	"bytes"
 	"errors"
-	"github.com/kibotos/kibotos/internal/nodewire"
 	"strings"
 	"testing"
 
@@ -13,6 +12,7 @@ import (
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/nodepeer"
+	"github.com/kibotos/kibotos/internal/nodewire"
 	"github.com/kibotos/kibotos/internal/store"
 )
 
