@@ -15,7 +15,10 @@ func TestPermanent(t *testing.T) {
 	if got, want := err.Error(), "sandbox: invalid spec: template dir \".data\" must be absolute"; got != want {
 		t.Errorf("Permanent(err).Error() = %q, want %q (unchanged)", got, want)
 	}
-	if errors.Is(cause, ErrPermanent) || Permanent(nil) != nil {
-		t.Error("a plain error is permanent, or Permanent(nil) is not nil")
+	if errors.Is(err, ErrWritebackFailed) {
+		t.Error("Permanent(err) matches ErrWritebackFailed, want only ErrPermanent and its cause")
+	}
+	if Permanent(nil) != nil {
+		t.Error("Permanent(nil) is not nil")
 	}
 }
