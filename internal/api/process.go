@@ -230,11 +230,12 @@ func (h *Processes) watch(ctx context.Context, cancel context.CancelCauseFunc, t
 			release()
 			return
 		case <-changed:
+			// Subscribed again before the verification, for the next change.
+			release()
+			changed, release = h.Verifier.Watch(workspaceID)
 		case <-t.C:
 		}
 		t.Stop()
-		release()
-		changed, release = h.Verifier.Watch(workspaceID)
 		if _, err := h.Verifier.Verify(ctx, tok, workspaceID, dataplane.ScopeExec); err != nil {
 			if fe, ok := fault.As(err); ok && (fe.Kind == fault.KindUnauthenticated || fe.Kind == fault.KindPermissionDenied) {
 				release()
