@@ -170,7 +170,7 @@ func (x *execRun) run(setup, life context.Context) (int, error) {
 	x.sess = s
 	// The data plane is served on ctrl's listener: kibo reaches it through
 	// its own endpoint and trust (a certificate is not needed there).
-	x.proc = ctrlv1connect.NewProcessServiceClient(s.client.HTTPClient(), s.client.Endpoint())
+	x.proc = s.client.ProcessService
 	if err := x.newToken(setup); err != nil {
 		return 0, err
 	}
