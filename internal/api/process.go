@@ -259,6 +259,9 @@ func (h *Processes) SendInput(ctx context.Context, req *connect.Request[ctrlv1.S
 		return nil, err
 	}
 	res, err := g.SendInput(ctx, connect.NewRequest(&guestv1.SendInputRequest{ProcessId: m.GetProcessId(), Offset: m.GetOffset(), Data: m.GetData()}))
+	// The guest's count is not trusted beyond the bytes it was sent: a
+	// client skips what it is told was taken.
+	sent := uint64(len(m.GetData()))
 	if err != nil {
 		var ce *connect.Error
 		if errors.As(err, &ce) && ce.Code() == connect.CodeResourceExhausted {
@@ -266,7 +269,7 @@ func (h *Processes) SendInput(ctx context.Context, req *connect.Request[ctrlv1.S
 			for _, d := range ce.Details() {
 				if v, derr := d.Value(); derr == nil {
 					if r, ok := v.(*guestv1.SendInputResponse); ok {
-						accepted = r.GetAcceptedBytes()
+						accepted = min(r.GetAcceptedBytes(), sent)
 					}
 				}
 			}
@@ -276,6 +279,7 @@ func (h *Processes) SendInput(ctx context.Context, req *connect.Request[ctrlv1.S
 		}
 		return nil, guestError(err)
 	}
+	res.Msg.AcceptedBytes = min(res.Msg.GetAcceptedBytes(), sent)
 	return respond(transcode(res.Msg, &ctrlv1.SendInputResponse{}))
 }
 

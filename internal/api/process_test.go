@@ -50,9 +50,16 @@ func (fakeGuest) Events(ctx context.Context, req *connect.Request[guestv1.Events
 }
 
 func (fakeGuest) SendInput(_ context.Context, req *connect.Request[guestv1.SendInputRequest]) (*connect.Response[guestv1.SendInputResponse], error) {
+	accepted := uint64(4)
+	if req.Msg.GetProcessId() == "liar" { // claims more than it was sent
+		accepted = 1 << 40
+		if len(req.Msg.GetData()) <= 4 {
+			return connect.NewResponse(&guestv1.SendInputResponse{AcceptedBytes: accepted}), nil
+		}
+	}
 	if n := len(req.Msg.GetData()); n > 4 {
 		ce := connect.NewError(connect.CodeResourceExhausted, nil)
-		if d, err := connect.NewErrorDetail(&guestv1.SendInputResponse{AcceptedBytes: 4, InputOffset: 4}); err == nil {
+		if d, err := connect.NewErrorDetail(&guestv1.SendInputResponse{AcceptedBytes: accepted, InputOffset: 4}); err == nil {
 			ce.AddDetail(d)
 		}
 		return nil, ce
@@ -134,6 +141,15 @@ func TestProcessService(t *testing.T) {
 	_, err = p.SendInput(ctx, bearerReq(&ctrlv1.SendInputRequest{WorkspaceId: ws, ProcessId: "echo", Data: []byte("0123456789")}, tok))
 	if d := wantErr(t, err, connect.CodeResourceExhausted, ctrlv1.FailureReason_FAILURE_REASON_CAPACITY_EXHAUSTED, false); d.GetAcceptedBytes() != 4 {
 		t.Errorf("accepted_bytes = %d, want 4", d.GetAcceptedBytes())
+	}
+	// A guest claiming more bytes than it was sent is cut to what it was sent.
+	in, err = p.SendInput(ctx, bearerReq(&ctrlv1.SendInputRequest{WorkspaceId: ws, ProcessId: "liar", Data: []byte("ab")}, tok))
+	if err != nil || in.Msg.GetAcceptedBytes() != 2 {
+		t.Errorf("SendInput(liar, 2 bytes) = %v, %v; want accepted_bytes 2", in, err)
+	}
+	_, err = p.SendInput(ctx, bearerReq(&ctrlv1.SendInputRequest{WorkspaceId: ws, ProcessId: "liar", Data: []byte("0123456789")}, tok))
+	if d := wantErr(t, err, connect.CodeResourceExhausted, ctrlv1.FailureReason_FAILURE_REASON_CAPACITY_EXHAUSTED, false); d.GetAcceptedBytes() != 10 {
+		t.Errorf("SendInput(liar, 10 bytes): accepted_bytes = %d, want 10", d.GetAcceptedBytes())
 	}
 
 	// Refusals.
