@@ -114,8 +114,9 @@ func (r *Runtime) ExecRequest(ctx context.Context, workspaceID string, req proto
 	return nil, errNoExit
 }
 
-// sendAll sends data to process id's input, waiting while the guest's
-// input buffer is full.
+// sendAll sends data to process id's input, waiting while the guest
+// takes less than it was sent (its input buffer is full, or it says so
+// without resource_exhausted: a guest cannot make the node spin).
 func sendAll(ctx context.Context, c *ProcessClient, id string, data []byte) error {
 	var off uint64
 	for len(data) > 0 {
@@ -129,16 +130,18 @@ func sendAll(ctx context.Context, c *ProcessClient, id string, data []byte) erro
 			if a, ok := acceptedOf(err); ok {
 				accepted = a
 			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(10 * time.Millisecond):
-			}
 		default:
 			return err
 		}
 		accepted = min(accepted, uint64(n))
 		data, off = data[accepted:], off+accepted
+		if accepted < uint64(n) {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
 	}
 	return nil
 }
