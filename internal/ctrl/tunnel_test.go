@@ -102,9 +102,9 @@ func (bulkGuest) Events(ctx context.Context, _ *connect.Request[guestv1.EventsRe
 // anyRunning is the test double whose every workspace runs its guest.
 type anyRunning struct{ *agenttest.Runtime }
 
-func (r anyRunning) Processes(string) (guestv1connect.ProcessServiceClient, func(), error) {
+func (r anyRunning) GuestTransport(string) (http.RoundTripper, error) {
 	r.Start(context.Background(), agent.Spec{WorkspaceID: "w"})
-	return r.Runtime.Processes("w")
+	return r.Runtime.GuestTransport("w")
 }
 
 // TestTunnelHeartbeats: a node agent opens a data tunnel by itself; 64 MiB

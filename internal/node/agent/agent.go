@@ -151,7 +151,7 @@ func New(cfg Config) *Agent {
 //
 // Beside the stream it keeps DataTunnels data tunnels (internal/tunnel)
 // open to the same ctrl, on which ctrl reaches the node's data service
-// (NewDataHandler, when the Runtime implements Processes): bytes of the
+// (NewDataHandler, when the Runtime implements Guests): bytes of the
 // data plane never travel on the control stream. Every ctrl a node is
 // connected to thus has a tunnel to it; a ctrl replica that is not
 // connected to the node has none (serving it through another replica is
@@ -160,7 +160,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	go a.watchEvents(ctx)
 	if tlsc := a.dataTLS(); tlsc != nil {
 		var h http.Handler = http.NotFoundHandler()
-		if p, ok := a.cfg.Runtime.(Processes); ok {
+		if p, ok := a.cfg.Runtime.(Guests); ok {
 			h = NewDataHandler(p)
 		}
 		d := &tunnel.Dialer{Endpoint: a.cfg.Endpoint, TLS: tlsc, Handler: h, Conns: a.cfg.DataTunnels, Log: a.cfg.Log}

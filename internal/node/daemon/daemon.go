@@ -19,7 +19,6 @@ import (
 	"syscall"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
-	"github.com/kibotos/kibotos/gen/kibotos/guest/v1/guestv1connect"
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/internal/guest/protocol"
 	"github.com/kibotos/kibotos/internal/node/agent"
@@ -255,15 +254,13 @@ func (r *Runtime) Executions() []agent.Status {
 // Events forwards the runtime's events.
 func (r *Runtime) Events() <-chan agent.Event { return r.events }
 
-// Processes returns a client of a workspace's guest ProcessService, for the
-// agent's data service; agent.ErrNotRunning when it does not run here.
-func (r *Runtime) Processes(id string) (guestv1connect.ProcessServiceClient, func(), error) {
-	c, err := r.rt.Processes(id)
+// GuestTransport returns the transport of a workspace's guest data
+// service, for the agent's data service; agent.ErrNotRunning when it does
+// not run here.
+func (r *Runtime) GuestTransport(id string) (http.RoundTripper, error) {
+	tr, err := r.rt.GuestTransport(id)
 	if errors.Is(err, sandbox.ErrNotRunning) {
-		return nil, nil, fmt.Errorf("%w: %s", agent.ErrNotRunning, id)
+		return nil, fmt.Errorf("%w: %s", agent.ErrNotRunning, id)
 	}
-	if err != nil {
-		return nil, nil, err
-	}
-	return c, c.Close, nil
+	return tr, err
 }

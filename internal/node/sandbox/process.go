@@ -89,6 +89,17 @@ func (r *Runtime) Processes(workspaceID string) (*ProcessClient, error) {
 	return c, nil
 }
 
+// GuestTransport returns the HTTP/2 transport of workspaceID's guest data
+// service (the one Processes's client uses): the node's data service
+// forwards the data plane's calls on it.
+func (r *Runtime) GuestTransport(workspaceID string) (http.RoundTripper, error) {
+	c, err := r.Processes(workspaceID)
+	if err != nil {
+		return nil, err
+	}
+	return c.tr, nil
+}
+
 // newProcessClient returns a client whose connections are sent over e's
 // channel.
 func newProcessClient(e *execution) *ProcessClient {

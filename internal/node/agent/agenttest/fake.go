@@ -12,7 +12,6 @@ import (
 	"net/http/httptest"
 	"sync"
 
-	"connectrpc.com/connect"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/h2c"
 
@@ -41,6 +40,10 @@ type Runtime struct {
 	// Guest, when set, is the ProcessService every running workspace's
 	// guest serves (Processes); set it before the agent starts.
 	Guest guestv1connect.ProcessServiceHandler
+	// GuestServices, when set, are further services of every running
+	// workspace's guest (connect handlers by path prefix, as
+	// guestv1connect.NewFileServiceHandler returns them).
+	GuestServices map[string]http.Handler
 
 	guestOnce sync.Once
 	guestSrv  *httptest.Server
@@ -158,25 +161,31 @@ func (r *Runtime) GuestSays(id string, cond ctrlv1.GuestCondition, msg string) {
 // Running reports whether the workspace's execution runs.
 func (r *Runtime) Running(id string) bool { return r.Status(id).Running }
 
-// Processes returns a client of r.Guest, served over h2c on a loopback
-// listener (closed by Close), for a running workspace.
-func (r *Runtime) Processes(id string) (guestv1connect.ProcessServiceClient, func(), error) {
+// GuestTransport returns a transport to r.Guest and r.GuestServices,
+// served over h2c on a loopback listener (closed by Close), for a running
+// workspace: what agent.NewDataHandler forwards to.
+func (r *Runtime) GuestTransport(id string) (http.RoundTripper, error) {
 	if !r.Running(id) {
-		return nil, nil, agent.ErrNotRunning
+		return nil, agent.ErrNotRunning
 	}
-	if r.Guest == nil {
-		return nil, nil, errors.New("agenttest: no Guest")
+	if r.Guest == nil && r.GuestServices == nil {
+		return nil, errors.New("agenttest: no Guest")
 	}
 	r.guestOnce.Do(func() {
 		mux := http.NewServeMux()
-		mux.Handle(guestv1connect.NewProcessServiceHandler(r.Guest))
+		if r.Guest != nil {
+			mux.Handle(guestv1connect.NewProcessServiceHandler(r.Guest))
+		}
+		for prefix, h := range r.GuestServices {
+			mux.Handle(prefix, h)
+		}
 		r.guestSrv = httptest.NewServer(h2c.NewHandler(mux, &http2.Server{}))
 		r.guestHTTP = &http.Client{Transport: &http2.Transport{AllowHTTP: true,
 			DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
-				return (&net.Dialer{}).DialContext(ctx, network, addr)
+				return (&net.Dialer{}).DialContext(ctx, network, r.guestSrv.Listener.Addr().String())
 			}}}
 	})
-	return guestv1connect.NewProcessServiceClient(r.guestHTTP, r.guestSrv.URL, connect.WithGRPC()), func() {}, nil
+	return r.guestHTTP.Transport, nil
 }
 
 // Close stops the Guest's server.
