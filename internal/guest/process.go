@@ -26,10 +26,15 @@ const (
 	MaxProcesses = 256
 	// maxInputRequest bounds the data of one SendInput.
 	maxInputRequest = 256 << 10
-	// outputLinger is how long output is still read after the process
-	// ended (a background child may hold its pipes): then the guest stops
-	// reading and reports the exit.
+	// outputLinger: once the process ended, output is still read while
+	// its pipes are not idle for this long (a background child may hold
+	// them open); then the guest stops reading and reports the exit.
 	outputLinger = 250 * time.Millisecond
+	// outputLingerMax bounds the reading after the exit, whatever a
+	// background child keeps writing (time spent waiting for a slow
+	// reader's room does not end it early: the pipes are read on when it
+	// frees).
+	outputLingerMax = 5 * time.Second
 )
 
 // process is a process started through the ProcessService.
@@ -50,6 +55,11 @@ type process struct {
 	in      inputBuffer
 	inClose bool            // CloseInput was asked
 	exited  *guestv1.Exited // set once its output ended too
+	endedAt time.Time       // the process ended (its output may still be read)
+	// readers are the offsets of the Events streams attached now: while
+	// one is attached the ring never drops what the slowest has not sent
+	// (readOutput waits: backpressure); with none, the oldest output goes.
+	readers    map[*uint64]struct{}
 	stdin   *os.File        // the write end of stdin (nil with a pty)
 }
 
@@ -262,16 +272,16 @@ func (a *Agent) startProcess(id string, m *guestv1.StartRequest) (*process, erro
 	go p.writeInput()
 	go func() {
 		ws := <-wait
-		done := make(chan struct{})
-		go func() { readersDone.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(outputLinger):
-			for _, r := range readers {
-				_ = r.SetReadDeadline(time.Unix(1, 0))
-			}
-			<-done
+		// The pipes are read on while output keeps coming (readOutput
+		// sets its deadline from endedAt); a reader blocked on an idle
+		// pipe held open by a background child is woken now.
+		p.mu.Lock()
+		p.endedAt = time.Now()
+		p.mu.Unlock()
+		for _, r := range readers {
+			_ = r.SetReadDeadline(time.Now().Add(outputLinger))
 		}
+		readersDone.Wait()
 		for _, r := range readers {
 			if r != p.pty {
 				r.Close()
@@ -308,9 +318,28 @@ func exitOf(ws unix.WaitStatus) *guestv1.Exited {
 }
 
 // readOutput copies r into the ring, ChunkBytes at a time, until it ends
-// (EOF, or EIO from a terminal whose other side is closed).
+// (EOF, or EIO from a terminal whose other side is closed, or the linger
+// after the exit). It waits while the ring has no room for a chunk that
+// the slowest attached reader has not sent yet: the process then blocks
+// on its full pipe, so a slow client slows it and loses nothing.
 func (p *process) readOutput(r *os.File, stream guestv1.Stream) {
 	for {
+		p.mu.Lock()
+		for p.full() {
+			ch := p.changed
+			p.mu.Unlock()
+			<-ch
+			p.mu.Lock()
+		}
+		endedAt := p.endedAt
+		p.mu.Unlock()
+		if !endedAt.IsZero() {
+			dl := time.Now().Add(outputLinger)
+			if last := endedAt.Add(outputLingerMax); last.Before(dl) {
+				dl = last
+			}
+			_ = r.SetReadDeadline(dl)
+		}
 		buf := make([]byte, ChunkBytes)
 		n, err := r.Read(buf)
 		if n > 0 {
@@ -323,6 +352,45 @@ func (p *process) readOutput(r *os.File, stream guestv1.Stream) {
 			return
 		}
 	}
+}
+
+// full reports whether a chunk appended now could drop output an attached
+// reader has not sent; p.mu is held.
+func (p *process) full() bool {
+	if len(p.readers) == 0 {
+		return false
+	}
+	slowest := p.out.end
+	for off := range p.readers {
+		slowest = min(slowest, *off)
+	}
+	return p.out.end-slowest+ChunkBytes > uint64(p.out.max)
+}
+
+// attach registers a reader at offset off; the returned function moves it
+// (after each event sent) and detach ends it.
+func (p *process) attach(off uint64) (move func(uint64), detach func()) {
+	pos := new(uint64)
+	*pos = off
+	p.mu.Lock()
+	if p.readers == nil {
+		p.readers = map[*uint64]struct{}{}
+	}
+	p.readers[pos] = struct{}{}
+	p.mu.Unlock()
+	move = func(off uint64) {
+		p.mu.Lock()
+		*pos = off
+		p.notify()
+		p.mu.Unlock()
+	}
+	detach = func() {
+		p.mu.Lock()
+		delete(p.readers, pos)
+		p.notify()
+		p.mu.Unlock()
+	}
+	return move, detach
 }
 
 // writeInput writes the input buffer to the process until it ends, or
@@ -378,6 +446,8 @@ func (s processService) Events(ctx context.Context, req *connect.Request[guestv1
 		return err
 	}
 	off := req.Msg.GetFromOffset()
+	move, detach := p.attach(off)
+	defer detach()
 	for {
 		p.mu.Lock()
 		ev, next, ok := p.out.read(off)
@@ -388,6 +458,7 @@ func (s processService) Events(ctx context.Context, req *connect.Request[guestv1
 				return err
 			}
 			off = next
+			move(off)
 			continue
 		}
 		if exited != nil {

@@ -76,3 +76,106 @@ func TestProcessServiceOverSocket(t *testing.T) {
 		t.Errorf("an unknown protocol: read %d, %v", n, err)
 	}
 }
+
+// guestClient returns a ProcessService client of a new agent.
+func guestClient(t *testing.T) guestv1connect.ProcessServiceClient {
+	t.Helper()
+	_, sock, _ := startAgent(t)
+	tr := &http2.Transport{AllowHTTP: true, DialTLSContext: func(ctx context.Context, _, _ string, _ *tls.Config) (net.Conn, error) {
+		return protocol.Dial(ctx, sock)
+	}}
+	t.Cleanup(tr.CloseIdleConnections)
+	return guestv1connect.NewProcessServiceClient(&http.Client{Transport: tr}, "http://guest", connect.WithGRPC(),
+		connect.WithReadMaxBytes(protocol.MaxDataPlaneMessage))
+}
+
+// readEvents reads a process's events from offset from, sleeping pause
+// after each of the first slow events: the output bytes, the dropped
+// bytes and the exit.
+func readEvents(t *testing.T, ctx context.Context, c guestv1connect.ProcessServiceClient, id string, from uint64, slow int, pause time.Duration) (out, dropped uint64, exited *guestv1.Exited) {
+	t.Helper()
+	s, err := c.Events(ctx, connect.NewRequest(&guestv1.EventsRequest{ProcessId: id, FromOffset: from}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	n := 0
+	for s.Receive() {
+		out += uint64(len(s.Msg().GetOutput().GetData()))
+		dropped += s.Msg().GetDropped().GetBytes()
+		if e := s.Msg().GetExited(); e != nil {
+			exited = e
+		}
+		if n++; n < slow {
+			time.Sleep(pause)
+		}
+	}
+	if err := s.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out, dropped, exited
+}
+
+// TestOutputBackpressure: while a client reads a process's events, the
+// ring loses nothing, however slowly it reads (the process waits on its
+// full pipe); with nobody reading, the process is never blocked and the
+// oldest output goes, announced by a dropped event.
+func TestOutputBackpressure(t *testing.T) {
+	c := guestClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const total = 4 * RingBytes
+
+	// Attached before the output starts (it waits for a line of input).
+	r, err := c.Start(ctx, connect.NewRequest(&guestv1.StartRequest{Argv: []string{"sh", "-c", "read x; head -c 4194304 /dev/zero"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := r.Msg.GetProcessId()
+	type result struct {
+		out, dropped uint64
+		exited       *guestv1.Exited
+	}
+	got := make(chan result, 1)
+	go func() {
+		out, dropped, exited := readEvents(t, ctx, c, id, 0, 40, 20*time.Millisecond)
+		got <- result{out, dropped, exited}
+	}()
+	time.Sleep(100 * time.Millisecond) // the stream is attached
+	if _, err := c.SendInput(ctx, connect.NewRequest(&guestv1.SendInputRequest{ProcessId: id, Data: []byte("go\n")})); err != nil {
+		t.Fatal(err)
+	}
+	res := <-got
+	if res.out != total || res.dropped != 0 || res.exited.GetExitCode() != 0 || res.exited.GetEndOffset() != total {
+		t.Errorf("a slow reader got %d bytes, %d dropped, exit %v; want all %d, none dropped", res.out, res.dropped, res.exited, total)
+	}
+
+	// Nobody attached: the process runs to its end at once.
+	r, err = c.Start(ctx, connect.NewRequest(&guestv1.StartRequest{Argv: []string{"head", "-c", "4194304", "/dev/zero"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = r.Msg.GetProcessId()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		l, err := c.List(ctx, connect.NewRequest(&guestv1.ListRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var done bool
+		for _, p := range l.Msg.GetProcesses() {
+			if p.GetProcessId() == id && p.GetExited() != nil {
+				done = true
+			}
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a process with nobody reading did not end: the ring blocked it")
+		}
+	}
+	out, dropped, exited := readEvents(t, ctx, c, id, 0, 0, 0)
+	if dropped != total-RingBytes || out != RingBytes || exited.GetEndOffset() != total {
+		t.Errorf("read after the end: %d bytes, %d dropped, exit %v; want %d and %d", out, dropped, exited, RingBytes, total-RingBytes)
+	}
+}

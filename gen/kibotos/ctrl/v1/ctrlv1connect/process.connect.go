@@ -64,7 +64,10 @@ type ProcessServiceClient interface {
 	// ProcessEvents streams a process's events from an output offset:
 	// started first, then its output in order (with a dropped event where
 	// the ring lost some), then its exit, after which the stream ends. An
-	// unknown process is not_found. The stream ends with unauthenticated
+	// unknown process is not_found. While a stream is attached nothing is
+	// dropped that it has not received: a client that reads slowly slows
+	// the process; output produced while no stream is attached is kept in
+	// a 1 MiB ring, the oldest going first. The stream ends with unauthenticated
 	// (SESSION_EXPIRED) when the token is revoked or expires.
 	ProcessEvents(context.Context, *connect.Request[v1.ProcessEventsRequest]) (*connect.ServerStreamForClient[v1.ProcessEventsResponse], error)
 	// SendInput appends bytes to the process's input buffer (64 KiB). When
@@ -193,7 +196,10 @@ type ProcessServiceHandler interface {
 	// ProcessEvents streams a process's events from an output offset:
 	// started first, then its output in order (with a dropped event where
 	// the ring lost some), then its exit, after which the stream ends. An
-	// unknown process is not_found. The stream ends with unauthenticated
+	// unknown process is not_found. While a stream is attached nothing is
+	// dropped that it has not received: a client that reads slowly slows
+	// the process; output produced while no stream is attached is kept in
+	// a 1 MiB ring, the oldest going first. The stream ends with unauthenticated
 	// (SESSION_EXPIRED) when the token is revoked or expires.
 	ProcessEvents(context.Context, *connect.Request[v1.ProcessEventsRequest], *connect.ServerStream[v1.ProcessEventsResponse]) error
 	// SendInput appends bytes to the process's input buffer (64 KiB). When
