@@ -59,8 +59,8 @@ type process struct {
 	// readers are the offsets of the Events streams attached now: while
 	// one is attached the ring never drops what the slowest has not sent
 	// (readOutput waits: backpressure); with none, the oldest output goes.
-	readers    map[*uint64]struct{}
-	stdin   *os.File        // the write end of stdin (nil with a pty)
+	readers map[*uint64]struct{}
+	stdin   *os.File // the write end of stdin (nil with a pty)
 }
 
 // notify wakes the readers; p.mu is held.
