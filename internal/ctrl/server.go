@@ -162,7 +162,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	)...)
 
 	mux := http.NewServeMux()
-	s.recon = reconciler.New(reconciler.Config{Store: cfg.Store, Log: log, Now: cfg.Now, NodeGrace: cfg.NodeGrace})
+	s.recon = reconciler.New(reconciler.Config{Store: cfg.Store, Log: log, Now: cfg.Now, NodeGrace: cfg.NodeGrace,
+		OnDenyNodeKey: s.tunnels.CloseKey})
 	mux.Handle(ctrlv1connect.NewServerInfoServiceHandler(info, opts))
 	mux.Handle(ctrlv1connect.NewEgressServiceHandler(api.NewEgresses(&catalog.Service[*ctrlv1.EgressSpec]{
 		Type: api.EgressType(cfg.Checker), Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
@@ -464,7 +465,7 @@ func (s *Server) acceptTunnel(w http.ResponseWriter, r *http.Request) {
 		_ = errw.Write(w, r, apierr.Convert(r.Context(), s.log, tunnel.Path, err))
 		return
 	}
-	if err := s.tunnels.Accept(w, r, peer.NodeID); err != nil {
+	if err := s.tunnels.Accept(w, r, peer.NodeID, peer.KeyHash); err != nil {
 		s.log.WarnContext(r.Context(), "data tunnel failed", "node_id", peer.NodeID, "error", err.Error())
 	}
 }

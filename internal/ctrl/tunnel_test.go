@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -170,4 +171,57 @@ func seen(s *Server, node string) bool { _, ok := s.recon.LastSeen(node); return
 
 func newH2Client(tlsc *tls.Config) *http.Client {
 	return &http.Client{Transport: &http2.Transport{TLSClientConfig: tlsc}}
+}
+
+// TestDeniedKeyClosesTunnels: denying a node's key closes the data tunnels
+// that node opened with it at once, not only its control stream.
+func TestDeniedKeyClosesTunnels(t *testing.T) {
+	srv, base, p := serve(t)
+	dir := t.TempDir()
+	node, nodeKey := dir+"/node.pem", dir+"/node-key.pem"
+	if err := pki.IssueClient(p.CA, p.CAKey, "node-1", pki.RoleNode, time.Hour, node, nodeKey); err != nil {
+		t.Fatal(err)
+	}
+	tlsc, err := pki.ClientConfig(p.CA, node, nodeKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsc.NextProtos = []string{"http/1.1"}
+	u, _ := url.Parse(base)
+	conn, err := tls.Dial("tcp", u.Host, tlsc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: %s\r\nUpgrade: %s\r\nConnection: Upgrade\r\nContent-Length: 0\r\n\r\n", tunnel.Path, u.Host, tunnel.Protocol)
+	br := bufio.NewReader(conn)
+	res, err := http.ReadResponse(br, nil)
+	if err != nil || res.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("tunnel: %v %v", res, err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); srv.tunnels.Count("node-1") == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the tunnel was not registered")
+		}
+	}
+	holder, err := pki.LoadClientCertificate(node, nodeKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := pki.PublicKeyHash(holder.Current().Leaf.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.recon.DenyNodeKey(t.Context(), "node-1", h[:], "test"); err != nil {
+		t.Fatal(err)
+	}
+	if n := srv.tunnels.Count("node-1"); n != 0 {
+		t.Errorf("%d tunnels of the denied key still open", n)
+	}
+	// ctrl's end is closed: the node reads the end of its connection
+	// (after ctrl's HTTP/2 preface and settings).
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.Copy(io.Discard, br); err != nil {
+		t.Errorf("the tunnel was not closed by ctrl: %v", err)
+	}
 }

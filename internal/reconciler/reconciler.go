@@ -51,6 +51,9 @@ type Config struct {
 	// PlacementTimeout is how long a Workspace waits for a node that can
 	// hold it before its command fails; zero is one minute.
 	PlacementTimeout time.Duration
+	// OnDenyNodeKey, when set, is called after DenyNodeKey committed, with
+	// the denied key: ctrl closes the data tunnels opened with it.
+	OnDenyNodeKey func(keyHash []byte)
 }
 
 // Reconciler is ctrl's control loop and the server side of NodeService.
@@ -60,6 +63,7 @@ type Reconciler struct {
 	clock            func() time.Time
 	nodeGrace        time.Duration
 	placementTimeout time.Duration
+	onDeny           func(keyHash []byte)
 
 	kick chan struct{}
 
@@ -110,6 +114,7 @@ func New(cfg Config) *Reconciler {
 		clock:            cfg.Now,
 		nodeGrace:        cfg.NodeGrace,
 		placementTimeout: cfg.PlacementTimeout,
+		onDeny:           cfg.OnDenyNodeKey,
 		kick:             make(chan struct{}, 1),
 		nodes:            map[string]*nodeConn{},
 		caps:             map[string]workspace.Capacity{},

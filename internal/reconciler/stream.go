@@ -155,8 +155,9 @@ func (r *Reconciler) attach(hello *nodev1.Hello, keyHash []byte) *nodeConn {
 // refuses its connections, CertificateService its renewals and
 // BootstrapService re-enrollments with it, whatever certificate carries it
 // (store.DeniedNodeKey). A stream this ctrl holds with that key ends at
-// once; a stream another replica holds ends when the node reconnects.
-// Denying a denied key again changes nothing. It is the primitive a
+// once, and so do the data tunnels opened with it (Config.OnDenyNodeKey);
+// a stream another replica holds ends when the node reconnects. Denying a
+// denied key again changes nothing. It is the primitive a
 // RetireNode will use; no API calls it yet.
 func (r *Reconciler) DenyNodeKey(ctx context.Context, nodeID string, keyHash []byte, reason string) error {
 	if len(keyHash) != 32 {
@@ -167,6 +168,9 @@ func (r *Reconciler) DenyNodeKey(ctx context.Context, nodeID string, keyHash []b
 		return tx.DenyNodeKey(ctx, &store.DeniedNodeKey{KeyHash: keyHash, NodeID: nodeID, DeniedAt: now, Reason: reason})
 	}); err != nil {
 		return err
+	}
+	if r.onDeny != nil {
+		r.onDeny(keyHash)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -18,6 +18,7 @@ package tunnel
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -62,16 +63,18 @@ type Registry struct {
 }
 
 type tun struct {
-	node string
-	cc   *http2.ClientConn
-	conn net.Conn
+	node    string
+	keyHash []byte // the key of the node certificate that opened it
+	cc      *http2.ClientConn
+	conn    net.Conn
 }
 
 // Accept takes r's connection over as a tunnel of node (already
-// authenticated by the caller) and answers 101. It returns once the
+// authenticated by the caller, with the certificate key keyHash) and
+// answers 101. It returns once the
 // tunnel is registered; it closes when the connection breaks, the node
 // closes it or the Registry is closed.
-func (g *Registry) Accept(w http.ResponseWriter, r *http.Request, node string) error {
+func (g *Registry) Accept(w http.ResponseWriter, r *http.Request, node string, keyHash []byte) error {
 	if r.Method != http.MethodPost || r.Header.Get("Upgrade") != Protocol {
 		http.Error(w, "this path opens a data tunnel: POST with Upgrade: "+Protocol, http.StatusBadRequest)
 		return errors.New("tunnel: not an upgrade to " + Protocol)
@@ -91,7 +94,7 @@ func (g *Registry) Accept(w http.ResponseWriter, r *http.Request, node string) e
 		return err
 	}
 	_ = conn.SetDeadline(time.Time{})
-	t := &tun{node: node}
+	t := &tun{node: node, keyHash: bytes.Clone(keyHash)}
 	t.conn = &watchedConn{Conn: bufferedConn(conn, brw.Reader), onErr: func() { g.drop(t) }}
 	tr := &http2.Transport{
 		MaxHeaderListSize: maxHeaders,
@@ -154,10 +157,28 @@ func (g *Registry) Count(node string) int {
 	return len(g.nodes[node])
 }
 
-// CloseNode closes every tunnel of node (a node whose key was revoked).
+// CloseNode closes every tunnel of node.
 func (g *Registry) CloseNode(node string) {
 	g.mu.Lock()
 	list := append([]*tun(nil), g.nodes[node]...)
+	g.mu.Unlock()
+	for _, t := range list {
+		g.drop(t)
+	}
+}
+
+// CloseKey closes every tunnel opened with the certificate key keyHash (a
+// key that was revoked), of whichever node.
+func (g *Registry) CloseKey(keyHash []byte) {
+	var list []*tun
+	g.mu.Lock()
+	for _, ts := range g.nodes {
+		for _, t := range ts {
+			if bytes.Equal(t.keyHash, keyHash) {
+				list = append(list, t)
+			}
+		}
+	}
 	g.mu.Unlock()
 	for _, t := range list {
 		g.drop(t)

@@ -24,7 +24,7 @@ func setup(t *testing.T, h http.Handler, conns int) (*Registry, *atomic.Int64) {
 	}
 	g := &Registry{}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := g.Accept(w, r, "node-1"); err != nil {
+		if err := g.Accept(w, r, "node-1", []byte("key-1")); err != nil {
 			t.Errorf("Accept = %v", err)
 		}
 	})}
@@ -142,4 +142,20 @@ func (r *byteReader) Read(p []byte) (int, error) {
 	n := copy(p, r.b)
 	r.b = r.b[n:]
 	return n, nil
+}
+
+// TestCloseKey: CloseKey closes the tunnels opened with that certificate
+// key (they are dialed again: ctrl then refuses a denied key), and no
+// other.
+func TestCloseKey(t *testing.T) {
+	g, opened := setup(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }), 2)
+	waitFor(t, func() bool { return g.Count("node-1") == 2 })
+	before := opened.Load()
+	g.CloseKey([]byte("another-key"))
+	time.Sleep(100 * time.Millisecond)
+	if n := opened.Load(); n != before || g.Count("node-1") != 2 {
+		t.Fatalf("another key's CloseKey: %d tunnels opened since, %d open", n-before, g.Count("node-1"))
+	}
+	g.CloseKey([]byte("key-1"))
+	waitFor(t, func() bool { return opened.Load() >= before+2 })
 }
