@@ -115,6 +115,7 @@ var Procedures = map[string]string{
 	"/kibotos.ctrl.v1.ProcessService/ProcessEvents":                  WorkspaceExec,
 	"/kibotos.ctrl.v1.ProcessService/SendInput":                      WorkspaceExec,
 	"/kibotos.ctrl.v1.ProcessService/CloseInput":                     WorkspaceExec,
+	"/kibotos.ctrl.v1.ProcessService/WriteInput":                     WorkspaceExec,
 	"/kibotos.ctrl.v1.ProcessService/SignalProcess":                  WorkspaceExec,
 	"/kibotos.ctrl.v1.ProcessService/ResizeProcess":                  WorkspaceExec,
 	"/kibotos.ctrl.v1.ProcessService/ListProcesses":                  WorkspaceExec,

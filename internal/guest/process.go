@@ -505,6 +505,72 @@ func (s processService) SendInput(ctx context.Context, req *connect.Request[gues
 	return connect.NewResponse(resp), nil
 }
 
+// WriteInput appends a stream of input: each message is taken whole
+// before the next is read (waiting while the input buffer is full), so
+// HTTP/2 flow control holds a sender back instead of a refusal.
+func (s processService) WriteInput(ctx context.Context, stream *connect.ClientStream[guestv1.WriteInputRequest]) (*connect.Response[guestv1.WriteInputResponse], error) {
+	var p *process
+	var off, accepted uint64
+	for first := true; stream.Receive(); first = false {
+		m := stream.Msg()
+		if len(m.GetData()) > maxInputRequest {
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("input of %d bytes in one message exceeds %d", len(m.GetData()), maxInputRequest))
+		}
+		if first {
+			if p = s.a.procs.get(m.GetProcessId(), ""); p == nil {
+				return nil, notFound(m.GetProcessId(), "")
+			}
+			off = m.GetOffset()
+		} else if m.GetProcessId() != "" && m.GetProcessId() != p.id {
+			return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("a WriteInput stream names one process"))
+		}
+		data := m.GetData()
+		for {
+			p.mu.Lock()
+			if p.exited != nil {
+				p.mu.Unlock()
+				return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("the process has ended"))
+			}
+			if p.inClose {
+				p.mu.Unlock()
+				return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("the input is closed"))
+			}
+			n, gap := p.in.accept(off, data)
+			if gap {
+				at := p.in.offset
+				p.mu.Unlock()
+				return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("input offset %d is past the guest's %d", off, at))
+			}
+			off += uint64(n)
+			accepted += uint64(n)
+			data = data[n:]
+			if len(data) == 0 && m.GetCloseInput() {
+				p.inClose = true
+			}
+			p.notify()
+			changed := p.changed
+			p.mu.Unlock()
+			if len(data) == 0 {
+				break
+			}
+			select {
+			case <-changed:
+			case <-ctx.Done():
+				return nil, connect.NewError(connect.CodeCanceled, ctx.Err())
+			}
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return nil, err
+	}
+	if p == nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("a WriteInput stream starts with a message naming the process"))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return connect.NewResponse(&guestv1.WriteInputResponse{AcceptedBytes: accepted, InputOffset: p.in.offset}), nil
+}
+
 func (s processService) CloseInput(ctx context.Context, req *connect.Request[guestv1.CloseInputRequest]) (*connect.Response[guestv1.CloseInputResponse], error) {
 	p := s.a.procs.get(req.Msg.GetProcessId(), "")
 	if p == nil {

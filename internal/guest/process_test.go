@@ -5,6 +5,8 @@ import (
 	"crypto/tls"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -177,5 +179,64 @@ func TestOutputBackpressure(t *testing.T) {
 	out, dropped, exited := readEvents(t, ctx, c, id, 0, 0, 0)
 	if dropped != total-RingBytes || out != RingBytes || exited.GetEndOffset() != total {
 		t.Errorf("read after the end: %d bytes, %d dropped, exit %v; want %d and %d", out, dropped, exited, RingBytes, total-RingBytes)
+	}
+}
+
+// TestWriteInputFlowControl: a stream of input larger than the input
+// buffer, sent while the process does not read yet, is taken whole: the
+// guest holds the sender back (flow control) instead of refusing; a
+// resent first offset skips what was taken; close_input ends the input.
+func TestWriteInputFlowControl(t *testing.T) {
+	c := guestClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	r, err := c.Start(ctx, connect.NewRequest(&guestv1.StartRequest{Argv: []string{"sh", "-c", "sleep 0.3; wc -c"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := r.Msg.GetProcessId()
+	const total = 16 * InputBytes
+	chunk := make([]byte, 48<<10)
+	s := c.WriteInput(ctx)
+	sent := 0
+	for first := true; sent < total; first = false {
+		m := &guestv1.WriteInputRequest{Data: chunk}
+		if first {
+			m.ProcessId = id
+		}
+		if err := s.Send(m); err != nil {
+			t.Fatal(err)
+		}
+		sent += len(chunk)
+	}
+	res, err := s.CloseAndReceive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Msg.GetAcceptedBytes() != uint64(sent) || res.Msg.GetInputOffset() != uint64(sent) {
+		t.Fatalf("accepted %d, offset %d; want %d", res.Msg.GetAcceptedBytes(), res.Msg.GetInputOffset(), sent)
+	}
+	// A resend from offset 0 of the first chunk is skipped, and one more
+	// chunk with close_input ends the input.
+	s = c.WriteInput(ctx)
+	_ = s.Send(&guestv1.WriteInputRequest{ProcessId: id, Offset: uint64(sent - len(chunk)), Data: chunk})
+	_ = s.Send(&guestv1.WriteInputRequest{Data: []byte("abc"), CloseInput: true})
+	res, err = s.CloseAndReceive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Msg.GetAcceptedBytes() != uint64(len(chunk)+3) || res.Msg.GetInputOffset() != uint64(sent+3) {
+		t.Fatalf("resend: accepted %d, offset %d; want %d, %d", res.Msg.GetAcceptedBytes(), res.Msg.GetInputOffset(), len(chunk)+3, sent+3)
+	}
+	ev, err := c.Events(ctx, connect.NewRequest(&guestv1.EventsRequest{ProcessId: id}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []byte
+	for ev.Receive() {
+		out = append(out, ev.Msg().GetOutput().GetData()...)
+	}
+	if got := strings.TrimSpace(string(out)); got != strconv.Itoa(sent+3) {
+		t.Errorf("wc -c read %q bytes, want %d", got, sent+3)
 	}
 }

@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"bytes"
+	"crypto/md5"
+	"encoding/hex"
 	"net/http"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -142,6 +146,70 @@ func TestExecThroughPublicEndpoint(t *testing.T) {
 	}
 	if out != "typed\n" || s.Err() != nil {
 		t.Fatalf("cat = %q, %v", out, s.Err())
+	}
+
+	// Streamed input (WriteInput): 8 MiB, far beyond the 64 KiB input
+	// buffer, sent to a process that does not read for a while, is taken
+	// whole (flow control, no resource_exhausted) and read in order.
+	sr = connect.NewRequest(&ctrlv1.StartProcessRequest{WorkspaceId: id, Argv: []string{"sh", "-c", "sleep 0.3; md5sum"}})
+	auth(sr, tok)
+	if st, err = proc.StartProcess(ctx, sr); err != nil {
+		t.Fatal(err)
+	}
+	wi := proc.WriteInput(ctx)
+	wi.RequestHeader().Set("Authorization", "Bearer "+tok)
+	sum := md5.New()
+	const inputBytes = 8 << 20
+	for i := 0; i < inputBytes/(128<<10); i++ {
+		chunk := bytes.Repeat([]byte{byte('a' + i%26)}, 128<<10)
+		sum.Write(chunk)
+		m := &ctrlv1.WriteInputRequest{Data: chunk, CloseInput: i == inputBytes/(128<<10)-1}
+		if i == 0 {
+			m.WorkspaceId, m.ProcessId = id, st.Msg.GetProcessId()
+		}
+		if err := wi.Send(m); err != nil {
+			break // CloseAndReceive says why
+		}
+	}
+	wr, err := wi.CloseAndReceive()
+	if err != nil || wr.Msg.GetAcceptedBytes() != inputBytes {
+		t.Fatalf("WriteInput = %v, %v", wr, err)
+	}
+	er = connect.NewRequest(&ctrlv1.ProcessEventsRequest{WorkspaceId: id, ProcessId: st.Msg.GetProcessId()})
+	auth(er, tok)
+	if s, err = proc.ProcessEvents(ctx, er); err != nil {
+		t.Fatal(err)
+	}
+	out = ""
+	for s.Receive() {
+		out += string(s.Msg().GetOutput().GetData())
+	}
+	if want := hex.EncodeToString(sum.Sum(nil)); !strings.HasPrefix(out, want) {
+		t.Fatalf("md5sum of the streamed input = %q, want %s", out, want)
+	}
+
+	// An HTTP/1.1 client (no HTTP/2, as a browser's fetch without
+	// streaming request bodies) runs a process with the unary and
+	// server-streaming forms.
+	h1 := tlsc.Clone()
+	h1.NextProtos = []string{"http/1.1"}
+	proc1 := ctrlv1connect.NewProcessServiceClient(&http.Client{Transport: &http.Transport{TLSClientConfig: h1}}, p.url)
+	sr = connect.NewRequest(&ctrlv1.StartProcessRequest{WorkspaceId: id, Argv: []string{"echo", "over http/1.1"}})
+	auth(sr, tok)
+	if st, err = proc1.StartProcess(ctx, sr); err != nil {
+		t.Fatalf("StartProcess over HTTP/1.1: %v", err)
+	}
+	er = connect.NewRequest(&ctrlv1.ProcessEventsRequest{WorkspaceId: id, ProcessId: st.Msg.GetProcessId()})
+	auth(er, tok)
+	if s, err = proc1.ProcessEvents(ctx, er); err != nil {
+		t.Fatal(err)
+	}
+	out = ""
+	for s.Receive() {
+		out += string(s.Msg().GetOutput().GetData())
+	}
+	if out != "over http/1.1\n" || s.Err() != nil {
+		t.Fatalf("ProcessEvents over HTTP/1.1 = %q, %v", out, s.Err())
 	}
 
 	// Round trip of `true`.

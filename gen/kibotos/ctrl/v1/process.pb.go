@@ -864,6 +864,146 @@ func (x *SendInputResponse) GetInputOffset() uint64 {
 	return 0
 }
 
+// WriteInputRequest is one message of a WriteInput stream.
+type WriteInputRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// workspace_id is the Workspace, the one of the token (first message;
+	// later ones may repeat it).
+	WorkspaceId string `protobuf:"bytes,1,opt,name=workspace_id,json=workspaceId,proto3" json:"workspace_id,omitempty"`
+	// process_id names the process (first message).
+	ProcessId string `protobuf:"bytes,2,opt,name=process_id,json=processId,proto3" json:"process_id,omitempty"`
+	// offset is the input offset of the first message's first byte (bytes
+	// already accepted are skipped: a resend is harmless); ignored after
+	// the first message.
+	Offset uint64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	// data is appended to the input (at most 256 KiB per message).
+	Data []byte `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	// close_input closes the input after data.
+	CloseInput    bool `protobuf:"varint,5,opt,name=close_input,json=closeInput,proto3" json:"close_input,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteInputRequest) Reset() {
+	*x = WriteInputRequest{}
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteInputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteInputRequest) ProtoMessage() {}
+
+func (x *WriteInputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteInputRequest.ProtoReflect.Descriptor instead.
+func (*WriteInputRequest) Descriptor() ([]byte, []int) {
+	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *WriteInputRequest) GetWorkspaceId() string {
+	if x != nil {
+		return x.WorkspaceId
+	}
+	return ""
+}
+
+func (x *WriteInputRequest) GetProcessId() string {
+	if x != nil {
+		return x.ProcessId
+	}
+	return ""
+}
+
+func (x *WriteInputRequest) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *WriteInputRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *WriteInputRequest) GetCloseInput() bool {
+	if x != nil {
+		return x.CloseInput
+	}
+	return false
+}
+
+// WriteInputResponse says where the input stands.
+type WriteInputResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// accepted_bytes counts the stream's bytes the process's input took.
+	AcceptedBytes uint64 `protobuf:"varint,1,opt,name=accepted_bytes,json=acceptedBytes,proto3" json:"accepted_bytes,omitempty"`
+	// input_offset is the offset after the last byte accepted.
+	InputOffset   uint64 `protobuf:"varint,2,opt,name=input_offset,json=inputOffset,proto3" json:"input_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteInputResponse) Reset() {
+	*x = WriteInputResponse{}
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteInputResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteInputResponse) ProtoMessage() {}
+
+func (x *WriteInputResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteInputResponse.ProtoReflect.Descriptor instead.
+func (*WriteInputResponse) Descriptor() ([]byte, []int) {
+	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *WriteInputResponse) GetAcceptedBytes() uint64 {
+	if x != nil {
+		return x.AcceptedBytes
+	}
+	return 0
+}
+
+func (x *WriteInputResponse) GetInputOffset() uint64 {
+	if x != nil {
+		return x.InputOffset
+	}
+	return 0
+}
+
 // CloseInputRequest closes a process's stdin.
 type CloseInputRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -877,7 +1017,7 @@ type CloseInputRequest struct {
 
 func (x *CloseInputRequest) Reset() {
 	*x = CloseInputRequest{}
-	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[11]
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -889,7 +1029,7 @@ func (x *CloseInputRequest) String() string {
 func (*CloseInputRequest) ProtoMessage() {}
 
 func (x *CloseInputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[11]
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -902,7 +1042,7 @@ func (x *CloseInputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseInputRequest.ProtoReflect.Descriptor instead.
 func (*CloseInputRequest) Descriptor() ([]byte, []int) {
-	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{11}
+	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CloseInputRequest) GetWorkspaceId() string {
@@ -928,7 +1068,7 @@ type CloseInputResponse struct {
 
 func (x *CloseInputResponse) Reset() {
 	*x = CloseInputResponse{}
-	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[12]
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -940,7 +1080,7 @@ func (x *CloseInputResponse) String() string {
 func (*CloseInputResponse) ProtoMessage() {}
 
 func (x *CloseInputResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[12]
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -953,7 +1093,7 @@ func (x *CloseInputResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseInputResponse.ProtoReflect.Descriptor instead.
 func (*CloseInputResponse) Descriptor() ([]byte, []int) {
-	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{12}
+	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{14}
 }
 
 // SignalProcessRequest signals a process.
@@ -973,7 +1113,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[13]
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -985,7 +1125,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[13]
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -998,7 +1138,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{13}
+	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SignalProcessRequest) GetWorkspaceId() string {
@@ -1038,7 +1178,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[14]
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1050,7 +1190,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[14]
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1063,7 +1203,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{14}
+	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{16}
 }
 
 // ResizeProcessRequest resizes a process's terminal.
@@ -1083,7 +1223,7 @@ type ResizeProcessRequest struct {
 
 func (x *ResizeProcessRequest) Reset() {
 	*x = ResizeProcessRequest{}
-	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[15]
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1095,7 +1235,7 @@ func (x *ResizeProcessRequest) String() string {
 func (*ResizeProcessRequest) ProtoMessage() {}
 
 func (x *ResizeProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[15]
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1108,7 +1248,7 @@ func (x *ResizeProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeProcessRequest.ProtoReflect.Descriptor instead.
 func (*ResizeProcessRequest) Descriptor() ([]byte, []int) {
-	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{15}
+	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ResizeProcessRequest) GetWorkspaceId() string {
@@ -1148,7 +1288,7 @@ type ResizeProcessResponse struct {
 
 func (x *ResizeProcessResponse) Reset() {
 	*x = ResizeProcessResponse{}
-	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[16]
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1160,7 +1300,7 @@ func (x *ResizeProcessResponse) String() string {
 func (*ResizeProcessResponse) ProtoMessage() {}
 
 func (x *ResizeProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[16]
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1173,7 +1313,7 @@ func (x *ResizeProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeProcessResponse.ProtoReflect.Descriptor instead.
 func (*ResizeProcessResponse) Descriptor() ([]byte, []int) {
-	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{16}
+	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{18}
 }
 
 // ListProcessesRequest lists a Workspace's processes.
@@ -1187,7 +1327,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[17]
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1199,7 +1339,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[17]
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1212,7 +1352,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{17}
+	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListProcessesRequest) GetWorkspaceId() string {
@@ -1233,7 +1373,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[18]
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1245,7 +1385,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[18]
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1258,7 +1398,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{18}
+	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -1293,7 +1433,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[19]
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1305,7 +1445,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[19]
+	mi := &file_kibotos_ctrl_v1_process_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1318,7 +1458,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{19}
+	return file_kibotos_ctrl_v1_process_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ProcessInfo) GetProcessId() string {
@@ -1439,6 +1579,17 @@ const file_kibotos_ctrl_v1_process_proto_rawDesc = "" +
 	"\x04data\x18\x04 \x01(\fR\x04data\"]\n" +
 	"\x11SendInputResponse\x12%\n" +
 	"\x0eaccepted_bytes\x18\x01 \x01(\x04R\racceptedBytes\x12!\n" +
+	"\finput_offset\x18\x02 \x01(\x04R\vinputOffset\"\xa2\x01\n" +
+	"\x11WriteInputRequest\x12!\n" +
+	"\fworkspace_id\x18\x01 \x01(\tR\vworkspaceId\x12\x1d\n" +
+	"\n" +
+	"process_id\x18\x02 \x01(\tR\tprocessId\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x04R\x06offset\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12\x1f\n" +
+	"\vclose_input\x18\x05 \x01(\bR\n" +
+	"closeInput\"^\n" +
+	"\x12WriteInputResponse\x12%\n" +
+	"\x0eaccepted_bytes\x18\x01 \x01(\x04R\racceptedBytes\x12!\n" +
 	"\finput_offset\x18\x02 \x01(\x04R\vinputOffset\"U\n" +
 	"\x11CloseInputRequest\x12!\n" +
 	"\fworkspace_id\x18\x01 \x01(\tR\vworkspaceId\x12\x1d\n" +
@@ -1476,11 +1627,13 @@ const file_kibotos_ctrl_v1_process_proto_rawDesc = "" +
 	"\rProcessStream\x12\x1e\n" +
 	"\x1aPROCESS_STREAM_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15PROCESS_STREAM_STDOUT\x10\x01\x12\x19\n" +
-	"\x15PROCESS_STREAM_STDERR\x10\x022\x9a\x05\n" +
+	"\x15PROCESS_STREAM_STDERR\x10\x022\xf3\x05\n" +
 	"\x0eProcessService\x12[\n" +
 	"\fStartProcess\x12$.kibotos.ctrl.v1.StartProcessRequest\x1a%.kibotos.ctrl.v1.StartProcessResponse\x12`\n" +
 	"\rProcessEvents\x12%.kibotos.ctrl.v1.ProcessEventsRequest\x1a&.kibotos.ctrl.v1.ProcessEventsResponse0\x01\x12R\n" +
-	"\tSendInput\x12!.kibotos.ctrl.v1.SendInputRequest\x1a\".kibotos.ctrl.v1.SendInputResponse\x12U\n" +
+	"\tSendInput\x12!.kibotos.ctrl.v1.SendInputRequest\x1a\".kibotos.ctrl.v1.SendInputResponse\x12W\n" +
+	"\n" +
+	"WriteInput\x12\".kibotos.ctrl.v1.WriteInputRequest\x1a#.kibotos.ctrl.v1.WriteInputResponse(\x01\x12U\n" +
 	"\n" +
 	"CloseInput\x12\".kibotos.ctrl.v1.CloseInputRequest\x1a#.kibotos.ctrl.v1.CloseInputResponse\x12^\n" +
 	"\rSignalProcess\x12%.kibotos.ctrl.v1.SignalProcessRequest\x1a&.kibotos.ctrl.v1.SignalProcessResponse\x12^\n" +
@@ -1500,7 +1653,7 @@ func file_kibotos_ctrl_v1_process_proto_rawDescGZIP() []byte {
 }
 
 var file_kibotos_ctrl_v1_process_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kibotos_ctrl_v1_process_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_kibotos_ctrl_v1_process_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_kibotos_ctrl_v1_process_proto_goTypes = []any{
 	(ProcessStream)(0),            // 0: kibotos.ctrl.v1.ProcessStream
 	(*StartProcessRequest)(nil),   // 1: kibotos.ctrl.v1.StartProcessRequest
@@ -1514,15 +1667,17 @@ var file_kibotos_ctrl_v1_process_proto_goTypes = []any{
 	(*ProcessExited)(nil),         // 9: kibotos.ctrl.v1.ProcessExited
 	(*SendInputRequest)(nil),      // 10: kibotos.ctrl.v1.SendInputRequest
 	(*SendInputResponse)(nil),     // 11: kibotos.ctrl.v1.SendInputResponse
-	(*CloseInputRequest)(nil),     // 12: kibotos.ctrl.v1.CloseInputRequest
-	(*CloseInputResponse)(nil),    // 13: kibotos.ctrl.v1.CloseInputResponse
-	(*SignalProcessRequest)(nil),  // 14: kibotos.ctrl.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil), // 15: kibotos.ctrl.v1.SignalProcessResponse
-	(*ResizeProcessRequest)(nil),  // 16: kibotos.ctrl.v1.ResizeProcessRequest
-	(*ResizeProcessResponse)(nil), // 17: kibotos.ctrl.v1.ResizeProcessResponse
-	(*ListProcessesRequest)(nil),  // 18: kibotos.ctrl.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil), // 19: kibotos.ctrl.v1.ListProcessesResponse
-	(*ProcessInfo)(nil),           // 20: kibotos.ctrl.v1.ProcessInfo
+	(*WriteInputRequest)(nil),     // 12: kibotos.ctrl.v1.WriteInputRequest
+	(*WriteInputResponse)(nil),    // 13: kibotos.ctrl.v1.WriteInputResponse
+	(*CloseInputRequest)(nil),     // 14: kibotos.ctrl.v1.CloseInputRequest
+	(*CloseInputResponse)(nil),    // 15: kibotos.ctrl.v1.CloseInputResponse
+	(*SignalProcessRequest)(nil),  // 16: kibotos.ctrl.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil), // 17: kibotos.ctrl.v1.SignalProcessResponse
+	(*ResizeProcessRequest)(nil),  // 18: kibotos.ctrl.v1.ResizeProcessRequest
+	(*ResizeProcessResponse)(nil), // 19: kibotos.ctrl.v1.ResizeProcessResponse
+	(*ListProcessesRequest)(nil),  // 20: kibotos.ctrl.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil), // 21: kibotos.ctrl.v1.ListProcessesResponse
+	(*ProcessInfo)(nil),           // 22: kibotos.ctrl.v1.ProcessInfo
 }
 var file_kibotos_ctrl_v1_process_proto_depIdxs = []int32{
 	2,  // 0: kibotos.ctrl.v1.StartProcessRequest.pty:type_name -> kibotos.ctrl.v1.ProcessPty
@@ -1531,24 +1686,26 @@ var file_kibotos_ctrl_v1_process_proto_depIdxs = []int32{
 	8,  // 3: kibotos.ctrl.v1.ProcessEventsResponse.dropped:type_name -> kibotos.ctrl.v1.ProcessOutputDropped
 	9,  // 4: kibotos.ctrl.v1.ProcessEventsResponse.exited:type_name -> kibotos.ctrl.v1.ProcessExited
 	0,  // 5: kibotos.ctrl.v1.ProcessOutput.stream:type_name -> kibotos.ctrl.v1.ProcessStream
-	20, // 6: kibotos.ctrl.v1.ListProcessesResponse.processes:type_name -> kibotos.ctrl.v1.ProcessInfo
+	22, // 6: kibotos.ctrl.v1.ListProcessesResponse.processes:type_name -> kibotos.ctrl.v1.ProcessInfo
 	9,  // 7: kibotos.ctrl.v1.ProcessInfo.exited:type_name -> kibotos.ctrl.v1.ProcessExited
 	1,  // 8: kibotos.ctrl.v1.ProcessService.StartProcess:input_type -> kibotos.ctrl.v1.StartProcessRequest
 	4,  // 9: kibotos.ctrl.v1.ProcessService.ProcessEvents:input_type -> kibotos.ctrl.v1.ProcessEventsRequest
 	10, // 10: kibotos.ctrl.v1.ProcessService.SendInput:input_type -> kibotos.ctrl.v1.SendInputRequest
-	12, // 11: kibotos.ctrl.v1.ProcessService.CloseInput:input_type -> kibotos.ctrl.v1.CloseInputRequest
-	14, // 12: kibotos.ctrl.v1.ProcessService.SignalProcess:input_type -> kibotos.ctrl.v1.SignalProcessRequest
-	16, // 13: kibotos.ctrl.v1.ProcessService.ResizeProcess:input_type -> kibotos.ctrl.v1.ResizeProcessRequest
-	18, // 14: kibotos.ctrl.v1.ProcessService.ListProcesses:input_type -> kibotos.ctrl.v1.ListProcessesRequest
-	3,  // 15: kibotos.ctrl.v1.ProcessService.StartProcess:output_type -> kibotos.ctrl.v1.StartProcessResponse
-	5,  // 16: kibotos.ctrl.v1.ProcessService.ProcessEvents:output_type -> kibotos.ctrl.v1.ProcessEventsResponse
-	11, // 17: kibotos.ctrl.v1.ProcessService.SendInput:output_type -> kibotos.ctrl.v1.SendInputResponse
-	13, // 18: kibotos.ctrl.v1.ProcessService.CloseInput:output_type -> kibotos.ctrl.v1.CloseInputResponse
-	15, // 19: kibotos.ctrl.v1.ProcessService.SignalProcess:output_type -> kibotos.ctrl.v1.SignalProcessResponse
-	17, // 20: kibotos.ctrl.v1.ProcessService.ResizeProcess:output_type -> kibotos.ctrl.v1.ResizeProcessResponse
-	19, // 21: kibotos.ctrl.v1.ProcessService.ListProcesses:output_type -> kibotos.ctrl.v1.ListProcessesResponse
-	15, // [15:22] is the sub-list for method output_type
-	8,  // [8:15] is the sub-list for method input_type
+	12, // 11: kibotos.ctrl.v1.ProcessService.WriteInput:input_type -> kibotos.ctrl.v1.WriteInputRequest
+	14, // 12: kibotos.ctrl.v1.ProcessService.CloseInput:input_type -> kibotos.ctrl.v1.CloseInputRequest
+	16, // 13: kibotos.ctrl.v1.ProcessService.SignalProcess:input_type -> kibotos.ctrl.v1.SignalProcessRequest
+	18, // 14: kibotos.ctrl.v1.ProcessService.ResizeProcess:input_type -> kibotos.ctrl.v1.ResizeProcessRequest
+	20, // 15: kibotos.ctrl.v1.ProcessService.ListProcesses:input_type -> kibotos.ctrl.v1.ListProcessesRequest
+	3,  // 16: kibotos.ctrl.v1.ProcessService.StartProcess:output_type -> kibotos.ctrl.v1.StartProcessResponse
+	5,  // 17: kibotos.ctrl.v1.ProcessService.ProcessEvents:output_type -> kibotos.ctrl.v1.ProcessEventsResponse
+	11, // 18: kibotos.ctrl.v1.ProcessService.SendInput:output_type -> kibotos.ctrl.v1.SendInputResponse
+	13, // 19: kibotos.ctrl.v1.ProcessService.WriteInput:output_type -> kibotos.ctrl.v1.WriteInputResponse
+	15, // 20: kibotos.ctrl.v1.ProcessService.CloseInput:output_type -> kibotos.ctrl.v1.CloseInputResponse
+	17, // 21: kibotos.ctrl.v1.ProcessService.SignalProcess:output_type -> kibotos.ctrl.v1.SignalProcessResponse
+	19, // 22: kibotos.ctrl.v1.ProcessService.ResizeProcess:output_type -> kibotos.ctrl.v1.ResizeProcessResponse
+	21, // 23: kibotos.ctrl.v1.ProcessService.ListProcesses:output_type -> kibotos.ctrl.v1.ListProcessesResponse
+	16, // [16:24] is the sub-list for method output_type
+	8,  // [8:16] is the sub-list for method input_type
 	8,  // [8:8] is the sub-list for extension type_name
 	8,  // [8:8] is the sub-list for extension extendee
 	0,  // [0:8] is the sub-list for field type_name
@@ -1572,7 +1729,7 @@ func file_kibotos_ctrl_v1_process_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kibotos_ctrl_v1_process_proto_rawDesc), len(file_kibotos_ctrl_v1_process_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

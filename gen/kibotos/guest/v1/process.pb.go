@@ -842,6 +842,137 @@ func (x *SendInputResponse) GetInputOffset() uint64 {
 	return 0
 }
 
+// WriteInputRequest is one message of a WriteInput stream.
+type WriteInputRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// process_id names the process (first message; later ones may repeat
+	// it).
+	ProcessId string `protobuf:"bytes,1,opt,name=process_id,json=processId,proto3" json:"process_id,omitempty"`
+	// offset is the input offset of the first message's first byte (bytes
+	// already accepted are skipped: a resend is harmless); ignored after
+	// the first message.
+	Offset uint64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	// data is appended to the input (at most 256 KiB per message).
+	Data []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	// close_input closes the input after data.
+	CloseInput    bool `protobuf:"varint,4,opt,name=close_input,json=closeInput,proto3" json:"close_input,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteInputRequest) Reset() {
+	*x = WriteInputRequest{}
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteInputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteInputRequest) ProtoMessage() {}
+
+func (x *WriteInputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteInputRequest.ProtoReflect.Descriptor instead.
+func (*WriteInputRequest) Descriptor() ([]byte, []int) {
+	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *WriteInputRequest) GetProcessId() string {
+	if x != nil {
+		return x.ProcessId
+	}
+	return ""
+}
+
+func (x *WriteInputRequest) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *WriteInputRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *WriteInputRequest) GetCloseInput() bool {
+	if x != nil {
+		return x.CloseInput
+	}
+	return false
+}
+
+// WriteInputResponse says where the input stands.
+type WriteInputResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// accepted_bytes counts the stream's bytes the guest took.
+	AcceptedBytes uint64 `protobuf:"varint,1,opt,name=accepted_bytes,json=acceptedBytes,proto3" json:"accepted_bytes,omitempty"`
+	// input_offset is the offset after the last byte accepted.
+	InputOffset   uint64 `protobuf:"varint,2,opt,name=input_offset,json=inputOffset,proto3" json:"input_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteInputResponse) Reset() {
+	*x = WriteInputResponse{}
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteInputResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteInputResponse) ProtoMessage() {}
+
+func (x *WriteInputResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteInputResponse.ProtoReflect.Descriptor instead.
+func (*WriteInputResponse) Descriptor() ([]byte, []int) {
+	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *WriteInputResponse) GetAcceptedBytes() uint64 {
+	if x != nil {
+		return x.AcceptedBytes
+	}
+	return 0
+}
+
+func (x *WriteInputResponse) GetInputOffset() uint64 {
+	if x != nil {
+		return x.InputOffset
+	}
+	return 0
+}
+
 // CloseInputRequest names a process.
 type CloseInputRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -853,7 +984,7 @@ type CloseInputRequest struct {
 
 func (x *CloseInputRequest) Reset() {
 	*x = CloseInputRequest{}
-	mi := &file_kibotos_guest_v1_process_proto_msgTypes[11]
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -865,7 +996,7 @@ func (x *CloseInputRequest) String() string {
 func (*CloseInputRequest) ProtoMessage() {}
 
 func (x *CloseInputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_guest_v1_process_proto_msgTypes[11]
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -878,7 +1009,7 @@ func (x *CloseInputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseInputRequest.ProtoReflect.Descriptor instead.
 func (*CloseInputRequest) Descriptor() ([]byte, []int) {
-	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{11}
+	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CloseInputRequest) GetProcessId() string {
@@ -897,7 +1028,7 @@ type CloseInputResponse struct {
 
 func (x *CloseInputResponse) Reset() {
 	*x = CloseInputResponse{}
-	mi := &file_kibotos_guest_v1_process_proto_msgTypes[12]
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -909,7 +1040,7 @@ func (x *CloseInputResponse) String() string {
 func (*CloseInputResponse) ProtoMessage() {}
 
 func (x *CloseInputResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_guest_v1_process_proto_msgTypes[12]
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -922,7 +1053,7 @@ func (x *CloseInputResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseInputResponse.ProtoReflect.Descriptor instead.
 func (*CloseInputResponse) Descriptor() ([]byte, []int) {
-	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{12}
+	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{14}
 }
 
 // SignalRequest names a process and a signal.
@@ -940,7 +1071,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_kibotos_guest_v1_process_proto_msgTypes[13]
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1083,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_guest_v1_process_proto_msgTypes[13]
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1096,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{13}
+	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SignalRequest) GetProcessId() string {
@@ -998,7 +1129,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_kibotos_guest_v1_process_proto_msgTypes[14]
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1010,7 +1141,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_guest_v1_process_proto_msgTypes[14]
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1023,7 +1154,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{14}
+	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{16}
 }
 
 // ResizeRequest sets a terminal's size.
@@ -1041,7 +1172,7 @@ type ResizeRequest struct {
 
 func (x *ResizeRequest) Reset() {
 	*x = ResizeRequest{}
-	mi := &file_kibotos_guest_v1_process_proto_msgTypes[15]
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1053,7 +1184,7 @@ func (x *ResizeRequest) String() string {
 func (*ResizeRequest) ProtoMessage() {}
 
 func (x *ResizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_guest_v1_process_proto_msgTypes[15]
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1066,7 +1197,7 @@ func (x *ResizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeRequest.ProtoReflect.Descriptor instead.
 func (*ResizeRequest) Descriptor() ([]byte, []int) {
-	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{15}
+	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ResizeRequest) GetProcessId() string {
@@ -1099,7 +1230,7 @@ type ResizeResponse struct {
 
 func (x *ResizeResponse) Reset() {
 	*x = ResizeResponse{}
-	mi := &file_kibotos_guest_v1_process_proto_msgTypes[16]
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1111,7 +1242,7 @@ func (x *ResizeResponse) String() string {
 func (*ResizeResponse) ProtoMessage() {}
 
 func (x *ResizeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_guest_v1_process_proto_msgTypes[16]
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1124,7 +1255,7 @@ func (x *ResizeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeResponse.ProtoReflect.Descriptor instead.
 func (*ResizeResponse) Descriptor() ([]byte, []int) {
-	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{16}
+	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{18}
 }
 
 // ListRequest is empty.
@@ -1136,7 +1267,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_kibotos_guest_v1_process_proto_msgTypes[17]
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +1279,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_guest_v1_process_proto_msgTypes[17]
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,7 +1292,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{17}
+	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{19}
 }
 
 // ListResponse lists processes.
@@ -1175,7 +1306,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_kibotos_guest_v1_process_proto_msgTypes[18]
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1318,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_guest_v1_process_proto_msgTypes[18]
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1331,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{18}
+	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListResponse) GetProcesses() []*ProcessInfo {
@@ -1235,7 +1366,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_kibotos_guest_v1_process_proto_msgTypes[19]
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1247,7 +1378,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_guest_v1_process_proto_msgTypes[19]
+	mi := &file_kibotos_guest_v1_process_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1260,7 +1391,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{19}
+	return file_kibotos_guest_v1_process_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ProcessInfo) GetProcessId() string {
@@ -1377,6 +1508,16 @@ const file_kibotos_guest_v1_process_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x01(\fR\x04data\"]\n" +
 	"\x11SendInputResponse\x12%\n" +
 	"\x0eaccepted_bytes\x18\x01 \x01(\x04R\racceptedBytes\x12!\n" +
+	"\finput_offset\x18\x02 \x01(\x04R\vinputOffset\"\x7f\n" +
+	"\x11WriteInputRequest\x12\x1d\n" +
+	"\n" +
+	"process_id\x18\x01 \x01(\tR\tprocessId\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x1f\n" +
+	"\vclose_input\x18\x04 \x01(\bR\n" +
+	"closeInput\"^\n" +
+	"\x12WriteInputResponse\x12%\n" +
+	"\x0eaccepted_bytes\x18\x01 \x01(\x04R\racceptedBytes\x12!\n" +
 	"\finput_offset\x18\x02 \x01(\x04R\vinputOffset\"2\n" +
 	"\x11CloseInputRequest\x12\x1d\n" +
 	"\n" +
@@ -1410,11 +1551,13 @@ const file_kibotos_guest_v1_process_proto_rawDesc = "" +
 	"\x06Stream\x12\x16\n" +
 	"\x12STREAM_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSTREAM_STDOUT\x10\x01\x12\x11\n" +
-	"\rSTREAM_STDERR\x10\x022\xb9\x04\n" +
+	"\rSTREAM_STDERR\x10\x022\x94\x05\n" +
 	"\x0eProcessService\x12H\n" +
 	"\x05Start\x12\x1e.kibotos.guest.v1.StartRequest\x1a\x1f.kibotos.guest.v1.StartResponse\x12M\n" +
 	"\x06Events\x12\x1f.kibotos.guest.v1.EventsRequest\x1a .kibotos.guest.v1.EventsResponse0\x01\x12T\n" +
-	"\tSendInput\x12\".kibotos.guest.v1.SendInputRequest\x1a#.kibotos.guest.v1.SendInputResponse\x12W\n" +
+	"\tSendInput\x12\".kibotos.guest.v1.SendInputRequest\x1a#.kibotos.guest.v1.SendInputResponse\x12Y\n" +
+	"\n" +
+	"WriteInput\x12#.kibotos.guest.v1.WriteInputRequest\x1a$.kibotos.guest.v1.WriteInputResponse(\x01\x12W\n" +
 	"\n" +
 	"CloseInput\x12#.kibotos.guest.v1.CloseInputRequest\x1a$.kibotos.guest.v1.CloseInputResponse\x12K\n" +
 	"\x06Signal\x12\x1f.kibotos.guest.v1.SignalRequest\x1a .kibotos.guest.v1.SignalResponse\x12K\n" +
@@ -1434,7 +1577,7 @@ func file_kibotos_guest_v1_process_proto_rawDescGZIP() []byte {
 }
 
 var file_kibotos_guest_v1_process_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kibotos_guest_v1_process_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_kibotos_guest_v1_process_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_kibotos_guest_v1_process_proto_goTypes = []any{
 	(Stream)(0),                // 0: kibotos.guest.v1.Stream
 	(*StartRequest)(nil),       // 1: kibotos.guest.v1.StartRequest
@@ -1448,15 +1591,17 @@ var file_kibotos_guest_v1_process_proto_goTypes = []any{
 	(*Exited)(nil),             // 9: kibotos.guest.v1.Exited
 	(*SendInputRequest)(nil),   // 10: kibotos.guest.v1.SendInputRequest
 	(*SendInputResponse)(nil),  // 11: kibotos.guest.v1.SendInputResponse
-	(*CloseInputRequest)(nil),  // 12: kibotos.guest.v1.CloseInputRequest
-	(*CloseInputResponse)(nil), // 13: kibotos.guest.v1.CloseInputResponse
-	(*SignalRequest)(nil),      // 14: kibotos.guest.v1.SignalRequest
-	(*SignalResponse)(nil),     // 15: kibotos.guest.v1.SignalResponse
-	(*ResizeRequest)(nil),      // 16: kibotos.guest.v1.ResizeRequest
-	(*ResizeResponse)(nil),     // 17: kibotos.guest.v1.ResizeResponse
-	(*ListRequest)(nil),        // 18: kibotos.guest.v1.ListRequest
-	(*ListResponse)(nil),       // 19: kibotos.guest.v1.ListResponse
-	(*ProcessInfo)(nil),        // 20: kibotos.guest.v1.ProcessInfo
+	(*WriteInputRequest)(nil),  // 12: kibotos.guest.v1.WriteInputRequest
+	(*WriteInputResponse)(nil), // 13: kibotos.guest.v1.WriteInputResponse
+	(*CloseInputRequest)(nil),  // 14: kibotos.guest.v1.CloseInputRequest
+	(*CloseInputResponse)(nil), // 15: kibotos.guest.v1.CloseInputResponse
+	(*SignalRequest)(nil),      // 16: kibotos.guest.v1.SignalRequest
+	(*SignalResponse)(nil),     // 17: kibotos.guest.v1.SignalResponse
+	(*ResizeRequest)(nil),      // 18: kibotos.guest.v1.ResizeRequest
+	(*ResizeResponse)(nil),     // 19: kibotos.guest.v1.ResizeResponse
+	(*ListRequest)(nil),        // 20: kibotos.guest.v1.ListRequest
+	(*ListResponse)(nil),       // 21: kibotos.guest.v1.ListResponse
+	(*ProcessInfo)(nil),        // 22: kibotos.guest.v1.ProcessInfo
 }
 var file_kibotos_guest_v1_process_proto_depIdxs = []int32{
 	2,  // 0: kibotos.guest.v1.StartRequest.pty:type_name -> kibotos.guest.v1.Pty
@@ -1465,24 +1610,26 @@ var file_kibotos_guest_v1_process_proto_depIdxs = []int32{
 	8,  // 3: kibotos.guest.v1.EventsResponse.dropped:type_name -> kibotos.guest.v1.Dropped
 	9,  // 4: kibotos.guest.v1.EventsResponse.exited:type_name -> kibotos.guest.v1.Exited
 	0,  // 5: kibotos.guest.v1.Output.stream:type_name -> kibotos.guest.v1.Stream
-	20, // 6: kibotos.guest.v1.ListResponse.processes:type_name -> kibotos.guest.v1.ProcessInfo
+	22, // 6: kibotos.guest.v1.ListResponse.processes:type_name -> kibotos.guest.v1.ProcessInfo
 	9,  // 7: kibotos.guest.v1.ProcessInfo.exited:type_name -> kibotos.guest.v1.Exited
 	1,  // 8: kibotos.guest.v1.ProcessService.Start:input_type -> kibotos.guest.v1.StartRequest
 	4,  // 9: kibotos.guest.v1.ProcessService.Events:input_type -> kibotos.guest.v1.EventsRequest
 	10, // 10: kibotos.guest.v1.ProcessService.SendInput:input_type -> kibotos.guest.v1.SendInputRequest
-	12, // 11: kibotos.guest.v1.ProcessService.CloseInput:input_type -> kibotos.guest.v1.CloseInputRequest
-	14, // 12: kibotos.guest.v1.ProcessService.Signal:input_type -> kibotos.guest.v1.SignalRequest
-	16, // 13: kibotos.guest.v1.ProcessService.Resize:input_type -> kibotos.guest.v1.ResizeRequest
-	18, // 14: kibotos.guest.v1.ProcessService.List:input_type -> kibotos.guest.v1.ListRequest
-	3,  // 15: kibotos.guest.v1.ProcessService.Start:output_type -> kibotos.guest.v1.StartResponse
-	5,  // 16: kibotos.guest.v1.ProcessService.Events:output_type -> kibotos.guest.v1.EventsResponse
-	11, // 17: kibotos.guest.v1.ProcessService.SendInput:output_type -> kibotos.guest.v1.SendInputResponse
-	13, // 18: kibotos.guest.v1.ProcessService.CloseInput:output_type -> kibotos.guest.v1.CloseInputResponse
-	15, // 19: kibotos.guest.v1.ProcessService.Signal:output_type -> kibotos.guest.v1.SignalResponse
-	17, // 20: kibotos.guest.v1.ProcessService.Resize:output_type -> kibotos.guest.v1.ResizeResponse
-	19, // 21: kibotos.guest.v1.ProcessService.List:output_type -> kibotos.guest.v1.ListResponse
-	15, // [15:22] is the sub-list for method output_type
-	8,  // [8:15] is the sub-list for method input_type
+	12, // 11: kibotos.guest.v1.ProcessService.WriteInput:input_type -> kibotos.guest.v1.WriteInputRequest
+	14, // 12: kibotos.guest.v1.ProcessService.CloseInput:input_type -> kibotos.guest.v1.CloseInputRequest
+	16, // 13: kibotos.guest.v1.ProcessService.Signal:input_type -> kibotos.guest.v1.SignalRequest
+	18, // 14: kibotos.guest.v1.ProcessService.Resize:input_type -> kibotos.guest.v1.ResizeRequest
+	20, // 15: kibotos.guest.v1.ProcessService.List:input_type -> kibotos.guest.v1.ListRequest
+	3,  // 16: kibotos.guest.v1.ProcessService.Start:output_type -> kibotos.guest.v1.StartResponse
+	5,  // 17: kibotos.guest.v1.ProcessService.Events:output_type -> kibotos.guest.v1.EventsResponse
+	11, // 18: kibotos.guest.v1.ProcessService.SendInput:output_type -> kibotos.guest.v1.SendInputResponse
+	13, // 19: kibotos.guest.v1.ProcessService.WriteInput:output_type -> kibotos.guest.v1.WriteInputResponse
+	15, // 20: kibotos.guest.v1.ProcessService.CloseInput:output_type -> kibotos.guest.v1.CloseInputResponse
+	17, // 21: kibotos.guest.v1.ProcessService.Signal:output_type -> kibotos.guest.v1.SignalResponse
+	19, // 22: kibotos.guest.v1.ProcessService.Resize:output_type -> kibotos.guest.v1.ResizeResponse
+	21, // 23: kibotos.guest.v1.ProcessService.List:output_type -> kibotos.guest.v1.ListResponse
+	16, // [16:24] is the sub-list for method output_type
+	8,  // [8:16] is the sub-list for method input_type
 	8,  // [8:8] is the sub-list for extension type_name
 	8,  // [8:8] is the sub-list for extension extendee
 	0,  // [0:8] is the sub-list for field type_name
@@ -1506,7 +1653,7 @@ func file_kibotos_guest_v1_process_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kibotos_guest_v1_process_proto_rawDesc), len(file_kibotos_guest_v1_process_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

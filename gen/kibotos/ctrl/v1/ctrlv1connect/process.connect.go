@@ -42,6 +42,9 @@ const (
 	// ProcessServiceSendInputProcedure is the fully-qualified name of the ProcessService's SendInput
 	// RPC.
 	ProcessServiceSendInputProcedure = "/kibotos.ctrl.v1.ProcessService/SendInput"
+	// ProcessServiceWriteInputProcedure is the fully-qualified name of the ProcessService's WriteInput
+	// RPC.
+	ProcessServiceWriteInputProcedure = "/kibotos.ctrl.v1.ProcessService/WriteInput"
 	// ProcessServiceCloseInputProcedure is the fully-qualified name of the ProcessService's CloseInput
 	// RPC.
 	ProcessServiceCloseInputProcedure = "/kibotos.ctrl.v1.ProcessService/CloseInput"
@@ -74,6 +77,13 @@ type ProcessServiceClient interface {
 	// the buffer cannot take them all it accepts what fits and fails with
 	// resource_exhausted, its ErrorDetail carrying accepted_bytes.
 	SendInput(context.Context, *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error)
+	// WriteInput streams input to the process (the fast path over HTTP/2):
+	// the first message names the Workspace, the process and the input
+	// offset of its first byte; every message's data follows in order. The
+	// process's input buffer is flow-controlled end to end: a sender faster
+	// than the process reads is made to wait, never refused. close_input
+	// closes the input after the message's data.
+	WriteInput(context.Context) *connect.ClientStreamForClient[v1.WriteInputRequest, v1.WriteInputResponse]
 	// CloseInput closes the process's stdin once the buffered input is
 	// written (with a terminal, it writes the end-of-file character).
 	CloseInput(context.Context, *connect.Request[v1.CloseInputRequest]) (*connect.Response[v1.CloseInputResponse], error)
@@ -115,6 +125,12 @@ func NewProcessServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(processServiceMethods.ByName("SendInput")),
 			connect.WithClientOptions(opts...),
 		),
+		writeInput: connect.NewClient[v1.WriteInputRequest, v1.WriteInputResponse](
+			httpClient,
+			baseURL+ProcessServiceWriteInputProcedure,
+			connect.WithSchema(processServiceMethods.ByName("WriteInput")),
+			connect.WithClientOptions(opts...),
+		),
 		closeInput: connect.NewClient[v1.CloseInputRequest, v1.CloseInputResponse](
 			httpClient,
 			baseURL+ProcessServiceCloseInputProcedure,
@@ -147,6 +163,7 @@ type processServiceClient struct {
 	startProcess  *connect.Client[v1.StartProcessRequest, v1.StartProcessResponse]
 	processEvents *connect.Client[v1.ProcessEventsRequest, v1.ProcessEventsResponse]
 	sendInput     *connect.Client[v1.SendInputRequest, v1.SendInputResponse]
+	writeInput    *connect.Client[v1.WriteInputRequest, v1.WriteInputResponse]
 	closeInput    *connect.Client[v1.CloseInputRequest, v1.CloseInputResponse]
 	signalProcess *connect.Client[v1.SignalProcessRequest, v1.SignalProcessResponse]
 	resizeProcess *connect.Client[v1.ResizeProcessRequest, v1.ResizeProcessResponse]
@@ -166,6 +183,11 @@ func (c *processServiceClient) ProcessEvents(ctx context.Context, req *connect.R
 // SendInput calls kibotos.ctrl.v1.ProcessService.SendInput.
 func (c *processServiceClient) SendInput(ctx context.Context, req *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error) {
 	return c.sendInput.CallUnary(ctx, req)
+}
+
+// WriteInput calls kibotos.ctrl.v1.ProcessService.WriteInput.
+func (c *processServiceClient) WriteInput(ctx context.Context) *connect.ClientStreamForClient[v1.WriteInputRequest, v1.WriteInputResponse] {
+	return c.writeInput.CallClientStream(ctx)
 }
 
 // CloseInput calls kibotos.ctrl.v1.ProcessService.CloseInput.
@@ -206,6 +228,13 @@ type ProcessServiceHandler interface {
 	// the buffer cannot take them all it accepts what fits and fails with
 	// resource_exhausted, its ErrorDetail carrying accepted_bytes.
 	SendInput(context.Context, *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error)
+	// WriteInput streams input to the process (the fast path over HTTP/2):
+	// the first message names the Workspace, the process and the input
+	// offset of its first byte; every message's data follows in order. The
+	// process's input buffer is flow-controlled end to end: a sender faster
+	// than the process reads is made to wait, never refused. close_input
+	// closes the input after the message's data.
+	WriteInput(context.Context, *connect.ClientStream[v1.WriteInputRequest]) (*connect.Response[v1.WriteInputResponse], error)
 	// CloseInput closes the process's stdin once the buffered input is
 	// written (with a terminal, it writes the end-of-file character).
 	CloseInput(context.Context, *connect.Request[v1.CloseInputRequest]) (*connect.Response[v1.CloseInputResponse], error)
@@ -243,6 +272,12 @@ func NewProcessServiceHandler(svc ProcessServiceHandler, opts ...connect.Handler
 		connect.WithSchema(processServiceMethods.ByName("SendInput")),
 		connect.WithHandlerOptions(opts...),
 	)
+	processServiceWriteInputHandler := connect.NewClientStreamHandler(
+		ProcessServiceWriteInputProcedure,
+		svc.WriteInput,
+		connect.WithSchema(processServiceMethods.ByName("WriteInput")),
+		connect.WithHandlerOptions(opts...),
+	)
 	processServiceCloseInputHandler := connect.NewUnaryHandler(
 		ProcessServiceCloseInputProcedure,
 		svc.CloseInput,
@@ -275,6 +310,8 @@ func NewProcessServiceHandler(svc ProcessServiceHandler, opts ...connect.Handler
 			processServiceProcessEventsHandler.ServeHTTP(w, r)
 		case ProcessServiceSendInputProcedure:
 			processServiceSendInputHandler.ServeHTTP(w, r)
+		case ProcessServiceWriteInputProcedure:
+			processServiceWriteInputHandler.ServeHTTP(w, r)
 		case ProcessServiceCloseInputProcedure:
 			processServiceCloseInputHandler.ServeHTTP(w, r)
 		case ProcessServiceSignalProcessProcedure:
@@ -302,6 +339,10 @@ func (UnimplementedProcessServiceHandler) ProcessEvents(context.Context, *connec
 
 func (UnimplementedProcessServiceHandler) SendInput(context.Context, *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("kibotos.ctrl.v1.ProcessService.SendInput is not implemented"))
+}
+
+func (UnimplementedProcessServiceHandler) WriteInput(context.Context, *connect.ClientStream[v1.WriteInputRequest]) (*connect.Response[v1.WriteInputResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("kibotos.ctrl.v1.ProcessService.WriteInput is not implemented"))
 }
 
 func (UnimplementedProcessServiceHandler) CloseInput(context.Context, *connect.Request[v1.CloseInputRequest]) (*connect.Response[v1.CloseInputResponse], error) {

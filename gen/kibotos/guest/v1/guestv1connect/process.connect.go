@@ -40,6 +40,9 @@ const (
 	// ProcessServiceSendInputProcedure is the fully-qualified name of the ProcessService's SendInput
 	// RPC.
 	ProcessServiceSendInputProcedure = "/kibotos.guest.v1.ProcessService/SendInput"
+	// ProcessServiceWriteInputProcedure is the fully-qualified name of the ProcessService's WriteInput
+	// RPC.
+	ProcessServiceWriteInputProcedure = "/kibotos.guest.v1.ProcessService/WriteInput"
 	// ProcessServiceCloseInputProcedure is the fully-qualified name of the ProcessService's CloseInput
 	// RPC.
 	ProcessServiceCloseInputProcedure = "/kibotos.guest.v1.ProcessService/CloseInput"
@@ -66,6 +69,13 @@ type ProcessServiceClient interface {
 	// take them all it accepts what fits and fails with resource_exhausted,
 	// carrying a SendInputResponse detail with the accepted count.
 	SendInput(context.Context, *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error)
+	// WriteInput streams input to the process: the first message names the
+	// process and the input offset of its first byte, every message's data
+	// follows in order. The guest takes the next message only once the
+	// input buffer has taken the previous one, so HTTP/2 flow control makes
+	// a fast sender wait instead of failing. close_input closes the input
+	// after the message's data. The answer says where the input stands.
+	WriteInput(context.Context) *connect.ClientStreamForClient[v1.WriteInputRequest, v1.WriteInputResponse]
 	// CloseInput closes the process's stdin once the buffered input is
 	// written (with a terminal, it writes the end-of-file character).
 	CloseInput(context.Context, *connect.Request[v1.CloseInputRequest]) (*connect.Response[v1.CloseInputResponse], error)
@@ -107,6 +117,12 @@ func NewProcessServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(processServiceMethods.ByName("SendInput")),
 			connect.WithClientOptions(opts...),
 		),
+		writeInput: connect.NewClient[v1.WriteInputRequest, v1.WriteInputResponse](
+			httpClient,
+			baseURL+ProcessServiceWriteInputProcedure,
+			connect.WithSchema(processServiceMethods.ByName("WriteInput")),
+			connect.WithClientOptions(opts...),
+		),
 		closeInput: connect.NewClient[v1.CloseInputRequest, v1.CloseInputResponse](
 			httpClient,
 			baseURL+ProcessServiceCloseInputProcedure,
@@ -139,6 +155,7 @@ type processServiceClient struct {
 	start      *connect.Client[v1.StartRequest, v1.StartResponse]
 	events     *connect.Client[v1.EventsRequest, v1.EventsResponse]
 	sendInput  *connect.Client[v1.SendInputRequest, v1.SendInputResponse]
+	writeInput *connect.Client[v1.WriteInputRequest, v1.WriteInputResponse]
 	closeInput *connect.Client[v1.CloseInputRequest, v1.CloseInputResponse]
 	signal     *connect.Client[v1.SignalRequest, v1.SignalResponse]
 	resize     *connect.Client[v1.ResizeRequest, v1.ResizeResponse]
@@ -158,6 +175,11 @@ func (c *processServiceClient) Events(ctx context.Context, req *connect.Request[
 // SendInput calls kibotos.guest.v1.ProcessService.SendInput.
 func (c *processServiceClient) SendInput(ctx context.Context, req *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error) {
 	return c.sendInput.CallUnary(ctx, req)
+}
+
+// WriteInput calls kibotos.guest.v1.ProcessService.WriteInput.
+func (c *processServiceClient) WriteInput(ctx context.Context) *connect.ClientStreamForClient[v1.WriteInputRequest, v1.WriteInputResponse] {
+	return c.writeInput.CallClientStream(ctx)
 }
 
 // CloseInput calls kibotos.guest.v1.ProcessService.CloseInput.
@@ -195,6 +217,13 @@ type ProcessServiceHandler interface {
 	// take them all it accepts what fits and fails with resource_exhausted,
 	// carrying a SendInputResponse detail with the accepted count.
 	SendInput(context.Context, *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error)
+	// WriteInput streams input to the process: the first message names the
+	// process and the input offset of its first byte, every message's data
+	// follows in order. The guest takes the next message only once the
+	// input buffer has taken the previous one, so HTTP/2 flow control makes
+	// a fast sender wait instead of failing. close_input closes the input
+	// after the message's data. The answer says where the input stands.
+	WriteInput(context.Context, *connect.ClientStream[v1.WriteInputRequest]) (*connect.Response[v1.WriteInputResponse], error)
 	// CloseInput closes the process's stdin once the buffered input is
 	// written (with a terminal, it writes the end-of-file character).
 	CloseInput(context.Context, *connect.Request[v1.CloseInputRequest]) (*connect.Response[v1.CloseInputResponse], error)
@@ -232,6 +261,12 @@ func NewProcessServiceHandler(svc ProcessServiceHandler, opts ...connect.Handler
 		connect.WithSchema(processServiceMethods.ByName("SendInput")),
 		connect.WithHandlerOptions(opts...),
 	)
+	processServiceWriteInputHandler := connect.NewClientStreamHandler(
+		ProcessServiceWriteInputProcedure,
+		svc.WriteInput,
+		connect.WithSchema(processServiceMethods.ByName("WriteInput")),
+		connect.WithHandlerOptions(opts...),
+	)
 	processServiceCloseInputHandler := connect.NewUnaryHandler(
 		ProcessServiceCloseInputProcedure,
 		svc.CloseInput,
@@ -264,6 +299,8 @@ func NewProcessServiceHandler(svc ProcessServiceHandler, opts ...connect.Handler
 			processServiceEventsHandler.ServeHTTP(w, r)
 		case ProcessServiceSendInputProcedure:
 			processServiceSendInputHandler.ServeHTTP(w, r)
+		case ProcessServiceWriteInputProcedure:
+			processServiceWriteInputHandler.ServeHTTP(w, r)
 		case ProcessServiceCloseInputProcedure:
 			processServiceCloseInputHandler.ServeHTTP(w, r)
 		case ProcessServiceSignalProcedure:
@@ -291,6 +328,10 @@ func (UnimplementedProcessServiceHandler) Events(context.Context, *connect.Reque
 
 func (UnimplementedProcessServiceHandler) SendInput(context.Context, *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("kibotos.guest.v1.ProcessService.SendInput is not implemented"))
+}
+
+func (UnimplementedProcessServiceHandler) WriteInput(context.Context, *connect.ClientStream[v1.WriteInputRequest]) (*connect.Response[v1.WriteInputResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("kibotos.guest.v1.ProcessService.WriteInput is not implemented"))
 }
 
 func (UnimplementedProcessServiceHandler) CloseInput(context.Context, *connect.Request[v1.CloseInputRequest]) (*connect.Response[v1.CloseInputResponse], error) {
