@@ -1038,7 +1038,8 @@ func (x *WriteFileHeader) GetMakeParents() bool {
 }
 
 // WriteFileRequest is the header (the first message) or a chunk of bytes
-// (every later one, at most 512 KiB).
+// (every later one; a whole message is at most 512 KiB, so 256 KiB
+// chunks are advised).
 type WriteFileRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// part is the header or a chunk.
@@ -1174,8 +1175,8 @@ func (x *WriteFileResponse) GetFile() *FileInfo {
 // WriteFileChunkRequest is one chunk of an upload.
 type WriteFileChunkRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// header describes the file; the first chunk's header counts, later
-	// ones must name the same path.
+	// header describes the file: the first chunk's header counts, later
+	// ones (ctrl forwards every chunk's) must name the same path.
 	Header *WriteFileHeader `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
 	// upload_id names the upload (the caller chooses it: 1 to 64 letters,
 	// digits, "-" or "_"). An upload not touched for 10 minutes is
@@ -1184,7 +1185,8 @@ type WriteFileChunkRequest struct {
 	// offset is where data starts; it may be below the bytes written (a
 	// resend: what was written is skipped), never above.
 	Offset uint64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
-	// data is the chunk (at most 512 KiB).
+	// data is the chunk (a whole message is at most 512 KiB, so 256 KiB
+	// chunks are advised).
 	Data []byte `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
 	// commit ends the upload: the file replaces the target.
 	Commit        bool `protobuf:"varint,5,opt,name=commit,proto3" json:"commit,omitempty"`
