@@ -43,6 +43,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/bench/internal/benchkit"
+	"github.com/kibotos/kibotos/bench/internal/crunref"
 	"github.com/kibotos/kibotos/internal/node/sandbox"
 )
 
@@ -167,7 +168,8 @@ type bench struct {
 	crunVer   string
 	srv       *server
 	api       *api
-	ref       *refEnv
+	ref       *crunref.Env
+	crunPath  string // crun, when the reference is measured
 	tracer    *fsTracer
 	notes     []string
 
@@ -178,7 +180,7 @@ type bench struct {
 	seqStopWS []string
 	seqDelete []time.Duration
 	seqErrs   []string
-	refs      []refSample
+	refs      []crunref.Sample
 	refErrs   []string
 	cpuSeq    cpuUse
 
@@ -223,13 +225,14 @@ func newBench(ctx context.Context, cfg config) (*bench, error) {
 		return nil, errors.New("mkfs.ext4 not found: apt-get install -y e2fsprogs")
 	}
 	if cfg.ref && cfg.seq > 0 {
-		p, v, err := ensureCrun(ctx, cfg.installCrun)
+		crunref.Logf = logf
+		p, v, err := crunref.EnsureCrun(ctx, cfg.installCrun)
 		if err != nil {
 			return nil, err
 		}
 		b.crunVer = v
 		logf("reference runtime: %s (%s)", p, v)
-		b.ref = &refEnv{crun: p}
+		b.crunPath = p
 	}
 	b.tmp, err = os.MkdirTemp("", "wsbench-")
 	if err != nil {
@@ -316,9 +319,8 @@ func (b *bench) runAll(ctx context.Context) error {
 		logf("inotify tracer unavailable (%v): no breakdown inside the node's Start", err)
 		b.tracer = nil
 	}
-	if b.ref != nil {
-		crun := b.ref.crun
-		if b.ref, err = newRefEnv(filepath.Join(b.tmp, "ref"), crun, b.rootfs, b.guest, b.runID, createSpec); err != nil {
+	if b.crunPath != "" {
+		if b.ref, err = crunref.New(filepath.Join(b.tmp, "ref"), b.crunPath, b.rootfs, b.guest, "wsbench", b.runID, crunref.Spec(createSpec)); err != nil {
 			return err
 		}
 	}
@@ -349,7 +351,7 @@ func (b *bench) runAll(ctx context.Context) error {
 	// Everything was deleted through the API: nothing may be left.
 	b.leaks = b.nodeLeaks()
 	if b.ref != nil {
-		b.refLeaks = b.ref.leaks()
+		b.refLeaks = b.ref.Leaks()
 	}
 	return nil
 }
@@ -427,7 +429,7 @@ func (b *bench) warmUp(ctx context.Context) error {
 			return err
 		}
 		if b.ref != nil {
-			if r := b.ref.runOnce(ctx, "warm"+strconv.Itoa(i)); r.Err != nil {
+			if r := b.ref.RunOnce(ctx, "warm"+strconv.Itoa(i)); r.Err != nil {
 				return fmt.Errorf("reference: %w", r.Err)
 			}
 		}
@@ -491,7 +493,7 @@ func (b *bench) sequential(ctx context.Context) error {
 }
 
 func (b *bench) refOnce(ctx context.Context, i int) {
-	r := b.ref.runOnce(ctx, strconv.Itoa(i))
+	r := b.ref.RunOnce(ctx, strconv.Itoa(i))
 	if r.Err != nil {
 		b.refErrs = append(b.refErrs, r.Err.Error())
 		logf("reference %d: %v", i, r.Err)
@@ -558,7 +560,7 @@ func (b *bench) nodeLeaks() []string {
 			out = append(out, "writable layer "+e.Name())
 		}
 	}
-	for _, d := range loopsUnder(b.tmp + "/") {
+	for _, d := range crunref.LoopsUnder(b.tmp + "/") {
 		out = append(out, "loop device "+d)
 	}
 	if bs, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
@@ -623,8 +625,8 @@ func (b *bench) cleanup() error {
 			}
 		}
 	}
-	if b.ref != nil && b.ref.dir != "" {
-		if err := b.ref.cleanup(); err != nil {
+	if b.ref != nil {
+		if err := b.ref.Cleanup(); err != nil {
 			errs = append(errs, fmt.Errorf("reference cleanup: %w", err))
 		}
 	}
@@ -633,10 +635,10 @@ func (b *bench) cleanup() error {
 		if l, err := sandbox.Leaks(b.nodeRoot); err == nil {
 			b.finalLeak = append(b.finalLeak, l...)
 		}
-		if b.ref != nil && b.ref.dir != "" {
-			b.finalLeak = append(b.finalLeak, b.ref.leaks()...)
+		if b.ref != nil {
+			b.finalLeak = append(b.finalLeak, b.ref.Leaks()...)
 		}
-		for _, d := range loopsUnder(b.tmp + "/") {
+		for _, d := range crunref.LoopsUnder(b.tmp + "/") {
 			b.finalLeak = append(b.finalLeak, "loop device "+d)
 		}
 		mounted := false

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/bench/internal/benchkit"
+	"github.com/kibotos/kibotos/bench/internal/crunref"
 )
 
 // Targets of the issue.
@@ -67,7 +68,7 @@ func sampleDist(ss []createSample, f func(*createSample) time.Duration) dist {
 	return newDist(out)
 }
 
-func refDist(rs []refSample, f func(*refSample) time.Duration) dist {
+func refDist(rs []crunref.Sample, f func(*crunref.Sample) time.Duration) dist {
 	out := make([]time.Duration, 0, len(rs))
 	for i := range rs {
 		out = append(out, f(&rs[i]))
@@ -136,7 +137,7 @@ func (b *bench) report() string {
 	seqSrv := sampleDist(b.seq, (*createSample).completed)
 	concObs := sampleDist(b.conc, (*createSample).observed)
 	concSrv := sampleDist(b.conc, (*createSample).completed)
-	refTot := refDist(b.refs, func(r *refSample) time.Duration { return r.Total })
+	refTot := refDist(b.refs, func(r *crunref.Sample) time.Duration { return r.Total })
 	stops := newDist(b.seqStop)
 
 	p("\n## Results\n\n")
@@ -338,7 +339,7 @@ func (b *bench) reportInsideStart(p printer) {
 		p("| of which, in parallel: layer image created → renamed in (C2 before) | %s | %s | %s |\n", f1(d.p50()), f1(d.p99()), f1(mean(layerAlone)))
 	}
 	if len(b.refs) > 0 {
-		lay := refDist(b.refs, func(r *refSample) time.Duration { return r.Layer })
+		lay := refDist(b.refs, func(r *crunref.Sample) time.Duration { return r.Layer })
 		p("\nFor comparison the reference's identical layer step (C2 + the directory fsync) takes %s ms p50.\n", f1(lay.p50()))
 	}
 }
@@ -362,14 +363,14 @@ func (b *bench) reportReference(p printer) {
 	p("| step | p50 ms | p99 ms | mean ms |\n|---|---:|---:|---:|\n")
 	for _, c := range []struct {
 		name string
-		f    func(*refSample) time.Duration
+		f    func(*crunref.Sample) time.Duration
 	}{
-		{"layer: sparse image, mkfs.ext4 (runtime's options), fsync, rename, fsync dir", func(r *refSample) time.Duration { return r.Layer }},
-		{"mounts: loop device (LOOP_CONFIGURE, autoclear), ext4, overlay over the template", func(r *refSample) time.Duration { return r.Mounts }},
-		{"`crun run --detach`: namespaces, cgroup + limits, container mounts, pivot_root, exec of kibotos-guest", func(r *refSample) time.Duration { return r.Crun }},
-		{fmt.Sprintf("ready: crun returned → guest answers a ping (polled every %v)", refPingEvery), func(r *refSample) time.Duration { return r.Ready }},
-		{"**total**", func(r *refSample) time.Duration { return r.Total }},
-		{"teardown (not in total): crun delete --force, unmounts, loop detach, removal", func(r *refSample) time.Duration { return r.Teardown }},
+		{"layer: sparse image, mkfs.ext4 (runtime's options), fsync, rename, fsync dir", func(r *crunref.Sample) time.Duration { return r.Layer }},
+		{"mounts: loop device (LOOP_CONFIGURE, autoclear), ext4, overlay over the template", func(r *crunref.Sample) time.Duration { return r.Mounts }},
+		{"`crun run --detach`: namespaces, cgroup + limits, container mounts, pivot_root, exec of kibotos-guest", func(r *crunref.Sample) time.Duration { return r.Crun }},
+		{fmt.Sprintf("ready: crun returned → guest answers a ping (polled every %v)", crunref.PingEvery), func(r *crunref.Sample) time.Duration { return r.Ready }},
+		{"**total**", func(r *crunref.Sample) time.Duration { return r.Total }},
+		{"teardown (not in total): crun delete --force, unmounts, loop detach, removal", func(r *crunref.Sample) time.Duration { return r.Teardown }},
 	} {
 		var ds []time.Duration
 		for i := range b.refs {
@@ -378,8 +379,8 @@ func (b *bench) reportReference(p printer) {
 		d := newDist(ds)
 		p("| %s | %s | %s | %s |\n", c.name, f1(d.p50()), f1(d.p99()), f1(mean(ds)))
 	}
-	lay := refDist(b.refs, func(r *refSample) time.Duration { return r.Layer })
-	noLayer := refDist(b.refs, func(r *refSample) time.Duration { return r.Total - r.Layer })
+	lay := refDist(b.refs, func(r *crunref.Sample) time.Duration { return r.Layer })
+	noLayer := refDist(b.refs, func(r *crunref.Sample) time.Duration { return r.Total - r.Layer })
 	p("\nWithout the layer creation the reference takes %s ms p50 (the layer: %s ms).\n", f1(noLayer.p50()), f1(lay.p50()))
 }
 
@@ -505,8 +506,8 @@ func (b *bench) reportErrors(p printer) {
 	if b.slog != nil && b.slog.nProblem > 0 {
 		lines = append(lines, fmt.Sprintf("- kibotos-ctrl logged %d WARN/ERROR records, first: `%s`", b.slog.nProblem, b.slog.problems[0]))
 	}
-	if b.ref != nil && b.ref.oomAdjErr != nil {
-		lines = append(lines, fmt.Sprintf("- reference: oom_score_adj -998 could not be set (`%v`); the runtime's init shim ignores the same failure (no CAP_SYS_RESOURCE here), so neither has it", b.ref.oomAdjErr))
+	if b.ref != nil && b.ref.OOMAdjErr() != nil {
+		lines = append(lines, fmt.Sprintf("- reference: oom_score_adj -998 could not be set (`%v`); the runtime's init shim ignores the same failure (no CAP_SYS_RESOURCE here), so neither has it", b.ref.OOMAdjErr()))
 	}
 	for _, n := range b.notes {
 		lines = append(lines, "- "+n)
@@ -523,7 +524,7 @@ func (b *bench) reportMethod(p printer) {
 	p("- Client-observed latency (rows 1, 1b, 4): from just before `CreateWorkspace` is sent to the arrival of the first answer showing completion. The API has no watch, so completion is polled: sequentially `GetWorkspaceCommand` with a %v pause between polls (error: up to the pause plus one round trip, about %v + 0.3 ms, on top of the true time); at once, one `ListWorkspaces(states=[CREATING])` with a %v pause (50 ms in phase 4).\n",
 		b.cfg.poll, b.cfg.poll, b.cfg.batchPoll)
 	p("- `completed_at` rows (1′, 1b′): the command's completion time recorded by ctrl inside the completing transaction (microseconds, same host clock as the client), minus the client's send time: no polling error, but it excludes that transaction's commit and the answer's way back, so it is a lower bound.\n")
-	p("- Reference (row 2): see the breakdown; it includes everything our node does to start an execution except what only a control plane does (API, store, reconciler, node stream, state files). Its readiness is polled every %v (a tight poll: whatever readiness wait our runtime has is part of ours). Its layer and overlay are mounted from a harness thread with its own mount namespace (ours: by the init shim in the execution's namespace), and crun's cgroup-v1 `/sys/fs/cgroup` mounts every controller (ours: memory only).\n", refPingEvery)
+	p("- Reference (row 2): see the breakdown; it includes everything our node does to start an execution except what only a control plane does (API, store, reconciler, node stream, state files). Its readiness is polled every %v (a tight poll: whatever readiness wait our runtime has is part of ours). Its layer and overlay are mounted from a harness thread with its own mount namespace (ours: by the init shim in the execution's namespace), and crun's cgroup-v1 `/sys/fs/cgroup` mounts every controller (ours: memory only).\n", crunref.PingEvery)
 	p("- Stop (row 3): `StopWorkspace` waits for completion; latency from send to answer.\n")
 	p("- Memory (rows 4m, 4h): VmRSS of the kibotos-ctrl process (one process: API, store, reconciler and the embedded node agent; the init shims exec into kibotos-guest, which runs in the executions' own cgroups and is not part of it). Host memory: the decrease of MemAvailable (page cache, kernel memory of namespaces, mounts, loop devices and ext4 included) divided by the number of workspaces; anything else running on the machine skews it, see the load average.\n")
 	p("- Percentiles are nearest-rank: for n ≤ 100, p99 is the largest or second-largest value.\n")

@@ -1,6 +1,11 @@
 //go:build linux
 
-package main
+// Package crunref is the crun reference of the benchmark harnesses under
+// bench/: the same template rootfs, writable layer and kibotos-guest as PID 1
+// as a Kibotos workspace, started by Debian's crun from an OCI bundle, so
+// that a harness can compare a workspace with a plain container (a start, a
+// `crun exec`).
+package crunref
 
 import (
 	"bytes"
@@ -49,7 +54,7 @@ import (
 //     the harness sets oom_score_adj -998 on PID 1 (crun 1.8.1 applies a
 //     negative process.oomScoreAdj after dropping capabilities, and fails),
 //     ignoring a failure as the runtime does;
-//  4. ready: the harness pings the guest's socket every refPingEvery until
+//  4. ready: the harness pings the guest's socket every PingEvery until
 //     it answers (a tight poll; the runtime's own readiness wait is part of
 //     what is measured on our side).
 //
@@ -66,10 +71,21 @@ import (
 // The reference has no control plane: no API, no store, no reconciler, no
 // node stream, no state files.
 
-// refPingEvery is the readiness polling of the reference.
-const refPingEvery = time.Millisecond
+// PingEvery is the readiness polling of the reference.
+const PingEvery = time.Millisecond
 
-type refEnv struct {
+// Spec is what a reference container is limited to, as a workspace is.
+type Spec struct {
+	MemoryMiB  uint32
+	CPUMillis  uint32
+	LayerBytes uint64
+}
+
+// Logf receives progress lines (installing crun); nothing by default.
+var Logf = func(format string, args ...any) {}
+
+// Env runs reference containers; New makes it, Cleanup releases it.
+type Env struct {
 	userns   int    // the user namespace of the idmapped mounts (idmapUserns)
 	dir      string // TMP/ref: bundles, images, crun state
 	crun     string
@@ -78,7 +94,7 @@ type refEnv struct {
 	guest    string
 	cgParent string // cgroup parent of the reference containers, in every hierarchy
 	runID    string
-	spec     wsSpec
+	spec     Spec
 
 	thread *nsThread
 	// oomAdjErr is the last failure to set oom_score_adj (reported).
@@ -88,7 +104,7 @@ type refEnv struct {
 	origCgroup map[string]string
 
 	mu     sync.Mutex
-	active map[string]*refRun // containers not torn down yet
+	active map[string]*Container // containers not torn down yet
 }
 
 // nsThread is a goroutine locked to an OS thread that has its own mount
@@ -138,8 +154,8 @@ func (t *nsThread) do(f func()) {
 
 func (t *nsThread) stop() { close(t.ch) }
 
-// refSample is one reference start.
-type refSample struct {
+// Sample is one reference start.
+type Sample struct {
 	Layer    time.Duration // image + mkfs.ext4 + fsyncs
 	Mounts   time.Duration // loop device, ext4 mount, overlay mount
 	Crun     time.Duration // crun run --detach: namespaces, mounts, cgroup, exec of the guest
@@ -149,22 +165,23 @@ type refSample struct {
 	Err      error
 }
 
-type refRun struct {
+// Container is one reference container.
+type Container struct {
 	id, base, img, rootfs, bundle, sock string
 	mountedRoot, created, cgroup        bool
 	loop                                string
 }
 
-// ensureCrun returns the path of crun, installing Debian's package when it
+// EnsureCrun returns the path of crun, installing Debian's package when it
 // is missing and install is set.
-func ensureCrun(ctx context.Context, install bool) (string, string, error) {
+func EnsureCrun(ctx context.Context, install bool) (string, string, error) {
 	if p, err := exec.LookPath("crun"); err == nil {
 		return p, crunVersion(ctx, p), nil
 	}
 	if !install {
 		return "", "", errors.New("crun is not installed and -install-crun=false: apt-get install -y crun")
 	}
-	logf("crun missing: apt-get install -y crun")
+	Logf("crun missing: apt-get install -y crun")
 	try := func() error {
 		cmd := exec.CommandContext(ctx, "apt-get", "install", "-y", "--no-install-recommends", "crun")
 		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
@@ -175,7 +192,7 @@ func ensureCrun(ctx context.Context, install bool) (string, string, error) {
 		return nil
 	}
 	if err := try(); err != nil {
-		logf("apt-get install failed (%v); apt-get update and retry", err)
+		Logf("apt-get install failed (%v); apt-get update and retry", err)
 		upd := exec.CommandContext(ctx, "apt-get", "update")
 		upd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
 		_ = upd.Run()
@@ -199,9 +216,13 @@ func crunVersion(ctx context.Context, p string) string {
 	return first
 }
 
-func newRefEnv(dir, crun, rootfs, guest, runID string, spec wsSpec) (*refEnv, error) {
-	r := &refEnv{dir: dir, crun: crun, crunRoot: filepath.Join(dir, "crun-state"), rootfs: rootfs, guest: guest,
-		cgParent: "kibotos-wsbench-" + runID, runID: runID, spec: spec, active: map[string]*refRun{}}
+// New prepares the reference in dir (its bundles, images and crun state):
+// crun is the binary, rootfs the template rootfs (the lower layer), guest
+// the kibotos-guest binary. Its containers are named "wsb-RUNID-NAME" and
+// its cgroups live under "kibotos-" + harness + "-" + runID.
+func New(dir, crun, rootfs, guest, harness, runID string, spec Spec) (*Env, error) {
+	r := &Env{dir: dir, crun: crun, crunRoot: filepath.Join(dir, "crun-state"), rootfs: rootfs, guest: guest,
+		cgParent: "kibotos-" + harness + "-" + runID, runID: runID, spec: spec, active: map[string]*Container{}}
 	if err := os.MkdirAll(r.crunRoot, 0o700); err != nil {
 		return nil, err
 	}
@@ -214,7 +235,7 @@ func newRefEnv(dir, crun, rootfs, guest, runID string, spec wsSpec) (*refEnv, er
 		}
 	}
 	t, err := startNSThread(func() error {
-		if cgroupVersion() == 1 {
+		if CgroupVersion() == 1 {
 			if err := unix.Unmount("/sys/fs/cgroup/unified", unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 				return fmt.Errorf("hide the cgroup2 hierarchy from crun: %w", err)
 			}
@@ -261,8 +282,8 @@ var refControllers = []string{"memory", "cpu", "pids"}
 // startInCgroup starts cmd inside cgroup rel: the calling (locked) thread
 // joins it for the fork and returns to its own cgroups after (cgroup v1),
 // or the child is cloned into it (cgroup v2).
-func (r *refEnv) startInCgroup(cmd *exec.Cmd, rel string) error {
-	if cgroupVersion() == 2 {
+func (r *Env) startInCgroup(cmd *exec.Cmd, rel string) error {
+	if CgroupVersion() == 2 {
 		fd, err := unix.Open(filepath.Join("/sys/fs/cgroup", rel), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return err
@@ -287,16 +308,78 @@ func (r *refEnv) startInCgroup(cmd *exec.Cmd, rel string) error {
 	return cmd.Start()
 }
 
-// runOnce starts one reference container, waits for its guest, and tears it
+// RunOnce starts one reference container, waits for its guest, and tears it
 // down.
-func (r *refEnv) runOnce(ctx context.Context, name string) refSample {
-	var s refSample
+func (r *Env) RunOnce(ctx context.Context, name string) Sample {
+	var s Sample
 	r.thread.do(func() { s = r.runLocked(ctx, name) })
 	return s
 }
 
-func (r *refEnv) runLocked(ctx context.Context, name string) (s refSample) {
-	run := &refRun{id: "wsb-" + r.runID + "-" + name}
+func (r *Env) runLocked(ctx context.Context, name string) (s Sample) {
+	run := r.newContainer(name)
+	defer func() {
+		t := time.Now()
+		if err := r.teardown(run); err != nil && s.Err == nil {
+			s.Err = err
+		}
+		s.Teardown = time.Since(t)
+	}()
+	return r.startLocked(ctx, run)
+}
+
+// Start starts one reference container and waits for its guest; it runs
+// until Stop (or Cleanup). On failure it is torn down already.
+func (r *Env) Start(ctx context.Context, name string) (*Container, Sample) {
+	var s Sample
+	var run *Container
+	r.thread.do(func() {
+		run = r.newContainer(name)
+		if s = r.startLocked(ctx, run); s.Err != nil {
+			if err := r.teardown(run); err != nil {
+				s.Err = errors.Join(s.Err, err)
+			}
+			run = nil
+		}
+	})
+	return run, s
+}
+
+// Stop tears down a container of Start.
+func (r *Env) Stop(c *Container) error {
+	var err error
+	r.thread.do(func() { err = r.teardown(c) })
+	return err
+}
+
+// Exec runs `crun exec CONTAINER ARGV...` in the container's cgroup (the
+// harness thread joins it for the fork, as for `crun run`) and returns the
+// time from the fork of crun to its exit (crun waits for the process).
+func (r *Env) Exec(ctx context.Context, c *Container, argv ...string) (time.Duration, error) {
+	var d time.Duration
+	var err error
+	r.thread.do(func() {
+		var out bytes.Buffer
+		cmd := exec.CommandContext(ctx, r.crun, append([]string{"--cgroup-manager=disabled", "--root", r.crunRoot, "exec", c.id}, argv...)...)
+		cmd.Stdout, cmd.Stderr = &out, &out
+		t0 := time.Now()
+		if err = r.startInCgroup(cmd, r.cgParent+"/"+c.id); err == nil {
+			err = cmd.Wait()
+		}
+		d = time.Since(t0)
+		if err != nil {
+			err = fmt.Errorf("crun exec %s %v: %v: %s", c.id, argv, err, tailBytes(out.Bytes(), 500))
+		}
+	})
+	return d, err
+}
+
+// OOMAdjErr is the last failure to set oom_score_adj -998 on a reference
+// PID 1 (crun 1.8.1 cannot; see startLocked), nil when it worked.
+func (r *Env) OOMAdjErr() error { return r.oomAdjErr }
+
+func (r *Env) newContainer(name string) *Container {
+	run := &Container{id: "wsb-" + r.runID + "-" + name}
 	run.base = filepath.Join(r.dir, run.id)
 	run.img = run.base + ".img"
 	run.bundle = filepath.Join(run.base, "bundle")
@@ -305,14 +388,11 @@ func (r *refEnv) runLocked(ctx context.Context, name string) (s refSample) {
 	r.mu.Lock()
 	r.active[run.id] = run
 	r.mu.Unlock()
-	defer func() {
-		t := time.Now()
-		if err := r.teardown(run); err != nil && s.Err == nil {
-			s.Err = err
-		}
-		s.Teardown = time.Since(t)
-	}()
+	return run
+}
 
+// startLocked starts run on the reference thread (no teardown).
+func (r *Env) startLocked(ctx context.Context, run *Container) (s Sample) {
 	t0 := time.Now()
 	for _, d := range []string{run.rootfs, run.sock} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
@@ -391,7 +471,7 @@ const refIDBase = sandbox.DefaultIDBase
 
 // idmapUserns returns a user namespace with the reference's ID mapping,
 // made once (a process that sleeps in it until the namespace is open).
-func (r *refEnv) idmapUserns() (int, error) {
+func (r *Env) idmapUserns() (int, error) {
 	if r.userns > 0 {
 		return r.userns, nil
 	}
@@ -413,7 +493,7 @@ func (r *refEnv) idmapUserns() (int, error) {
 // mountRoot attaches the image to a loop device (autoclear) and mounts the
 // overlay root of it and the template, both idmapped to the reference's
 // ID range, as the runtime does (sandbox.MountIdmappedRoot).
-func (r *refEnv) mountRoot(run *refRun) error {
+func (r *Env) mountRoot(run *Container) error {
 	loopf, dev, err := attachLoop(run.img)
 	if err != nil {
 		return err
@@ -488,7 +568,7 @@ func attachLoop(image string) (*os.File, string, error) {
 var keptCaps = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID",
 	"CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_AUDIT_WRITE", "CAP_SETFCAP"}
 
-func (r *refEnv) writeConfig(run *refRun) error {
+func (r *Env) writeConfig(run *Container) error {
 	mem := int64(r.spec.MemoryMiB) << 20
 	tmpfs := fmt.Sprintf("size=%d", mem/2)
 	const nsn = "nosuid"
@@ -556,13 +636,13 @@ func pingUntilReady(ctx context.Context, sock string, timeout time.Duration) err
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("no answer within %v: %v", timeout, last)
-		case <-time.After(refPingEvery):
+		case <-time.After(PingEvery):
 		}
 	}
 }
 
 // teardown removes one reference container and everything it used.
-func (r *refEnv) teardown(run *refRun) error {
+func (r *Env) teardown(run *Container) error {
 	var errs []error
 	if run.created {
 		out, err := exec.Command(r.crun, "--root", r.crunRoot, "delete", "--force", run.id).CombinedOutput()
@@ -583,7 +663,7 @@ func (r *refEnv) teardown(run *refRun) error {
 	// The loop device detaches itself (autoclear) once the ext4 is gone.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		loops := loopsUnder(run.img)
+		loops := LoopsUnder(run.img)
 		if len(loops) == 0 {
 			break
 		}
@@ -627,9 +707,9 @@ func unmountRetry(target string) error {
 
 // cleanup tears down every container still active and removes the cgroup
 // parents and the crun state.
-func (r *refEnv) cleanup() error {
+func (r *Env) Cleanup() error {
 	r.mu.Lock()
-	var runs []*refRun
+	var runs []*Container
 	for _, run := range r.active {
 		runs = append(runs, run)
 	}
@@ -659,7 +739,7 @@ func (r *refEnv) cleanup() error {
 
 // leaks lists what the reference left on the host: mounts and loop devices
 // under its directory, crun containers, cgroups.
-func (r *refEnv) leaks() []string {
+func (r *Env) Leaks() []string {
 	var out []string
 	var b []byte
 	var err error
@@ -677,7 +757,7 @@ func (r *refEnv) leaks() []string {
 			}
 		}
 	}
-	for _, l := range loopsUnder(r.dir + "/") {
+	for _, l := range LoopsUnder(r.dir + "/") {
 		out = append(out, "loop device "+l)
 	}
 	if ents, err := os.ReadDir(r.crunRoot); err == nil {
@@ -704,7 +784,7 @@ func (r *refEnv) leaks() []string {
 // hierarchy under /sys/fs/cgroup (v2: the one).
 func cgroupDirs(rel string) []string {
 	var out []string
-	if cgroupVersion() == 2 {
+	if CgroupVersion() == 2 {
 		d := filepath.Join("/sys/fs/cgroup", rel)
 		if fi, err := os.Stat(d); err == nil && fi.IsDir() {
 			out = append(out, d)
@@ -721,9 +801,9 @@ func cgroupDirs(rel string) []string {
 	return out
 }
 
-// loopsUnder lists the loop devices whose backing file is path, or lies
+// LoopsUnder lists the loop devices whose backing file is path, or lies
 // under it when path ends in "/".
-func loopsUnder(path string) []string {
+func LoopsUnder(path string) []string {
 	ents, err := os.ReadDir("/sys/block")
 	if err != nil {
 		return nil
@@ -755,12 +835,12 @@ func tailBytes(b []byte, n int) string {
 // makeCgroup makes the reference container's cgroup with the runtime's
 // limits (memory without swap, whole vCPUs of CPU quota, 1024 pids) and
 // lets the caller join it.
-func (r *refEnv) makeCgroup(run *refRun) error {
+func (r *Env) makeCgroup(run *Container) error {
 	rel := r.cgParent + "/" + run.id
 	mem := strconv.FormatUint(uint64(r.spec.MemoryMiB)<<20, 10)
 	quota := strconv.FormatUint(uint64((r.spec.CPUMillis+999)/1000)*100000, 10)
 	run.cgroup = true
-	if cgroupVersion() == 2 {
+	if CgroupVersion() == 2 {
 		cur := "/sys/fs/cgroup"
 		for _, part := range strings.Split(rel, "/") {
 			for _, c := range []string{"+memory", "+cpu", "+pids"} {
@@ -832,4 +912,12 @@ func removeCgroup(rel string) error {
 		}
 	}
 	return nil
+}
+
+// CgroupVersion reports 2 on a unified hierarchy, else 1.
+func CgroupVersion() int {
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		return 2
+	}
+	return 1
 }
