@@ -46,42 +46,60 @@ func bearer(hdr http.Header) (string, bool) {
 	return strings.TrimSpace(tok), true
 }
 
+// gate admits the calls of the data plane's services: Processes (scope
+// exec) and Files (scope filesystem) share it.
+type gate struct {
+	Verifier *dataplane.Verifier
+	Store    store.Store
+}
+
 // admit checks a call to workspaceID: the token (unauthenticated when
 // missing, malformed, forged or expired; permission_denied for another
 // Workspace), the Workspace (not_found when unknown or deleted), then the
 // token's scope and generation (Verifier.Verify), then the Workspace's
 // state (failed_precondition unless AVAILABLE, with observed_workspace).
-// It returns the guest's client.
+// It returns the Workspace and the token; what then checks the state is
+// route (Processes) or available.
 //
 // The token is verified once; a refusal of its scope or generation is
 // answered after the Workspace's not_found, so that the error is the first
 // that applies.
-func (h *Processes) admit(ctx context.Context, hdr http.Header, workspaceID string) (guestv1connect.ProcessServiceClient, string, error) {
+func (h gate) admit(ctx context.Context, hdr http.Header, workspaceID string, scope string) (placed, string, error) {
 	tok, ok := bearer(hdr)
 	if !ok {
-		return nil, "", &fault.Error{Kind: fault.KindUnauthenticated, Reason: fault.ReasonPermissionDenied,
+		return placed{}, "", &fault.Error{Kind: fault.KindUnauthenticated, Reason: fault.ReasonPermissionDenied,
 			Message: "the data plane needs a data-plane token: Authorization: Bearer <token> (SessionService)"}
 	}
 	if workspaceID == "" {
 		if _, err := h.Verifier.Authenticate(tok); err != nil {
-			return nil, "", err
+			return placed{}, "", err
 		}
-		return nil, "", fault.Invalid("workspace_id", "workspace_id is required")
+		return placed{}, "", fault.Invalid("workspace_id", "workspace_id is required")
 	}
-	_, refused := h.Verifier.Verify(ctx, tok, workspaceID, dataplane.ScopeExec)
+	_, refused := h.Verifier.Verify(ctx, tok, workspaceID, scope)
 	if refused != nil {
 		// Verify refuses the token itself (malformed, forged, expired,
 		// another Workspace's) before anything of the Workspace is read.
 		if c, err := h.Verifier.Authenticate(tok); err != nil || c.WorkspaceID != workspaceID {
-			return nil, "", refused
+			return placed{}, "", refused
 		}
 	}
 	w, err := h.lookup(ctx, workspaceID)
 	if err != nil {
-		return nil, "", err
+		return placed{}, "", err
 	}
 	if refused != nil {
-		return nil, "", refused
+		return placed{}, "", refused
+	}
+	return w, tok, nil
+}
+
+// admit is gate.admit with scope exec, then route. It returns the guest's
+// client.
+func (h *Processes) admit(ctx context.Context, hdr http.Header, workspaceID string) (guestv1connect.ProcessServiceClient, string, error) {
+	w, tok, err := gate{Verifier: h.Verifier, Store: h.Store}.admit(ctx, hdr, workspaceID, dataplane.ScopeExec)
+	if err != nil {
+		return nil, "", err
 	}
 	g, err := h.route(w, workspaceID)
 	return g, tok, err
@@ -90,12 +108,21 @@ func (h *Processes) admit(ctx context.Context, hdr http.Header, workspaceID stri
 // route returns the client of the guest of w (workspaceID):
 // failed_precondition unless it is AVAILABLE on a node.
 func (h *Processes) route(w placed, workspaceID string) (guestv1connect.ProcessServiceClient, error) {
-	if st := w.pub.GetState(); st != ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE || w.node == "" {
-		return nil, &fault.Error{Kind: fault.KindFailedPrecondition, Reason: fault.ReasonStateConflict,
-			Message:           "the workspace's processes are served while it is AVAILABLE; it is " + strings.TrimPrefix(st.String(), "WORKSPACE_STATE_"),
-			ObservedWorkspace: w.pub}
+	if err := w.available("processes"); err != nil {
+		return nil, err
 	}
 	return h.Guest(w.node, workspaceID), nil
+}
+
+// available is failed_precondition, with observed_workspace, unless w is
+// AVAILABLE on a node; what names what is served ("processes").
+func (w placed) available(what string) error {
+	if st := w.pub.GetState(); st != ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE || w.node == "" {
+		return &fault.Error{Kind: fault.KindFailedPrecondition, Reason: fault.ReasonStateConflict,
+			Message:           "the workspace's " + what + " are served while it is AVAILABLE; it is " + strings.TrimPrefix(st.String(), "WORKSPACE_STATE_"),
+			ObservedWorkspace: w.pub}
+	}
+	return nil
 }
 
 // placed is a Workspace and the node it is placed on.
@@ -105,7 +132,7 @@ type placed struct {
 }
 
 // lookup reads workspaceID: not_found when it is unknown or deleted.
-func (h *Processes) lookup(ctx context.Context, workspaceID string) (placed, error) {
+func (h gate) lookup(ctx context.Context, workspaceID string) (placed, error) {
 	var pub *ctrlv1.Workspace
 	var node string
 	err := h.Store.View(ctx, func(tx store.Tx) error {
@@ -129,7 +156,10 @@ func (h *Processes) lookup(ctx context.Context, workspaceID string) (placed, err
 // guestError turns an error of the guest's call into the public one: the
 // guest's answers keep their code and message; a failure to reach it is
 // unavailable, without naming the route.
-func guestError(err error) error {
+func guestError(err error) error { return guestErrorOf("processes", err) }
+
+// guestErrorOf is guestError; what names what cannot be reached.
+func guestErrorOf(what string, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -144,7 +174,7 @@ func guestError(err error) error {
 	if errors.Is(err, context.DeadlineExceeded) || connect.CodeOf(err) == connect.CodeDeadlineExceeded {
 		return connect.NewError(connect.CodeDeadlineExceeded, errors.New("deadline exceeded"))
 	}
-	return fault.Unavailable(fault.ReasonUnavailable, "the workspace's processes cannot be reached right now; retry")
+	return fault.Unavailable(fault.ReasonUnavailable, "the workspace's %s cannot be reached right now; retry", what)
 }
 
 // transcode copies a guest message into its public twin: their field
@@ -211,10 +241,15 @@ func (h *Processes) ProcessEvents(ctx context.Context, req *connect.Request[ctrl
 // streamEnd is the error a stream ends with: the refusal that cut it, else
 // the guest's.
 func (h *Processes) streamEnd(ctx context.Context, err error) error {
+	return streamEndOf("processes", ctx, err)
+}
+
+// streamEndOf is streamEnd; what names what cannot be reached.
+func streamEndOf(what string, ctx context.Context, err error) error {
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}
-	return guestError(err)
+	return guestErrorOf(what, err)
 }
 
 // watch verifies tok again at every change of the Workspace (changed,
@@ -222,6 +257,11 @@ func (h *Processes) streamEnd(ctx context.Context, err error) error {
 // subscription), at least every second and at its expiry, and cancels the
 // stream with the refusal.
 func (h *Processes) watch(ctx context.Context, cancel context.CancelCauseFunc, tok, workspaceID string, changed <-chan struct{}, release func()) {
+	gate{Verifier: h.Verifier}.watch(ctx, cancel, tok, workspaceID, dataplane.ScopeExec, changed, release)
+}
+
+// watch is Processes.watch for a token of scope.
+func (h gate) watch(ctx context.Context, cancel context.CancelCauseFunc, tok, workspaceID string, scope string, changed <-chan struct{}, release func()) {
 	for {
 		t := time.NewTimer(time.Second)
 		select {
@@ -236,7 +276,7 @@ func (h *Processes) watch(ctx context.Context, cancel context.CancelCauseFunc, t
 		case <-t.C:
 		}
 		t.Stop()
-		if _, err := h.Verifier.Verify(ctx, tok, workspaceID, dataplane.ScopeExec); err != nil {
+		if _, err := h.Verifier.Verify(ctx, tok, workspaceID, scope); err != nil {
 			if fe, ok := fault.As(err); ok && (fe.Kind == fault.KindUnauthenticated || fe.Kind == fault.KindPermissionDenied) {
 				release()
 				cancel(err)

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	guestv1 "github.com/kibotos/kibotos/gen/kibotos/guest/v1"
+	"github.com/kibotos/kibotos/gen/kibotos/guest/v1/guestv1connect"
 	"github.com/kibotos/kibotos/internal/guest/protocol"
 )
 
@@ -971,3 +972,9 @@ func (w *watcher) event(ev *unix.InotifyEvent, name, top string) (done bool, err
 	}
 	return false, nil
 }
+
+// NewFileService returns the FileService on the files under root, as if
+// root were the workspace's root: for tests of the services that forward
+// to it (the guest itself serves root "/"). Absolute symbolic links under
+// root are not confined to it.
+func NewFileService(root string) guestv1connect.FileServiceHandler { return newFileService(root) }
