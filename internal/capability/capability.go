@@ -119,6 +119,7 @@ var Procedures = map[string]string{
 	"/kibotos.ctrl.v1.ProcessService/SignalProcess":                  WorkspaceExec,
 	"/kibotos.ctrl.v1.ProcessService/ResizeProcess":                  WorkspaceExec,
 	"/kibotos.ctrl.v1.ProcessService/ListProcesses":                  WorkspaceExec,
+	"/kibotos.ctrl.v1.PortForwardService/ForwardPort":                WorkspaceExec,
 	"/kibotos.ctrl.v1.WorkspaceService/CreateWorkspace":              WorkspaceCreate,
 	"/kibotos.ctrl.v1.WorkspaceService/GetWorkspace":                 WorkspaceCreate,
 	"/kibotos.ctrl.v1.WorkspaceService/ListWorkspaces":               WorkspaceCreate,

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httputil"
 	"strings"
@@ -110,5 +111,29 @@ func (t guestRouter) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	return tr.RoundTrip(r)
+	// The guest's call is over once its response is: closing the response
+	// body ends the request too. Without that, a guest that answers before
+	// the caller ends its requests (an error, a forward whose port refused)
+	// would hold the proxy until the caller's next request, as the
+	// transport waits for the request body to end before the stream is
+	// done.
+	ctx, cancel := context.WithCancel(r.Context())
+	res, err := tr.RoundTrip(r.WithContext(ctx))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	res.Body = &guestBody{ReadCloser: res.Body, cancel: cancel}
+	return res, nil
+}
+
+// guestBody is a guest's response body whose Close ends the request.
+type guestBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *guestBody) Close() error {
+	b.cancel()
+	return b.ReadCloser.Close()
 }
