@@ -19,6 +19,8 @@ import (
 
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	guestv1 "github.com/kibotos/kibotos/gen/kibotos/guest/v1"
@@ -54,6 +56,10 @@ const (
 	// maxDirNames bounds the names read from one directory while listing
 	// (they are sorted in memory); beyond, the list is truncated.
 	maxDirNames = 65536
+	// maxListBytes bounds the encoded entries of one ListDirectory
+	// answer, below protocol.MaxDataPlaneMessage; beyond, the list is
+	// truncated.
+	maxListBytes = protocol.MaxDataPlaneMessage - 32<<10
 	// ReadChunkBytes is the data of one ReadFile message.
 	ReadChunkBytes = 256 << 10
 	// MaxUploads bounds the WriteFileChunk uploads open at once.
@@ -230,7 +236,7 @@ func (s *fileService) ListDirectory(_ context.Context, req *connect.Request[gues
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("list %s: not a directory", protocol.Clip(p, 512)))
 	}
 	l := lister{s: s, limit: limit}
-	l.walk(p, depth)
+	l.walk(p, depth, true)
 	return connect.NewResponse(&guestv1.ListDirectoryResponse{Entries: l.entries, Truncated: l.truncated}), nil
 }
 
@@ -241,18 +247,20 @@ type lister struct {
 	s         *fileService
 	limit     int
 	entries   []*guestv1.FileInfo
+	size      int // encoded size of entries
 	truncated bool
+	full      bool // the limit or maxListBytes reached: the walk stops
 }
 
-func (l *lister) walk(dir string, depth int) {
-	names, complete := l.s.readNames(dir)
+func (l *lister) walk(dir string, depth int, top bool) {
+	names, complete := l.s.readNames(dir, !top)
 	if !complete {
 		l.truncated = true
 	}
 	slices.Sort(names)
 	for _, name := range names {
-		if len(l.entries) >= l.limit {
-			l.truncated = true
+		if l.full || len(l.entries) >= l.limit {
+			l.truncated, l.full = true, true
 			return
 		}
 		p := path.Join(dir, name)
@@ -260,18 +268,30 @@ func (l *lister) walk(dir string, depth int) {
 		if err != nil {
 			continue // gone since it was read
 		}
+		// The entry's encoding in the answer: tag, length, message.
+		n := proto.Size(fi)
+		n += 1 + protowire.SizeVarint(uint64(n))
+		if l.size+n > maxListBytes {
+			l.truncated, l.full = true, true
+			return
+		}
+		l.size += n
 		l.entries = append(l.entries, fi)
 		if depth > 1 && fi.Type == guestv1.FileType_FILE_TYPE_DIRECTORY {
-			l.walk(p, depth-1)
+			l.walk(p, depth-1, false)
 		}
 	}
 }
 
-// readNames reads at most maxDirNames names of directory dir (not
-// following a final symbolic link below the one listed); complete is false
-// when there were more, or it could not be read.
-func (s *fileService) readNames(dir string) (names []string, complete bool) {
-	fd, err := unix.Open(s.host(dir), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+// readNames reads at most maxDirNames names of directory dir (with
+// nofollow, not through a final symbolic link); complete is false when
+// there were more, or it could not be read.
+func (s *fileService) readNames(dir string, nofollow bool) (names []string, complete bool) {
+	flags := unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC
+	if nofollow {
+		flags |= unix.O_NOFOLLOW
+	}
+	fd, err := unix.Open(s.host(dir), flags, 0)
 	if err != nil {
 		return nil, false
 	}
@@ -835,7 +855,7 @@ func (w *watcher) add(p string, top, created bool) error {
 	if !w.recursive && !created {
 		return nil
 	}
-	names, _ := w.s.readNames(p)
+	names, _ := w.s.readNames(p, !top)
 	slices.Sort(names)
 	for _, name := range names {
 		c := path.Join(p, name)

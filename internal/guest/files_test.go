@@ -19,6 +19,7 @@ import (
 
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 
 	guestv1 "github.com/kibotos/kibotos/gen/kibotos/guest/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/guest/v1/guestv1connect"
@@ -212,6 +213,17 @@ func TestStatAndList(t *testing.T) {
 	if err != nil || len(r.Msg.Entries) != DefaultListLimit || !r.Msg.Truncated || r.Msg.Entries[0].GetPath() != "/many/00000" {
 		t.Errorf("list /many: %d entries, truncated %v, %v", len(r.Msg.GetEntries()), r.Msg.GetTruncated(), err)
 	}
+
+	// Long names: the answer stays below the message bound, truncated.
+	long := strings.Repeat("n", 200)
+	for i := range 4000 {
+		writeHost(t, fmt.Sprintf("%s/long/%s%05d", root, long, i), "")
+	}
+	r, err = c.ListDirectory(ctx, connect.NewRequest(&guestv1.ListDirectoryRequest{Path: "/long", Limit: MaxListLimit}))
+	if err != nil || !r.Msg.Truncated || len(r.Msg.Entries) < 1000 || len(r.Msg.Entries) >= 4000 {
+		t.Errorf("list /long: %d entries, truncated %v, %v", len(r.Msg.GetEntries()), r.Msg.GetTruncated(), err)
+	}
+	t.Logf("list of 4000 names of 206 bytes: %d entries, %d bytes", len(r.Msg.GetEntries()), proto.Size(r.Msg))
 }
 
 func TestMakeDirectory(t *testing.T) {
