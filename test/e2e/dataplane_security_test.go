@@ -237,10 +237,42 @@ func TestDataPlaneSecurityInside(t *testing.T) {
 	t.Run("ListPID1Descriptors", func(t *testing.T) {
 		if !strings.Contains(out, "readdir /proc/1/fd: refused") {
 			first, _, _ := strings.Cut(out, "\n")
-			t.Skip("KNOWN: /proc/1/fd of the guest can be listed from inside (" + first + "; the numbers only: open, readlink and pidfd_getfd are refused): " +
-				"the kernel makes a non-dumpable task's /proc/PID/fd owned by root of its memory's user namespace (task_dump_owner), which is the workspace's root")
+			owner := strings.TrimSpace(e.mustRun(tok, "stat", "-c", "%u:%g %A", "/proc/1/fd"))
+			t.Skip("KNOWN: /proc/1/fd of the guest can be listed from inside (" + first + ", the directory is " + owner +
+				"; the numbers only: open, readlink and pidfd_getfd are refused): the kernel makes a non-dumpable task's /proc/PID " +
+				"files owned by root of its memory's user namespace (task_dump_owner), which is the workspace's root")
 		}
 	})
+
+	// A process holds no descriptor of the guest: only its standard
+	// streams (pipes, or its terminal) and the directory it reads.
+	checkFds := func(how string, out string) {
+		t.Helper()
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			f := strings.Fields(l)
+			if len(f) != 3 {
+				t.Errorf("%s: dpprobe fds line %q", how, l)
+				continue
+			}
+			switch {
+			case (f[1] == "0" || f[1] == "1" || f[1] == "2") && (strings.HasPrefix(f[2], "pipe:") || strings.HasPrefix(f[2], "/dev/pts/")):
+			case f[2] == "self":
+			default:
+				t.Errorf("%s: the process holds %s → %s:\n%s", how, f[1], f[2], out)
+			}
+		}
+	}
+	checkFds("pipes", e.mustRun(tok, "/tmp/dpprobe", "fds"))
+	pt, err := e.proc.StartProcess(ctx, bearer(&ctrlv1.StartProcessRequest{WorkspaceId: e.id, Argv: []string{"/tmp/dpprobe", "fds"},
+		Pty: &ctrlv1.ProcessPty{Rows: 24, Cols: 80}}, tok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := dpEvents(ctx, e.proc, tok, &ctrlv1.ProcessEventsRequest{WorkspaceId: e.id, ProcessId: pt.Msg.GetProcessId()})
+	if err != nil || r.exit.GetExitCode() != 0 {
+		t.Fatalf("dpprobe fds on a terminal: %v, %v", r.exit, err)
+	}
+	checkFds("terminal", strings.ReplaceAll(r.stdout, "\r", ""))
 
 	// Every unix socket of the host's network namespace (the node's, ctrl's
 	// and the test's; abstract ones as @name) and one the test listens on.

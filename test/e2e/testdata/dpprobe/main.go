@@ -5,6 +5,7 @@
 // per attempt.
 //
 //	dpprobe proc1                  lists /proc/1/fd and opens /proc/1/fd/0..63, pidfd_getfd on PID 1
+//	dpprobe fds                    its own descriptors: "fd N TARGET" per line
 //	dpprobe unix                   every unix socket of /proc/net/unix (abstract ones too) and every
 //	                               socket file of the filesystem: connect, then a guest ProcessService call
 //	dpprobe connect ADDR...        connect (stream, seqpacket, datagram) to each unix address (@name: abstract)
@@ -34,12 +35,14 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: dpprobe proc1|unix|connect ADDR...|tcp ADDR...")
+		fmt.Fprintln(os.Stderr, "usage: dpprobe proc1|fds|unix|connect ADDR...|tcp ADDR...")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
 	case "proc1":
 		proc1()
+	case "fds":
+		fds()
 	case "unix":
 		unixSockets()
 	case "connect":
@@ -60,6 +63,41 @@ func main() {
 		fmt.Fprintln(os.Stderr, "unknown mode", os.Args[1])
 		os.Exit(2)
 	}
+}
+
+// fds lists its own descriptors with system calls only, before anything
+// of Go's runtime opens one (its poller), and shows the directory's own
+// as "self".
+func fds() {
+	d, err := unix.Open("/proc/self/fd", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		fmt.Printf("open /proc/self/fd: %v\n", err)
+		os.Exit(1)
+	}
+	var names []string
+	buf := make([]byte, 8192)
+	for {
+		n, err := unix.Getdents(d, buf)
+		if err != nil || n <= 0 {
+			break
+		}
+		_, _, names = unix.ParseDirent(buf[:n], -1, names)
+	}
+	var lines []string
+	for _, n := range names {
+		l := make([]byte, 256)
+		k, err := unix.Readlink("/proc/self/fd/"+n, l)
+		target := "error:" + fmt.Sprint(err)
+		if err == nil {
+			target = string(l[:k])
+		}
+		if n == strconv.Itoa(d) {
+			target = "self"
+		}
+		lines = append(lines, "fd "+n+" "+strings.ReplaceAll(target, " ", "_"))
+	}
+	unix.Close(d)
+	fmt.Println(strings.Join(lines, "\n"))
 }
 
 func proc1() {
