@@ -38,14 +38,24 @@ func revokeReq(id, ws string) *ctrlv1.RevokeWorkspaceDataPlaneRequest {
 	return &ctrlv1.RevokeWorkspaceDataPlaneRequest{Metadata: md(id), WorkspaceId: ws}
 }
 
-// TestDataPlaneSessionNotServed: this build serves workspace.exec (once a
-// node registered) but not workspace.filesystem, so an issue request with
-// the FILESYSTEM scope is refused by its scopes, naming the field, while
-// EXEC sessions and revocation are served.
-func TestDataPlaneSessionNotServed(t *testing.T) {
+// TestDataPlaneSessionScopesServed: workspace.exec and
+// workspace.filesystem are served once a node registered, so sessions of
+// either scope are issued then; before, an issue request is refused by its
+// scopes, naming the field.
+func TestDataPlaneSessionScopesServed(t *testing.T) {
 	t.Parallel()
-	_, c, _ := wsEnv(t, ctrltest.Options{})
 	ctx := t.Context()
+	bare := ctrltest.New(t, ctrltest.Options{})
+	bc := bare.Clients(bare.HTTP)
+	for _, scope := range []ctrlv1.DataPlaneScope{scopeExec, scopeFS} {
+		_, err := bc.Session.CreateDataPlaneSession(ctx, connect.NewRequest(sessionReq("dpns-none-"+scope.String(), "ws-none", 0, scope)))
+		d := wantErr(t, err, connect.CodeUnimplemented, ctrlv1.FailureReason_FAILURE_REASON_CAPABILITY_UNAVAILABLE, false)
+		if d.GetField() != "scopes" {
+			t.Errorf("%v without a node: field = %q, want scopes", scope, d.GetField())
+		}
+	}
+
+	_, c, _ := wsEnv(t, ctrltest.Options{})
 	w, _ := createWS(t, c, "dpns-create")
 	waitNode(t, c) // the workspace capabilities are listed once the node has registered
 	info, err := c.ServerInfo.GetServerInfo(ctx, connect.NewRequest(&ctrlv1.GetServerInfoRequest{}))
@@ -53,13 +63,13 @@ func TestDataPlaneSessionNotServed(t *testing.T) {
 		t.Fatal(err)
 	}
 	caps := info.Msg.GetCapabilities()
-	if !slices.Contains(caps, capability.WorkspaceDataPlaneRevoke) || !slices.Contains(caps, capability.WorkspaceExec) || slices.Contains(caps, capability.WorkspaceFilesystem) {
-		t.Fatalf("capabilities = %v, want %s and %s without filesystem", caps, capability.WorkspaceDataPlaneRevoke, capability.WorkspaceExec)
+	for _, want := range []string{capability.WorkspaceDataPlaneRevoke, capability.WorkspaceExec, capability.WorkspaceFilesystem} {
+		if !slices.Contains(caps, want) {
+			t.Errorf("capabilities = %v, want %s", caps, want)
+		}
 	}
-	_, err = c.Session.CreateDataPlaneSession(ctx, connect.NewRequest(sessionReq("dpns-fs", w.GetWorkspaceId(), 0, scopeFS)))
-	d := wantErr(t, err, connect.CodeUnimplemented, ctrlv1.FailureReason_FAILURE_REASON_CAPABILITY_UNAVAILABLE, false)
-	if d.GetField() != "scopes" {
-		t.Errorf("field = %q, want scopes", d.GetField())
+	if _, err := c.Session.CreateDataPlaneSession(ctx, connect.NewRequest(sessionReq("dpns-fs", w.GetWorkspaceId(), 0, scopeFS))); err != nil {
+		t.Errorf("CreateDataPlaneSession(FILESYSTEM) = %v", err)
 	}
 	if _, err := c.Session.CreateDataPlaneSession(ctx, connect.NewRequest(sessionReq("dpns-exec", w.GetWorkspaceId(), 0, scopeExec))); err != nil {
 		t.Errorf("CreateDataPlaneSession(EXEC) = %v", err)

@@ -60,7 +60,8 @@ var withNodes = []string{
 	WorkspaceDelete,
 	WorkspaceCommandWait,
 	WorkspaceDataPlaneRevoke,
-	WorkspaceExec, // ProcessService, over the nodes' data tunnels
+	WorkspaceExec,       // ProcessService, over the nodes' data tunnels
+	WorkspaceFilesystem, // FileService, likewise
 }
 
 // Features are the parts of a deployment that decide what it serves.
@@ -70,10 +71,10 @@ type Features struct {
 	// Enrollment: ctrl can sign node certificates (it holds the client CA's
 	// key).
 	Enrollment bool
-	// DataPlaneForTests serves workspace.filesystem, which no part of
-	// this build serves yet, and workspace.exec without a node: tests only (ctrl.Config and
-	// ctrltest set it; no flag does), so that the issuing of data-plane
-	// credentials is exercised through the API.
+	// DataPlaneForTests serves workspace.exec and workspace.filesystem
+	// without a node: tests only (ctrl.Config and ctrltest set it; no flag
+	// does), so that the issuing of data-plane credentials is exercised
+	// through the API before a node registers.
 	DataPlaneForTests bool
 }
 
@@ -120,6 +121,15 @@ var Procedures = map[string]string{
 	"/kibotos.ctrl.v1.ProcessService/ResizeProcess":                  WorkspaceExec,
 	"/kibotos.ctrl.v1.ProcessService/ListProcesses":                  WorkspaceExec,
 	"/kibotos.ctrl.v1.PortForwardService/ForwardPort":                WorkspaceExec,
+	"/kibotos.ctrl.v1.FileService/StatFile":                          WorkspaceFilesystem,
+	"/kibotos.ctrl.v1.FileService/ListDirectory":                     WorkspaceFilesystem,
+	"/kibotos.ctrl.v1.FileService/MakeDirectory":                     WorkspaceFilesystem,
+	"/kibotos.ctrl.v1.FileService/MoveFile":                          WorkspaceFilesystem,
+	"/kibotos.ctrl.v1.FileService/RemoveFile":                        WorkspaceFilesystem,
+	"/kibotos.ctrl.v1.FileService/ReadFile":                          WorkspaceFilesystem,
+	"/kibotos.ctrl.v1.FileService/WriteFile":                         WorkspaceFilesystem,
+	"/kibotos.ctrl.v1.FileService/WriteFileChunk":                    WorkspaceFilesystem,
+	"/kibotos.ctrl.v1.FileService/WatchDirectory":                    WorkspaceFilesystem,
 	"/kibotos.ctrl.v1.WorkspaceService/CreateWorkspace":              WorkspaceCreate,
 	"/kibotos.ctrl.v1.WorkspaceService/GetWorkspace":                 WorkspaceCreate,
 	"/kibotos.ctrl.v1.WorkspaceService/ListWorkspaces":               WorkspaceCreate,

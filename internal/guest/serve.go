@@ -23,6 +23,7 @@ func (a *Agent) newDataPlane() (*http2.Server, http.Handler) {
 	mux := http.NewServeMux()
 	mux.Handle(guestv1connect.NewProcessServiceHandler(processService{a: a},
 		connect.WithReadMaxBytes(protocol.MaxDataPlaneMessage), connect.WithSendMaxBytes(protocol.MaxDataPlaneMessage)))
+	mux.Handle(guestv1connect.NewFileServiceHandler(newFileService("/"), connect.WithReadMaxBytes(protocol.MaxDataPlaneMessage), connect.WithSendMaxBytes(protocol.MaxDataPlaneMessage)))
 	mux.Handle(guestv1connect.NewPortServiceHandler(newPortService(), connect.WithReadMaxBytes(protocol.MaxDataPlaneMessage), connect.WithSendMaxBytes(protocol.MaxDataPlaneMessage)))
 	srv := &http2.Server{
 		MaxConcurrentStreams: 128,
