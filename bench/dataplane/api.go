@@ -301,6 +301,7 @@ func (a *api) events(ctx context.Context, tok, id, pid string) (*connect.ServerS
 // outcome is what a process's stream delivered.
 type outcome struct {
 	Output       int64 // output bytes received
+	OutputEvents int   // output events received
 	Dropped      int64 // bytes the stream reported lost (dropped events)
 	DroppedCount int
 	FirstOutput  time.Time
@@ -337,6 +338,7 @@ func readUntilExit(s *connect.ServerStreamForClient[ctrlv1.ProcessEventsResponse
 			}
 			d := out.GetData()
 			o.Output += int64(len(d))
+			o.OutputEvents++
 			if len(d) >= 64 {
 				o.Tail = append(o.Tail[:0], d[len(d)-64:]...)
 			} else {

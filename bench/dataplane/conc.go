@@ -252,3 +252,50 @@ func procStatus(pid int) map[string]string {
 	}
 	return out
 }
+
+// procCPU returns the CPU time of pid and of its waited-for children
+// (utime, stime, cutime, cstime of /proc/PID/stat).
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 15 {
+		return 0
+	}
+	var ticks int64
+	for _, v := range f[11:15] { // fields 14-17 of the whole line
+		n, _ := strconv.ParseInt(v, 10, 64)
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / 100 // USER_HZ
+}
+
+// cgroupThrottled returns the time the CPU quota of cgroup rel throttled
+// it (cgroup v2 cpu.stat throttled_usec, v1 cpu.stat throttled_time).
+func cgroupThrottled(rel string) time.Duration {
+	for _, c := range []struct {
+		path, key string
+		unit      time.Duration
+	}{
+		{filepath.Join("/sys/fs/cgroup", rel, "cpu.stat"), "throttled_usec", time.Microsecond},
+		{filepath.Join("/sys/fs/cgroup/cpu", rel, "cpu.stat"), "throttled_time", time.Nanosecond},
+	} {
+		b, err := os.ReadFile(c.path)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, c.key+" "); ok {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				return time.Duration(n) * c.unit
+			}
+		}
+	}
+	return 0
+}

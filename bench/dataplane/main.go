@@ -164,7 +164,8 @@ type bench struct {
 	api       *api
 	ref       *crunref.Env
 	notes     []string
-	mainID    string // the workspace of measurements 1, 3 and 4
+	mainID    string   // the workspace of measurements 1, 3 and 4
+	phaseLoad []string // per measurement: its duration and the load average before and after
 
 	exec   *execResult
 	ttfc   *ttfcResult
@@ -266,7 +267,11 @@ func (b *bench) runAll(ctx context.Context) error {
 		if !b.cfg.phases[p.name] {
 			continue
 		}
-		if err := p.f(ctx); err != nil {
+		before := benchkit.LoadAvg()
+		t0 := time.Now()
+		err := p.f(ctx)
+		b.phaseLoad = append(b.phaseLoad, fmt.Sprintf("%s: %.0f s, load %s → %s", p.name, time.Since(t0).Seconds(), before, benchkit.LoadAvg()))
+		if err != nil {
 			return fmt.Errorf("%s: %w", p.name, err)
 		}
 		if ctx.Err() != nil {

@@ -95,6 +95,9 @@ func (b *bench) report() string {
 	p("- Command: `go run ./bench/dataplane %s` (as root)\n", strings.Join(b.cfg.args, " "))
 	p("- Host: %s, %s/%s, kernel %s, nproc %s (%s), %s\n", host, runtime.GOOS, runtime.GOARCH, kernel(), benchkit.NProc(), benchkit.CPUModel(), runtime.Version())
 	p("- Load average (1 5 15 min): start %s, end %s (the machine is shared: other engineers' builds and tests run on the same CPUs)\n", b.loadStart, b.loadEnd)
+	if len(b.phaseLoad) > 0 {
+		p("- Per measurement (1-minute load average is the first number): %s\n", strings.Join(b.phaseLoad, "; "))
+	}
 	p("- Source: %s", b.srcRev)
 	if b.srv != nil && b.srv.Revision != "" {
 		p("; server reports %s", b.srv.Revision)
@@ -177,26 +180,54 @@ func (b *bench) report() string {
 		p("References, in this process on loopback, served by net/http's HTTP/2 with the TLS config kibotos-ctrl uses (its dev server certificate, `pki.ServerConfig` + `ctrl.TLSConfig`), read by the same kind of client (a second HTTP/2 connection with the same TLS config): ")
 		p("*connect*: a connect-go `ProcessService.ProcessEvents` handler sending the same bytes as 32 KiB `output` events (read by the same client code as ours); *raw*: a handler writing the body in 32 KiB writes. ")
 		p("%d runs each, alternating.\n\n", b.cfg.streamRepeats)
-		p("| | runs | MiB/s median | MiB/s best | delivered MiB (each) | dropped MiB (total, events) |\n|---|---|---|---|---|---|\n")
+		p("| | runs | MiB/s median | MiB/s best | delivered MiB (each) | mean KiB per event (raw: per read) | dropped MiB (total, events) |\n|---|---|---|---|---|---|---|\n")
 		for _, row := range []struct {
 			name string
 			runs []streamRun
 		}{{"ours (`head -c`)", r.Ours}, {"connect handler", r.Connect}, {"raw HTTP/2 body", r.Raw}} {
 			m, best := mibps(row.runs)
 			var delivered []string
-			var dropped int64
-			var events int
+			var dropped, bytes int64
+			var events, outEvents int
 			for _, s := range row.runs {
 				delivered = append(delivered, fmt.Sprintf("%.0f", float64(s.Bytes)/(1<<20)))
 				dropped += s.Dropped
 				events += s.DroppedEvents
+				bytes += s.Bytes
+				outEvents += s.Events
 			}
-			p("| %s | %d | %.0f | %.0f | %s | %.1f (%d) |\n", row.name, len(row.runs), m, best, strings.Join(delivered, ", "), float64(dropped)/(1<<20), events)
+			perEvent := math.NaN()
+			if outEvents > 0 {
+				perEvent = float64(bytes) / float64(outEvents) / 1024
+			}
+			p("| %s | %d | %.0f | %.0f | %s | %.1f | %.1f (%d) |\n", row.name, len(row.runs), m, best, strings.Join(delivered, ", "), perEvent, float64(dropped)/(1<<20), events)
 		}
 		om, ob := mibps(r.Ours)
 		cm, cb := mibps(r.Connect)
 		rm, rb := mibps(r.Raw)
 		p("\nOurs as a share of the reference: median %s of connect, %s of raw; best %s of connect, %s of raw.\n\n", pct(om, cm), pct(om, rm), pct(ob, cb), pct(ob, rb))
+		p("CPU per GiB delivered, in CPU-seconds (mean over the runs): *client* is this process (for the references, their server too), *ctrl* kibotos-ctrl with its node, *guest* the workspace's PID 1 and its reaped children (`head`); *throttled*: the time the workspace's cgroup spent throttled by its CPU quota (%d millis → whole vCPUs); *busy*: the machine's CPUs (all %s) busy.\n\n", wsSpec.CPUMillis, benchkit.NProc())
+		p("| | client | ctrl | guest | throttled s | machine busy |\n|---|---|---|---|---|---|\n")
+		for _, row := range []struct {
+			name string
+			runs []streamRun
+		}{{"ours (`head -c`)", r.Ours}, {"connect handler", r.Connect}, {"raw HTTP/2 body", r.Raw}} {
+			var self, ctl, guest, thr time.Duration
+			var busy, gib float64
+			for _, s := range row.runs {
+				self += s.CPU.Self
+				ctl += s.CPU.Ctrl
+				guest += s.CPU.Guest
+				thr += s.CPU.Throttled
+				busy += s.CPU.Busy
+				gib += float64(s.Bytes) / (1 << 30)
+			}
+			if gib == 0 {
+				continue
+			}
+			p("| %s | %.2f | %.2f | %.2f | %.2f | %.0f %% |\n", row.name, self.Seconds()/gib, ctl.Seconds()/gib, guest.Seconds()/gib, thr.Seconds()/gib, busy/float64(len(row.runs))*100)
+		}
+		p("\n")
 		if len(r.Errors) > 0 {
 			p("Failures: `%s`\n\n", strings.Join(r.Errors, "`; `"))
 		}
@@ -209,7 +240,9 @@ func (b *bench) report() string {
 		p("| | n | p50 ms | p90 ms | p99 ms | max ms |\n|---|---|---|---|---|---|\n")
 		p("| revoke answered → first refusal of the old token | %d | %s | %s | %s | %s |\n", len(rf), ms(rf.p(50)), ms(rf.p(90)), ms(rf.p(99)), ms(rf.max()))
 		p("| (revoke sent → first refusal) | %d | %s | %s | %s | %s |\n", len(rs), ms(rs.p(50)), ms(rs.p(90)), ms(rs.p(99)), ms(rs.max()))
-		p("| revoke answered → open stream ended | %d | %s | %s | %s | %s |\n\n", len(st), ms(st.p(50)), ms(st.p(90)), ms(st.p(99)), ms(st.max()))
+		p("| revoke answered → open stream ended | %d | %s | %s | %s | %s |\n", len(st), ms(st.p(50)), ms(st.p(90)), ms(st.p(99)), ms(st.max()))
+		rc := newDist(r.Call)
+		p("| (the RevokeWorkspaceDataPlane call: sent → answered) | %d | %s | %s | %s | %s |\n\n", len(rc), ms(rc.p(50)), ms(rc.p(90)), ms(rc.p(99)), ms(rc.max()))
 		var codes []string
 		for k, v := range r.StreamCodes {
 			codes = append(codes, fmt.Sprintf("%s: %d", k, v))

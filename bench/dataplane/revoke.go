@@ -19,6 +19,8 @@ type revokeResult struct {
 	// answer to the old token's ListProcesses (the verifier loop); FromSent:
 	// the same from the revocation sent.
 	Refusal, RefusalFromSent []time.Duration
+	// Call: the RevokeWorkspaceDataPlane call itself.
+	Call []time.Duration
 	// Stream: answered → the open ProcessEvents stream ended.
 	Stream []time.Duration
 	// StreamCodes counts how the streams ended.
@@ -152,6 +154,7 @@ func (b *bench) revokeOnce(ctx context.Context, r *revokeResult, id, pid, tok st
 	}
 	revokedAt = time.Now()
 	close(answeredC)
+	r.Call = append(r.Call, revokedAt.Sub(sent))
 	select {
 	case at := <-refusal:
 		r.Refusal = append(r.Refusal, at.Sub(revokedAt))

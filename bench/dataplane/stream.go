@@ -10,12 +10,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"time"
 
 	"connectrpc.com/connect"
 	"golang.org/x/net/http2"
 
+	"github.com/kibotos/kibotos/bench/internal/benchkit"
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
 	"github.com/kibotos/kibotos/internal/pki"
@@ -33,7 +35,50 @@ const ctrlCompressMinBytes = 64 << 10
 type streamRun struct {
 	Bytes, Dropped int64
 	DroppedEvents  int
+	Events         int // output events (or body reads, for the raw reference)
 	Took           time.Duration
+	CPU            cpuUse
+}
+
+// cpuUse is the CPU used during a transfer.
+type cpuUse struct {
+	Self      time.Duration // this process: the client (and the references' servers)
+	Ctrl      time.Duration // kibotos-ctrl with its embedded node
+	Guest     time.Duration // the workspace's guest and its reaped children (head)
+	Throttled time.Duration // the workspace's cgroup throttled by its CPU quota
+	Busy      float64       // share of the machine's CPUs busy
+	OK        bool
+}
+
+// cpuProbe reads the CPU counters of a transfer.
+type cpuProbe struct {
+	ctrlPID, guestPID int
+	cgroup            string // the workspace's cgroup, relative to a hierarchy
+}
+
+type cpuMark struct {
+	s                benchkit.CPUSample
+	guest, throttled time.Duration
+}
+
+func (p cpuProbe) mark() cpuMark {
+	m := cpuMark{s: benchkit.SampleCPU(p.ctrlPID)}
+	if p.guestPID > 0 {
+		m.guest = procCPU(p.guestPID)
+	}
+	if p.cgroup != "" {
+		m.throttled = cgroupThrottled(p.cgroup)
+	}
+	return m
+}
+
+func (p cpuProbe) since(a cpuMark) cpuUse {
+	b := p.mark()
+	u := cpuUse{Self: b.s.Self - a.s.Self, Ctrl: b.s.Server - a.s.Server, Guest: b.guest - a.guest, Throttled: b.throttled - a.throttled, OK: true}
+	if a.s.OK && b.s.OK && b.s.MachineTotal > a.s.MachineTotal {
+		u.Busy = float64(b.s.MachineBusy-a.s.MachineBusy) / float64(b.s.MachineTotal-a.s.MachineTotal)
+	}
+	return u
 }
 
 func (s streamRun) mibps() float64 {
@@ -148,7 +193,7 @@ func (r *refServer) connectStream(ctx context.Context, n int64) (streamRun, erro
 	if err != nil {
 		return streamRun{}, err
 	}
-	return streamRun{Bytes: o.Output, Took: o.Exited.Sub(t0)}, nil
+	return streamRun{Bytes: o.Output, Took: o.Exited.Sub(t0), Events: o.OutputEvents}, nil
 }
 
 func (r *refServer) rawStream(ctx context.Context, n int64) (streamRun, error) {
@@ -167,9 +212,11 @@ func (r *refServer) rawStream(ctx context.Context, n int64) (streamRun, error) {
 	}
 	buf := make([]byte, refChunk)
 	var got int64
+	reads := 0
 	for {
 		k, err := resp.Body.Read(buf)
 		got += int64(k)
+		reads++
 		if errors.Is(err, io.EOF) {
 			break
 		}
@@ -177,7 +224,7 @@ func (r *refServer) rawStream(ctx context.Context, n int64) (streamRun, error) {
 			return streamRun{}, err
 		}
 	}
-	return streamRun{Bytes: got, Took: time.Since(t0)}, nil
+	return streamRun{Bytes: got, Took: time.Since(t0), Events: reads}, nil
 }
 
 // streamPhase reads the stdout of `head -c N /dev/zero` through the public
@@ -207,25 +254,41 @@ func (b *bench) streamPhase(ctx context.Context) error {
 	if _, err := ref.rawStream(ctx, 1<<20); err != nil {
 		return fmt.Errorf("raw reference: %w", err)
 	}
+	probe := cpuProbe{ctrlPID: b.srv.PID()}
+	if base, err := cgroupBase(filepath.Join(b.dataDir, "node")); err == nil {
+		probe.cgroup = base + "/" + id
+		if g := guestPIDs(base, []string{id}); len(g) == 1 {
+			probe.guestPID = g[0]
+		}
+	}
+	if probe.guestPID == 0 {
+		b.notes = append(b.notes, "streaming: the guest's PID was not found; its CPU is not reported")
+	}
 	for i := range b.cfg.streamRepeats {
+		m := probe.mark()
 		t0, o, err := b.api.run(ctx, tok, id, "head", "-c", strconv.FormatInt(n, 10), "/dev/zero")
+		cpu := probe.since(m)
 		if err != nil {
 			r.Errors = append(r.Errors, err.Error())
 			logf("stream %d: %v", i, err)
 		} else {
-			s := streamRun{Bytes: o.Output, Dropped: o.Dropped, DroppedEvents: o.DroppedCount, Took: o.Exited.Sub(t0)}
+			s := streamRun{Bytes: o.Output, Dropped: o.Dropped, DroppedEvents: o.DroppedCount, Took: o.Exited.Sub(t0), CPU: cpu, Events: o.OutputEvents}
 			r.Ours = append(r.Ours, s)
 			logf("stream %d: %d MiB delivered (%d MiB dropped in %d events) in %.2f s: %.0f MiB/s", i, s.Bytes>>20, s.Dropped>>20, s.DroppedEvents, s.Took.Seconds(), s.mibps())
 		}
+		m = probe.mark()
 		if s, err := ref.connectStream(ctx, n); err != nil {
 			r.Errors = append(r.Errors, "connect reference: "+err.Error())
 		} else {
+			s.CPU = probe.since(m)
 			r.Connect = append(r.Connect, s)
 			logf("stream %d: connect reference %.0f MiB/s", i, s.mibps())
 		}
+		m = probe.mark()
 		if s, err := ref.rawStream(ctx, n); err != nil {
 			r.Errors = append(r.Errors, "raw reference: "+err.Error())
 		} else {
+			s.CPU = probe.since(m)
 			r.Raw = append(r.Raw, s)
 			logf("stream %d: raw reference %.0f MiB/s", i, s.mibps())
 		}
