@@ -427,7 +427,18 @@ func (s *fileService) MoveFile(_ context.Context, req *connect.Request[guestv1.M
 	}
 	// renameat2 neither follows a final symbolic link of either name: a
 	// link is moved, or replaced, itself.
-	if err := unix.Renameat2(unix.AT_FDCWD, s.host(src), unix.AT_FDCWD, s.host(dst), flags); err != nil {
+	err := unix.Renameat2(unix.AT_FDCWD, s.host(src), unix.AT_FDCWD, s.host(dst), flags)
+	if flags != 0 && (errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS)) {
+		// A file system without RENAME_NOREPLACE: checked, then renamed
+		// (a destination made in between is replaced).
+		var st unix.Stat_t
+		if lerr := unix.Lstat(s.host(dst), &st); lerr == nil {
+			err = unix.EEXIST
+		} else {
+			err = unix.Rename(s.host(src), s.host(dst))
+		}
+	}
+	if err != nil {
 		if errors.Is(err, unix.EEXIST) || errors.Is(err, unix.ENOTEMPTY) && !m.GetOverwrite() {
 			return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("move: %s exists", protocol.Clip(dst, 512)))
 		}
