@@ -32,6 +32,7 @@ type concResult struct {
 	Output, Dropped     int64
 	Before, Peak, After memSample
 	Samples             int
+	CPU                 cpuUse // during the streams: this client, kibotos-ctrl, the machine
 	Errors              []string
 }
 
@@ -141,10 +142,13 @@ func (b *bench) concPhase(ctx context.Context) error {
 			}
 		})
 	}
+	probe := cpuProbe{ctrlPID: pid}
+	m := probe.mark()
 	t0 := time.Now()
 	close(rel)
 	wg.Wait()
 	r.Wall = time.Since(t0)
+	r.CPU = probe.since(m)
 	close(stop)
 	<-sampled
 	time.Sleep(2 * time.Second)

@@ -260,6 +260,7 @@ func (b *bench) report() string {
 		l := newDist(r.Latencies)
 		p("- Completed: %d/%d (output `done`, exit 0); wall time %.2f s; per stream p50 %s ms, p99 %s ms\n", r.Completed, r.Streams, r.Wall.Seconds(), ms(l.p(50)), ms(l.p(99)))
 		p("- Delivered %.0f MiB (%.0f MiB/s aggregate); dropped %.1f MiB\n", float64(r.Output)/(1<<20), float64(r.Output)/(1<<20)/r.Wall.Seconds(), float64(r.Dropped)/(1<<20))
+		p("- CPU during the streams: client %.1f s, kibotos-ctrl %.1f s; machine busy %.0f %%\n", r.CPU.Self.Seconds(), r.CPU.Ctrl.Seconds(), r.CPU.Busy*100)
 		p("\n| VmRSS, MiB | before | peak | after | (peak − before) / stream |\n|---|---|---|---|---|\n")
 		per := func(peak, before uint64) string {
 			if r.Streams == 0 || peak < before {
