@@ -143,7 +143,7 @@ func fileError(op, p string, err error) error {
 		code = connect.CodePermissionDenied
 	case unix.ENOTDIR, unix.EISDIR, unix.ENOTEMPTY, unix.ELOOP, unix.EXDEV, unix.EBUSY, unix.EROFS, unix.ETXTBSY:
 		code = connect.CodeFailedPrecondition
-	case unix.ENOSPC, unix.EDQUOT, unix.EFBIG, unix.EMLINK:
+	case unix.ENOSPC, unix.EDQUOT, unix.EFBIG, unix.EMLINK, unix.EMFILE, unix.ENFILE:
 		code = connect.CodeResourceExhausted
 	case unix.EINVAL, unix.ENAMETOOLONG:
 		code = connect.CodeInvalidArgument

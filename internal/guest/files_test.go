@@ -133,7 +133,8 @@ func TestFileErrorMapping(t *testing.T) {
 		unix.EACCES: connect.CodePermissionDenied, unix.EPERM: connect.CodePermissionDenied,
 		unix.ENOTDIR: connect.CodeFailedPrecondition, unix.EISDIR: connect.CodeFailedPrecondition,
 		unix.ENOTEMPTY: connect.CodeFailedPrecondition, unix.ENOSPC: connect.CodeResourceExhausted,
-		unix.EDQUOT: connect.CodeResourceExhausted, unix.EIO: connect.CodeInternal,
+		unix.EDQUOT: connect.CodeResourceExhausted, unix.EMFILE: connect.CodeResourceExhausted,
+		unix.ELOOP: connect.CodeFailedPrecondition, unix.EINVAL: connect.CodeInvalidArgument, unix.EIO: connect.CodeInternal,
 	} {
 		err := fileError("op", "/x", &os.PathError{Op: "open", Path: "/host/secret/x", Err: errno})
 		if connect.CodeOf(err) != code || strings.Contains(err.Error(), "secret") {
