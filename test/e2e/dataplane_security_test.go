@@ -78,6 +78,25 @@ func TestDataPlaneSecurityInside(t *testing.T) {
 		}
 	}
 
+	// As another user: no capabilities at all, the same bounding set.
+	uid, gid := uint32(1000), uint32(1001)
+	as, err := e.proc.StartProcess(ctx, bearer(&ctrlv1.StartProcessRequest{WorkspaceId: e.id, Argv: []string{"cat", "/proc/self/status"}, Uid: &uid, Gid: &gid}, tok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ar, err := dpEvents(ctx, e.proc, tok, &ctrlv1.ProcessEventsRequest{WorkspaceId: e.id, ProcessId: as.Msg.GetProcessId()})
+	if err != nil || ar.exit.GetExitCode() != 0 {
+		t.Fatalf("cat /proc/self/status as 1000:1001: %v, %v, %q", ar.exit, err, ar.stderr)
+	}
+	ast := statusFields(ar.stdout)
+	for k, want := range map[string]string{"CapEff": "0000000000000000", "CapPrm": "0000000000000000", "CapBnd": kept,
+		"CapInh": "0000000000000000", "CapAmb": "0000000000000000", "Seccomp": "2", "NoNewPrivs": "1",
+		"Uid": "1000\t1000\t1000\t1000", "Gid": "1001\t1001\t1001\t1001"} {
+		if ast[k] != want {
+			t.Errorf("inside as 1000:1001, %s = %q, want %q", k, ast[k], want)
+		}
+	}
+
 	// A running process: its host view.
 	sl, err := e.proc.StartProcess(ctx, bearer(&ctrlv1.StartProcessRequest{WorkspaceId: e.id, Argv: []string{"sleep", "31.4159"}}, tok))
 	if err != nil {
