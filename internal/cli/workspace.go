@@ -36,6 +36,7 @@ exit 14 without sending anything.`)
 		a.workspaceRevokeDataPlane(), a.workspaceSessionCommand(),
 		a.workspaceExec(),
 		a.workspaceShell(),
+		a.workspacePortForward(),
 	)
 	return cmd
 }

@@ -13,6 +13,7 @@ import (
 	"connectrpc.com/connect"
 
 	guestv1 "github.com/kibotos/kibotos/gen/kibotos/guest/v1"
+	"github.com/kibotos/kibotos/gen/kibotos/guest/v1/guestv1connect"
 )
 
 // Bounds of port forwarding.
@@ -205,3 +206,8 @@ func forwardDown(stream *connect.BidiStream[guestv1.ForwardRequest, guestv1.Forw
 		}
 	}
 }
+
+// NewPortService returns the PortService handler the guest serves, for
+// tests that run it outside a workspace (it then dials the caller's
+// loopback).
+func NewPortService() guestv1connect.PortServiceHandler { return newPortService() }
