@@ -194,6 +194,9 @@ func (h *Processes) StartProcess(ctx context.Context, req *connect.Request[ctrlv
 	if err != nil {
 		return nil, err
 	}
+	if err := checkStart(m); err != nil {
+		return nil, err
+	}
 	in := &guestv1.StartRequest{Argv: m.GetArgv(), Env: m.GetEnv(), WorkingDirectory: m.GetWorkingDirectory(),
 		Uid: m.Uid, Gid: m.Gid, Tag: m.GetTag()}
 	if p := m.GetPty(); p != nil {

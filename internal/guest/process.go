@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -164,14 +166,11 @@ func (s processService) Start(ctx context.Context, req *connect.Request[guestv1.
 // startProcess starts m's process as a child of the agent's loop thread
 // (see reaper), in its own session, with pipes or a terminal.
 func (a *Agent) startProcess(id string, m *guestv1.StartRequest) (*process, error) {
-	env := m.GetEnv()
-	if len(env) == 0 {
-		term := "TERM=dumb"
-		if m.GetPty() != nil {
-			term = "TERM=xterm"
-		}
-		env = []string{"PATH=" + DefaultPath, "HOME=/root", term, "LANG=C.UTF-8"}
+	term := "TERM=dumb"
+	if m.GetPty() != nil {
+		term = "TERM=xterm"
 	}
+	env := mergeEnv([]string{"PATH=" + DefaultPath, "HOME=/root", term, "LANG=C.UTF-8"}, m.GetEnv())
 	dir := m.GetWorkingDirectory()
 	if dir == "" {
 		dir = a.defaultDir()
@@ -305,6 +304,28 @@ func (a *Agent) startProcess(id string, m *guestv1.StartRequest) (*process, erro
 		}
 	}()
 	return p, nil
+}
+
+// mergeEnv returns base with the entries of add: an entry of add replaces
+// base's entry of the same name, the others are appended in order (the
+// last of a repeated name wins).
+func mergeEnv(base, add []string) []string {
+	out := slices.Clone(base)
+	at := map[string]int{}
+	for i, e := range out {
+		name, _, _ := strings.Cut(e, "=")
+		at[name] = i
+	}
+	for _, e := range add {
+		name, _, _ := strings.Cut(e, "=")
+		if i, ok := at[name]; ok {
+			out[i] = e
+			continue
+		}
+		at[name] = len(out)
+		out = append(out, e)
+	}
+	return out
 }
 
 func exitOf(ws unix.WaitStatus) *guestv1.Exited {

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -238,5 +239,26 @@ func TestWriteInputFlowControl(t *testing.T) {
 	}
 	if got := strings.TrimSpace(string(out)); got != strconv.Itoa(sent+3) {
 		t.Errorf("wc -c read %q bytes, want %d", got, sent+3)
+	}
+}
+
+// TestMergeEnv: the given environment is added to the default one, an
+// entry replacing the default of its name (PATH stays unless replaced).
+func TestMergeEnv(t *testing.T) {
+	base := []string{"PATH=/bin", "HOME=/root", "TERM=dumb"}
+	for _, tc := range []struct {
+		add, want []string
+	}{
+		{nil, base},
+		{[]string{"FOO=1"}, []string{"PATH=/bin", "HOME=/root", "TERM=dumb", "FOO=1"}},
+		{[]string{"HOME=/home/u", "FOO=1", "FOO=2"}, []string{"PATH=/bin", "HOME=/home/u", "TERM=dumb", "FOO=2"}},
+		{[]string{"PATH=/opt/bin"}, []string{"PATH=/opt/bin", "HOME=/root", "TERM=dumb"}},
+	} {
+		if got := mergeEnv(base, tc.add); !slices.Equal(got, tc.want) {
+			t.Errorf("mergeEnv(%q) = %q, want %q", tc.add, got, tc.want)
+		}
+	}
+	if base[1] != "HOME=/root" {
+		t.Error("mergeEnv changed its base")
 	}
 }

@@ -79,8 +79,9 @@ type StartRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// argv is the command; argv[0] is looked up in the PATH of env.
 	Argv []string `protobuf:"bytes,1,rep,name=argv,proto3" json:"argv,omitempty"`
-	// env is the environment; empty selects the workspace default (PATH,
-	// HOME=/root, TERM=dumb, or TERM=xterm with a pty).
+	// env is added to the workspace default environment (PATH, HOME=/root,
+	// LANG=C.UTF-8, TERM=dumb or TERM=xterm with a pty): an entry replaces
+	// the default of the same name.
 	Env []string `protobuf:"bytes,2,rep,name=env,proto3" json:"env,omitempty"`
 	// working_directory is where it runs; empty is /root (or /).
 	WorkingDirectory string `protobuf:"bytes,3,opt,name=working_directory,json=workingDirectory,proto3" json:"working_directory,omitempty"`
