@@ -84,14 +84,16 @@ func waitTemplate(ctx context.Context, dir string, timeout time.Duration) (strin
 // ProcessService client (TLS without a client certificate, Bearer tokens),
 // each on one HTTP/2 connection.
 type api struct {
-	ws    ctrlv1connect.WorkspaceServiceClient
-	sess  ctrlv1connect.SessionServiceClient
-	info  ctrlv1connect.ServerInfoServiceClient
-	proc  ctrlv1connect.ProcessServiceClient
-	opTr  *http2.Transport
-	dpTr  *http2.Transport
-	runID string
-	seq   atomic.Uint64
+	ws       ctrlv1connect.WorkspaceServiceClient
+	sess     ctrlv1connect.SessionServiceClient
+	info     ctrlv1connect.ServerInfoServiceClient
+	proc     ctrlv1connect.ProcessServiceClient
+	fs       ctrlv1connect.FileServiceClient
+	opTr     *http2.Transport
+	dpTr     *http2.Transport
+	dpClient *http.Client // the data plane's connection
+	runID    string
+	seq      atomic.Uint64
 
 	mu   sync.Mutex
 	live map[string]bool
@@ -107,15 +109,18 @@ func newAPI(s *benchkit.DevServer, runID string) (*api, error) {
 		return nil, err
 	}
 	dpTr := &http2.Transport{TLSClientConfig: tlsc}
+	dpClient := &http.Client{Transport: dpTr}
 	return &api{
-		ws:    ctrlv1connect.NewWorkspaceServiceClient(hc, s.URL),
-		sess:  ctrlv1connect.NewSessionServiceClient(hc, s.URL),
-		info:  ctrlv1connect.NewServerInfoServiceClient(hc, s.URL),
-		proc:  ctrlv1connect.NewProcessServiceClient(&http.Client{Transport: dpTr}, s.URL),
-		opTr:  tr,
-		dpTr:  dpTr,
-		runID: runID,
-		live:  map[string]bool{},
+		dpClient: dpClient,
+		ws:       ctrlv1connect.NewWorkspaceServiceClient(hc, s.URL),
+		sess:     ctrlv1connect.NewSessionServiceClient(hc, s.URL),
+		info:     ctrlv1connect.NewServerInfoServiceClient(hc, s.URL),
+		proc:     ctrlv1connect.NewProcessServiceClient(dpClient, s.URL),
+		fs:       ctrlv1connect.NewFileServiceClient(dpClient, s.URL),
+		opTr:     tr,
+		dpTr:     dpTr,
+		runID:    runID,
+		live:     map[string]bool{},
 	}, nil
 }
 
@@ -166,13 +171,18 @@ type createTimes struct {
 // GetWorkspaceCommand(wait_timeout), the notifier-backed wait the SDK and
 // kibo use.
 func (a *api) create(ctx context.Context) (createTimes, error) {
+	return a.createWith(ctx, wsSpec.LayerBytes)
+}
+
+// createWith is create with another writable layer size.
+func (a *api) createWith(ctx context.Context, layerBytes uint64) (createTimes, error) {
 	var c createTimes
 	cmdID := a.commandID("create")
 	c.T0 = time.Now()
 	res, err := a.ws.CreateWorkspace(ctx, connect.NewRequest(&ctrlv1.CreateWorkspaceRequest{
 		Metadata:                   &ctrlv1.CommandMetadata{CommandId: cmdID},
 		Resources:                  &ctrlv1.Resources{MemoryMib: wsSpec.MemoryMiB, CpuMillis: wsSpec.CPUMillis},
-		WritableLayerCapacityBytes: wsSpec.LayerBytes,
+		WritableLayerCapacityBytes: layerBytes,
 	}))
 	c.Accepted = time.Now()
 	if err != nil {
@@ -218,9 +228,13 @@ func (a *api) checkAvailable(ctx context.Context, id string) error {
 
 // session creates an EXEC data-plane session and returns its token.
 func (a *api) session(ctx context.Context, id string) (string, error) {
+	return a.sessionScopes(ctx, id, ctrlv1.DataPlaneScope_DATA_PLANE_SCOPE_EXEC)
+}
+
+// sessionScopes creates a data-plane session of the given scopes.
+func (a *api) sessionScopes(ctx context.Context, id string, scopes ...ctrlv1.DataPlaneScope) (string, error) {
 	r, err := a.sess.CreateDataPlaneSession(ctx, connect.NewRequest(&ctrlv1.CreateDataPlaneSessionRequest{
-		Metadata: &ctrlv1.CommandMetadata{CommandId: a.commandID("session")}, WorkspaceId: id,
-		Scopes: []ctrlv1.DataPlaneScope{ctrlv1.DataPlaneScope_DATA_PLANE_SCOPE_EXEC}}))
+		Metadata: &ctrlv1.CommandMetadata{CommandId: a.commandID("session")}, WorkspaceId: id, Scopes: scopes}))
 	if err != nil {
 		return "", fmt.Errorf("CreateDataPlaneSession: %w", err)
 	}

@@ -20,7 +20,9 @@
 //  4. revocation: RevokeWorkspaceDataPlane answered → the old token's first
 //     refusal on a unary call, and → an open ProcessEvents stream closed;
 //  5. concurrency: 100 exec streams over 10 workspaces at once, wall time
-//     and the memory of kibotos-ctrl (with its node) and of the guests.
+//     and the memory of kibotos-ctrl (with its node) and of the guests;
+//  6. files: 1 GiB up with the public FileService's WriteFile and down with
+//     ReadFile, against the same plain HTTP/2 references.
 //
 // It prints a markdown report and writes it to bench/results; see
 // docs/development.md. Needs root, busybox-static, e2fsprogs and crun.
@@ -61,6 +63,8 @@ type config struct {
 	args          []string
 	phaseList     string
 	rev           string
+	fileBytes     int64
+	fileRepeats   int
 	streamRepeats int
 }
 
@@ -73,13 +77,15 @@ func run() int {
 	flag.IntVar(&cfg.ttfc, "ttfc", 30, "time-to-first-command runs (each: a new workspace, deleted after)")
 	flag.Int64Var(&cfg.streamBytes, "stream-bytes", 1<<30, "bytes of the streaming measurement (head -c N /dev/zero, and the references)")
 	flag.IntVar(&cfg.streamRepeats, "stream-repeats", 3, "repetitions of each streaming measurement (the best and the median are reported)")
+	flag.Int64Var(&cfg.fileBytes, "file-bytes", 1<<30, "bytes of the files measurement (WriteFile up, ReadFile down)")
+	flag.IntVar(&cfg.fileRepeats, "file-repeats", 2, "repetitions of each file transfer")
 	flag.IntVar(&cfg.revoke, "revoke", 50, "revocations measured")
 	flag.IntVar(&cfg.concWS, "conc-ws", 10, "workspaces of the concurrency measurement")
 	flag.IntVar(&cfg.concStreams, "conc-streams", 100, "exec streams at once, spread over -conc-ws workspaces")
 	flag.Int64Var(&cfg.concBytes, "conc-bytes", 10<<20, "bytes each concurrent stream writes before `echo done`")
 	flag.BoolVar(&cfg.ref, "ref", true, "measure the crun exec reference")
 	flag.BoolVar(&cfg.installCrun, "install-crun", true, "apt-get install crun when it is missing")
-	flag.StringVar(&cfg.phaseList, "phases", "exec,ttfc,stream,revoke,conc", "measurements to run, comma-separated")
+	flag.StringVar(&cfg.phaseList, "phases", "exec,ttfc,stream,revoke,conc,files", "measurements to run, comma-separated")
 	flag.StringVar(&cfg.out, "out", "auto", "also write the report to this file; auto: bench/results/<UTC date>-dataplane.md in the module; empty: stdout only")
 	flag.StringVar(&cfg.rev, "rev", "", "build the binaries from this git revision of the module (git archive REV into the temporary directory) instead of the working tree, e.g. HEAD while the tree is being edited")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the temporary directory (binaries, data directory, server log)")
@@ -89,14 +95,14 @@ func run() int {
 	cfg.phases = map[string]bool{}
 	for _, p := range splitComma(cfg.phaseList) {
 		switch p {
-		case "exec", "ttfc", "stream", "revoke", "conc":
+		case "exec", "ttfc", "stream", "revoke", "conc", "files":
 			cfg.phases[p] = true
 		default:
-			fmt.Fprintf(os.Stderr, "dataplane: unknown phase %q (exec, ttfc, stream, revoke, conc)\n", p)
+			fmt.Fprintf(os.Stderr, "dataplane: unknown phase %q (exec, ttfc, stream, revoke, conc, files)\n", p)
 			return 2
 		}
 	}
-	if cfg.n <= 0 || cfg.warmup < 0 || cfg.ttfc < 0 || cfg.revoke < 0 || cfg.concWS <= 0 || cfg.concStreams < 0 || cfg.streamBytes <= 0 || cfg.concBytes < 0 || cfg.streamRepeats <= 0 {
+	if cfg.n <= 0 || cfg.warmup < 0 || cfg.ttfc < 0 || cfg.revoke < 0 || cfg.concWS <= 0 || cfg.concStreams < 0 || cfg.streamBytes <= 0 || cfg.concBytes < 0 || cfg.streamRepeats <= 0 || cfg.fileBytes <= 0 || cfg.fileRepeats <= 0 {
 		fmt.Fprintln(os.Stderr, "dataplane: counts must be positive")
 		return 2
 	}
@@ -172,6 +178,7 @@ type bench struct {
 	stream *streamResult
 	revoke *revokeResult
 	conc   *concResult
+	files  *filesResult
 }
 
 func newBench(ctx context.Context, cfg config) (*bench, error) {
@@ -263,7 +270,7 @@ func (b *bench) runAll(ctx context.Context) error {
 		name string
 		f    func(context.Context) error
 	}
-	for _, p := range []phase{{"exec", b.execPhase}, {"ttfc", b.ttfcPhase}, {"stream", b.streamPhase}, {"revoke", b.revokePhase}, {"conc", b.concPhase}} {
+	for _, p := range []phase{{"exec", b.execPhase}, {"ttfc", b.ttfcPhase}, {"stream", b.streamPhase}, {"revoke", b.revokePhase}, {"conc", b.concPhase}, {"files", b.filesPhase}} {
 		if !b.cfg.phases[p.name] {
 			continue
 		}

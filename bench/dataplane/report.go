@@ -129,6 +129,17 @@ func (b *bench) report() string {
 		p("| revocation answered → old token refused, p99 ms | %s | — | — | ≤ 100 ms | %s |\n", ms(rf.p(99)), yes(len(rf) > 0 && rf.p(99) <= benchkit.MS(refusalP99Max) && r.LateOK == 0))
 		p("| revocation answered → open stream closed, p99 ms | %s | — | — | ≤ 1 s | %s |\n", ms(st.p(99)), yes(len(st) > 0 && st.p(99) <= benchkit.MS(closeP99Max)))
 	}
+	if r := b.files; r != nil {
+		um, _ := mibps(r.Up)
+		dm, _ := mibps(r.Down)
+		ucm, _ := mibps(r.RefUpConnect)
+		dcm, _ := mibps(r.RefDownConnect)
+		p("| files up (WriteFile), MiB/s vs connect | %.0f | %.0f | %s | — | — |\n", um, ucm, pct(um, ucm))
+		p("| files down (ReadFile), MiB/s vs connect | %.0f | %.0f | %s | — | — |\n", dm, dcm, pct(dm, dcm))
+		pm, _ := mibps(r.DownPlain)
+		pcm, _ := mibps(r.RefDownConnectPlain)
+		p("| files down, a client without gzip, MiB/s vs connect | %.0f | %.0f | %s | — | — |\n", pm, pcm, pct(pm, pcm))
+	}
 	if r := b.conc; r != nil {
 		p("| %d streams over %d workspaces: completed | %d/%d in %.2f s | — | — | all | %s |\n", r.Streams, r.Workspaces, r.Completed, r.Streams, r.Wall.Seconds(), yes(r.Completed == r.Streams))
 	}
@@ -273,6 +284,9 @@ func (b *bench) report() string {
 		if len(r.Errors) > 0 {
 			p("%d streams failed; first: `%s`\n\n", len(r.Errors), r.Errors[0])
 		}
+	}
+	if b.files != nil {
+		b.reportFiles(p)
 	}
 	if len(b.notes) > 0 {
 		p("## Notes\n\n")

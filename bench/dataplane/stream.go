@@ -141,6 +141,8 @@ func startRefServer(p pki.DevPaths) (*refServer, error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle(ctrlv1connect.NewProcessServiceHandler(refProcess{}, connect.WithCompressMinBytes(ctrlCompressMinBytes)))
+	mux.Handle(ctrlv1connect.NewFileServiceHandler(refFiles{}, connect.WithCompressMinBytes(ctrlCompressMinBytes)))
+	mux.HandleFunc("/upload", uploadHandler)
 	mux.HandleFunc("/raw", func(w http.ResponseWriter, r *http.Request) {
 		n, err := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
 		if err != nil {
