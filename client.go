@@ -41,6 +41,10 @@ type Client struct {
 	// an Authorization: Bearer data-plane token (scope EXEC), which
 	// Workspace.ExecCommand creates and sends itself.
 	ProcessService ctrlv1connect.ProcessServiceClient
+	// FileService is the data plane's FileService: its requests need an
+	// Authorization: Bearer data-plane token (scope FILESYSTEM), which
+	// Workspace.Files creates and sends itself.
+	FileService ctrlv1connect.FileServiceClient
 
 	endpoint   string
 	httpClient *http.Client
@@ -202,6 +206,7 @@ func NewClient(endpoint string, opts ...Option) (*Client, error) {
 		EnrollmentService: ctrlv1connect.NewEnrollmentServiceClient(hc, base, o.connectOpts...),
 		SessionService:    ctrlv1connect.NewSessionServiceClient(hc, base, o.connectOpts...),
 		ProcessService:    ctrlv1connect.NewProcessServiceClient(hc, base, o.connectOpts...),
+		FileService:       ctrlv1connect.NewFileServiceClient(hc, base, o.connectOpts...),
 		endpoint:          base,
 		httpClient:        hc,
 		wait:              o.wait,
