@@ -6,12 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync"
 	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
@@ -60,13 +58,9 @@ type Cmd struct {
 	// to 24h; zero is DefaultExecSessionTTL.
 	SessionTTL time.Duration
 
-	ctx context.Context
-	ws  *Workspace
-
-	mu     sync.Mutex
-	token  string
-	expiry time.Time
-	own    bool // the Cmd created the token, and renews it
+	ctx  context.Context
+	ws   *Workspace
+	sess dataSession
 
 	proc      ctrlv1connect.ProcessServiceClient
 	processID string
@@ -228,20 +222,17 @@ func (c *Cmd) Start() error {
 		return err
 	}
 	c.proc = cl.ProcessService
-	if c.Token != "" {
-		c.token, c.expiry = c.Token, time.Time{}
-	} else {
-		if err := MissingRequestCapability(info, ctrlv1connect.SessionServiceCreateDataPlaneSessionProcedure, c.sessionRequest()); err != nil {
-			return err
-		}
-		c.own = true
-		if err := c.newToken(ctx); err != nil {
-			return err
-		}
+	ttl := c.SessionTTL
+	if ttl == 0 {
+		ttl = DefaultExecSessionTTL
+	}
+	c.sess.ws, c.sess.scope, c.sess.ttl = c.ws, ctrlv1.DataPlaneScope_DATA_PLANE_SCOPE_EXEC, ttl
+	if err := c.sess.start(ctx, info, c.Token); err != nil {
+		return err
 	}
 	var res *connect.Response[ctrlv1.StartProcessResponse]
 	for {
-		res, err = c.proc.StartProcess(ctx, authReq(c, req))
+		res, err = c.proc.StartProcess(ctx, authReq(&c.sess, req))
 		if err != nil && c.renewable(err) && c.newToken(ctx) == nil {
 			continue
 		}
@@ -277,60 +268,12 @@ func (c *Cmd) Wait() error {
 	return c.waitErr
 }
 
-func (c *Cmd) sessionRequest() *ctrlv1.CreateDataPlaneSessionRequest {
-	ttl := c.SessionTTL
-	if ttl == 0 {
-		ttl = DefaultExecSessionTTL
-	}
-	return &ctrlv1.CreateDataPlaneSessionRequest{
-		Metadata: &ctrlv1.CommandMetadata{CommandId: NewCommandID()}, WorkspaceId: c.ws.id,
-		Scopes: []ctrlv1.DataPlaneScope{ctrlv1.DataPlaneScope_DATA_PLANE_SCOPE_EXEC}, Ttl: durationpb.New(ttl),
-	}
-}
-
-// newToken creates a session (with its own command ID, resent on retry).
-func (c *Cmd) newToken(ctx context.Context) error {
-	req := c.sessionRequest()
-	var res *connect.Response[ctrlv1.CreateDataPlaneSessionResponse]
-	err := Retry(ctx, c.ws.c.retry, func(ctx context.Context) error {
-		var err error
-		res, err = c.ws.c.SessionService.CreateDataPlaneSession(ctx, connect.NewRequest(req))
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	c.mu.Lock()
-	c.token, c.expiry = res.Msg.GetSession().GetToken(), res.Msg.GetSession().GetExpireTime().AsTime()
-	c.mu.Unlock()
-	return nil
-}
-
-// renewSlack is how long before its expiry time, by the local clock, a
-// SESSION_EXPIRED refusal of the Cmd's own token is believed: the server's
-// clock decides, and a fresh session (10s at least) is never renewed at
-// once.
-const renewSlack = 5 * time.Second
-
 // renewable reports whether err is the expiry of a session the Cmd
 // created, which it then renews.
-func (c *Cmd) renewable(err error) bool {
-	if !c.own || Reason(err) != ctrlv1.FailureReason_FAILURE_REASON_SESSION_EXPIRED {
-		return false
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return !time.Now().Before(c.expiry.Add(-renewSlack))
-}
+func (c *Cmd) renewable(err error) bool { return c.sess.renewable(err) }
 
-// authReq is a request that carries the Cmd's token.
-func authReq[T any](c *Cmd, msg *T) *connect.Request[T] {
-	r := connect.NewRequest(msg)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	r.Header().Set("Authorization", "Bearer "+c.token)
-	return r
-}
+// newToken creates a session in place of the Cmd's expired one.
+func (c *Cmd) newToken(ctx context.Context) error { return c.sess.renew(ctx) }
 
 // pumpInput copies Stdin to the process by offset, then closes its input.
 func (c *Cmd) pumpInput(ctx context.Context) {
@@ -342,7 +285,7 @@ func (c *Cmd) pumpInput(ctx context.Context) {
 			n, rerr := c.Stdin.Read(buf)
 			data := buf[:n]
 			for len(data) > 0 && ctx.Err() == nil {
-				res, err := c.proc.SendInput(ctx, authReq(c, &ctrlv1.SendInputRequest{WorkspaceId: ws, ProcessId: id, Offset: off, Data: data}))
+				res, err := c.proc.SendInput(ctx, authReq(&c.sess, &ctrlv1.SendInputRequest{WorkspaceId: ws, ProcessId: id, Offset: off, Data: data}))
 				var took uint64
 				switch {
 				case err == nil:
@@ -377,7 +320,7 @@ func (c *Cmd) pumpInput(ctx context.Context) {
 		}
 	}
 	for ctx.Err() == nil {
-		_, err := c.proc.CloseInput(ctx, authReq(c, &ctrlv1.CloseInputRequest{WorkspaceId: ws, ProcessId: id}))
+		_, err := c.proc.CloseInput(ctx, authReq(&c.sess, &ctrlv1.CloseInputRequest{WorkspaceId: ws, ProcessId: id}))
 		if err != nil && c.renewable(err) && c.newToken(ctx) == nil {
 			continue
 		}
@@ -392,7 +335,7 @@ func (c *Cmd) follow(ctx context.Context) error {
 	var dropped uint64
 	failures := 0
 	for {
-		s, err := c.proc.ProcessEvents(ctx, authReq(c, &ctrlv1.ProcessEventsRequest{WorkspaceId: c.ws.id, ProcessId: c.processID, FromOffset: off}))
+		s, err := c.proc.ProcessEvents(ctx, authReq(&c.sess, &ctrlv1.ProcessEventsRequest{WorkspaceId: c.ws.id, ProcessId: c.processID, FromOffset: off}))
 		if err == nil {
 			for s.Receive() {
 				failures = 0
@@ -474,5 +417,5 @@ func reconnectable(err error) bool {
 func (c *Cmd) kill() {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), 5*time.Second)
 	defer cancel()
-	_, _ = c.proc.SignalProcess(ctx, authReq(c, &ctrlv1.SignalProcessRequest{WorkspaceId: c.ws.id, ProcessId: c.processID, Signal: sigkill}))
+	_, _ = c.proc.SignalProcess(ctx, authReq(&c.sess, &ctrlv1.SignalProcessRequest{WorkspaceId: c.ws.id, ProcessId: c.processID, Signal: sigkill}))
 }
