@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -170,27 +171,59 @@ func runInit() error {
 		"KIBOTOS_WORKSPACE_ID=" + cfg.WorkspaceID,
 		protocol.ChannelFDEnv + "=" + strconv.Itoa(ChannelFD),
 	}
-	// The memfd, through this process's own /proc (the workspace's now).
-	err = unix.Exec("/proc/self/fd/"+strconv.Itoa(GuestFD), []string{"kibotos-guest"}, env)
+	// The memfd itself (execveat with AT_EMPTY_PATH): PID 1's /proc/1/fd
+	// is masked by now.
+	err = execFD(GuestFD, []string{"kibotos-guest"}, env)
 	return fmt.Errorf("init: exec kibotos-guest: %w", err)
+}
+
+// execFD executes the program open at fd (execveat(2) with AT_EMPTY_PATH,
+// as fexecve(3) does), without a path through /proc.
+func execFD(fd int, argv, env []string) error {
+	empty, err := unix.BytePtrFromString("")
+	if err != nil {
+		return err
+	}
+	argvp, err := cStrings(argv)
+	if err != nil {
+		return err
+	}
+	envp, err := cStrings(env)
+	if err != nil {
+		return err
+	}
+	_, _, errno := unix.Syscall6(unix.SYS_EXECVEAT, uintptr(fd), uintptr(unsafe.Pointer(empty)),
+		uintptr(unsafe.Pointer(&argvp[0])), uintptr(unsafe.Pointer(&envp[0])), unix.AT_EMPTY_PATH, 0)
+	return errno
+}
+
+// cStrings is ss as a NULL-terminated array of C strings.
+func cStrings(ss []string) ([]*byte, error) {
+	out := make([]*byte, len(ss)+1)
+	for i, s := range ss {
+		p, err := unix.BytePtrFromString(s)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = p
+	}
+	return out, nil
 }
 
 // closeOnExecFrom marks every descriptor from first up close-on-exec
 // (close_range(2) with CLOSE_RANGE_CLOEXEC; on kernels before 5.11, one by
-// one from /proc/self/fd).
+// one up to the descriptor limit: PID 1's /proc/1/fd is masked).
 func closeOnExecFrom(first int) error {
 	err := unix.CloseRange(uint(first), ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
 	if err == nil {
 		return nil
 	}
-	ents, rerr := os.ReadDir("/proc/self/fd")
-	if rerr != nil {
+	var lim unix.Rlimit
+	if rerr := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); rerr != nil {
 		return fmt.Errorf("init: close inherited descriptors: %v; %v", err, rerr)
 	}
-	for _, e := range ents {
-		if fd, err := strconv.Atoi(e.Name()); err == nil && fd >= first {
-			unix.CloseOnExec(fd)
-		}
+	for fd := first; uint64(fd) < lim.Cur; fd++ {
+		unix.CloseOnExec(fd)
 	}
 	return nil
 }
@@ -430,6 +463,11 @@ var (
 		"timer_list", "timer_stats", "sched_debug", "scsi", "kallsyms",
 		"kpageflags", "kpagecount", "kpagecgroup", "slabinfo", "vmallocinfo",
 	}
+	// PID 1's (the guest's) descriptors: not dumpable, it still shows
+	// their numbers to root of the workspace (the kernel makes its /proc
+	// files owned by root of its user namespace); masked, nothing of them
+	// shows. /proc/1 is this shim, PID 1, which becomes the guest.
+	maskedPID1   = []string{"1/fd", "1/fdinfo", "1/map_files"}
 	readOnlyProc = []string{"bus", "fs", "irq", "sys", "sysrq-trigger"}
 	// block and devices/virtual/block show the host's block devices,
 	// loop devices with their backing files' host paths among them.
@@ -451,6 +489,9 @@ func hardenProc(proc, dev string) error {
 		if err := mount("", t, "", ro, ""); err != nil {
 			return err
 		}
+	}
+	if err := maskWith(proc, maskedPID1, ""); err != nil {
+		return err
 	}
 	return maskWith(proc, maskedProc, filepath.Join(dev, "null"))
 }
