@@ -39,14 +39,18 @@ type PortForwards struct {
 
 var _ ctrlv1connect.PortForwardServiceHandler = (*PortForwards)(nil)
 
-// admit admits a call to workspaceID as Processes.admit does (the same
-// checks, in the same order) and returns the Workspace's node and the
+// admit admits a call to workspaceID as the ProcessService's are (scope
+// exec, then AVAILABLE on a node) and returns the Workspace's node and the
 // token.
 func (h *PortForwards) admit(ctx context.Context, hdr http.Header, workspaceID string) (node, tok string, err error) {
-	p := &Processes{Verifier: h.Verifier, Store: h.Store,
-		Guest: func(n, _ string) guestv1connect.ProcessServiceClient { node = n; return nil }}
-	_, tok, err = p.admit(ctx, hdr, workspaceID)
-	return node, tok, err
+	w, tok, err := gate{Verifier: h.Verifier, Store: h.Store}.admit(ctx, hdr, workspaceID, dataplane.ScopeExec)
+	if err != nil {
+		return "", "", err
+	}
+	if err := w.available("ports"); err != nil {
+		return "", "", err
+	}
+	return w.node, tok, nil
 }
 
 // ForwardPort forwards one connection until both halves are closed, the
@@ -77,8 +81,7 @@ func (h *PortForwards) ForwardPort(ctx context.Context, stream *connect.BidiStre
 		return err
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	procs := &Processes{Verifier: h.Verifier}
-	go procs.watch(ctx, cancel, tok, ws, changed, release)
+	go gate{Verifier: h.Verifier}.watch(ctx, cancel, tok, ws, dataplane.ScopeExec, changed, release)
 
 	g := h.Guest(node, ws).Forward(ctx)
 	defer func() {
@@ -93,16 +96,16 @@ func (h *PortForwards) ForwardPort(ctx context.Context, stream *connect.BidiStre
 	defer stop()
 	in := &guestv1.ForwardRequest{Port: first.GetPort(), Data: first.GetData(), CloseWrite: first.GetCloseWrite()}
 	if err := g.Send(in); err != nil && !errors.Is(err, io.EOF) {
-		return procs.streamEnd(ctx, err)
+		return streamEndOf("ports", ctx, err)
 	}
 	go forwardPortUp(stream, g, first.GetCloseWrite(), cancel)
 	for {
 		m, err := g.Receive()
 		if errors.Is(err, io.EOF) {
-			return procs.streamEnd(ctx, nil)
+			return streamEndOf("ports", ctx, nil)
 		}
 		if err != nil {
-			return procs.streamEnd(ctx, err)
+			return streamEndOf("ports", ctx, err)
 		}
 		out, err := transcode(m, &ctrlv1.ForwardPortResponse{})
 		if err != nil {
@@ -113,14 +116,14 @@ func (h *PortForwards) ForwardPort(ctx context.Context, stream *connect.BidiStre
 			for len(d) > 0 {
 				n := min(len(d), MaxPortChunk)
 				if err := stream.Send(&ctrlv1.ForwardPortResponse{Event: &ctrlv1.ForwardPortResponse_Data{Data: d[:n]}}); err != nil {
-					return procs.streamEnd(ctx, err)
+					return streamEndOf("ports", ctx, err)
 				}
 				d = d[n:]
 			}
 			continue
 		}
 		if err := stream.Send(out); err != nil {
-			return procs.streamEnd(ctx, err)
+			return streamEndOf("ports", ctx, err)
 		}
 	}
 }

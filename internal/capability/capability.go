@@ -121,6 +121,7 @@ var Procedures = map[string]string{
 	"/kibotos.ctrl.v1.ProcessService/ResizeProcess":                  WorkspaceExec,
 	"/kibotos.ctrl.v1.ProcessService/ListProcesses":                  WorkspaceExec,
 	"/kibotos.ctrl.v1.PortForwardService/ForwardPort":                WorkspaceExec,
+	"/kibotos.ctrl.v1.WorkspaceLogService/ReadWorkspaceLog":          WorkspaceExec,
 	"/kibotos.ctrl.v1.FileService/StatFile":                          WorkspaceFilesystem,
 	"/kibotos.ctrl.v1.FileService/ListDirectory":                     WorkspaceFilesystem,
 	"/kibotos.ctrl.v1.FileService/MakeDirectory":                     WorkspaceFilesystem,

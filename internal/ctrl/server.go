@@ -199,6 +199,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			return guestv1connect.NewFileServiceClient(tunnelHTTP, tunnel.NodeURL(node)+agent.DataPath(ws), connect.WithGRPC(),
 				connect.WithReadMaxBytes(dataMessageBytes), connect.WithSendMaxBytes(dataMessageBytes))
 		}}, opts))
+	mux.Handle(ctrlv1connect.NewWorkspaceLogServiceHandler(&api.WorkspaceLogs{Verifier: s.dplane.Verifier(), Store: cfg.Store,
+		Node: func(node, ws string) nodev1connect.WorkspaceLogServiceClient {
+			return nodev1connect.NewWorkspaceLogServiceClient(tunnelHTTP, tunnel.NodeURL(node)+agent.DataPath(ws), connect.WithGRPC(),
+				connect.WithReadMaxBytes(dataMessageBytes), connect.WithSendMaxBytes(dataMessageBytes))
+		}}, opts))
 	mux.Handle(ctrlv1connect.NewVolumeServiceHandler(&api.Volumes{}, opts))
 	mux.Handle(ctrlv1connect.NewSessionServiceHandler(api.NewSessions(s.dplane), opts))
 	enrollments := api.NewEnrollments(s.enroll)
@@ -209,7 +214,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	services := []string{
 		ctrlv1connect.ServerInfoServiceName, ctrlv1connect.WorkspaceServiceName,
 		ctrlv1connect.EgressServiceName, ctrlv1connect.ResolverServiceName, ctrlv1connect.VolumeServiceName,
-		ctrlv1connect.EnrollmentServiceName, ctrlv1connect.SessionServiceName, ctrlv1connect.ProcessServiceName, ctrlv1connect.PortForwardServiceName,
+		ctrlv1connect.EnrollmentServiceName, ctrlv1connect.SessionServiceName, ctrlv1connect.ProcessServiceName, ctrlv1connect.PortForwardServiceName, ctrlv1connect.WorkspaceLogServiceName,
 		ctrlv1connect.FileServiceName,
 	}
 	s.health = grpchealth.NewStaticChecker(services...)
@@ -253,8 +258,9 @@ func TLSConfig(base *tls.Config) *tls.Config {
 // health is served without a certificate, for load balancers and probes,
 // and so is BootstrapService, whose enrollment token is the credential of a
 // node that has no certificate yet, and the data plane's ProcessService,
-// PortForwardService and FileService, whose credential is a data-plane
-// token (api.Processes, api.PortForwards and api.Files check it).
+// PortForwardService, FileService and WorkspaceLogService, whose
+// credential is a data-plane token (api.Processes, api.PortForwards,
+// api.Files and api.WorkspaceLogs check it).
 func (s *Server) authenticate(api, health http.Handler) http.Handler {
 	errw := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -265,6 +271,7 @@ func (s *Server) authenticate(api, health http.Handler) http.Handler {
 		if strings.HasPrefix(r.URL.Path, "/"+nodev1connect.BootstrapServiceName+"/") ||
 			strings.HasPrefix(r.URL.Path, "/"+ctrlv1connect.ProcessServiceName+"/") ||
 			strings.HasPrefix(r.URL.Path, "/"+ctrlv1connect.PortForwardServiceName+"/") ||
+			strings.HasPrefix(r.URL.Path, "/"+ctrlv1connect.WorkspaceLogServiceName+"/") ||
 			strings.HasPrefix(r.URL.Path, "/"+ctrlv1connect.FileServiceName+"/") {
 			api.ServeHTTP(w, r) // bodies are bounded by connect.WithReadMaxBytes
 			return

@@ -7,6 +7,11 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strings"
+
+	"connectrpc.com/connect"
+
+	"github.com/kibotos/kibotos/gen/kibotos/node/v1/nodev1connect"
+	"github.com/kibotos/kibotos/internal/guest/protocol"
 )
 
 // The node's data service, served to ctrl on the node's data tunnels
@@ -17,7 +22,9 @@ import (
 // node neither decodes nor buffers the guest's messages, it copies them
 // under HTTP/2 flow control. What the guest sends is bounded where it is
 // decoded, on ctrl (its per-message limit and header limit). Only the
-// services in GuestServices are forwarded; any other path is not found.
+// services in GuestServices are forwarded; the node serves those of
+// NodeServices itself (logs.go), when its Runtime offers them; any other
+// path is not found.
 
 // ErrNotRunning is returned by Guests for a workspace the node does not
 // run.
@@ -64,21 +71,40 @@ func NewDataHandler(g Guests) http.Handler {
 			http.Error(w, "the workspace's guest cannot be reached", http.StatusBadGateway)
 		},
 	}
+	// The node's own services (NodeServices), when g offers them.
+	var local http.Handler
+	if l, ok := g.(Logs); ok {
+		_, local = nodev1connect.NewWorkspaceLogServiceHandler(newLogService(l),
+			connect.WithReadMaxBytes(protocol.MaxDataPlaneMessage), connect.WithSendMaxBytes(protocol.MaxDataPlaneMessage))
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := http.Handler(proxy)
 		id, tail, ok := splitDataPath(r.URL.Path)
+		if !ok && local != nil {
+			id, tail, ok = splitServicePath(r.URL.Path, NodeServices)
+			h = local
+		}
 		if !ok {
 			http.NotFound(w, r)
 			return
 		}
 		r2 := r.Clone(context.WithValue(r.Context(), guestKey{}, id))
 		r2.URL.Path, r2.URL.RawPath = tail, ""
-		proxy.ServeHTTP(w, r2)
+		h.ServeHTTP(w, r2)
 	})
 }
 
+// NodeServices are the services the node serves itself on its data
+// tunnels, at /w/WORKSPACE_ID/SERVICE/METHOD as the guests' are.
+var NodeServices = []string{nodev1connect.WorkspaceLogServiceName}
+
 // splitDataPath splits /w/ID/SERVICE/METHOD into ID and /SERVICE/METHOD,
 // for the services of GuestServices only.
-func splitDataPath(p string) (id, tail string, ok bool) {
+func splitDataPath(p string) (id, tail string, ok bool) { return splitServicePath(p, GuestServices) }
+
+// splitServicePath splits /w/ID/SERVICE/METHOD into ID and
+// /SERVICE/METHOD, for the services of services only.
+func splitServicePath(p string, services []string) (id, tail string, ok bool) {
 	rest, ok := strings.CutPrefix(p, "/w/")
 	if !ok {
 		return "", "", false
@@ -91,7 +117,7 @@ func splitDataPath(p string) (id, tail string, ok bool) {
 	if !ok || method == "" || strings.Contains(method, "/") {
 		return "", "", false
 	}
-	for _, s := range GuestServices {
+	for _, s := range services {
 		if svc == s {
 			return id, "/" + svcMethod, true
 		}

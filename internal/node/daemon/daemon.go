@@ -264,3 +264,16 @@ func (r *Runtime) GuestTransport(id string) (http.RoundTripper, error) {
 	}
 	return tr, err
 }
+
+// OpenLog opens a workspace's guest log, the rotated file and the current
+// one, for the agent's log service; agent.ErrNoLog when the node keeps
+// none.
+func (r *Runtime) OpenLog(id string) (rotated, current *os.File, err error) {
+	rotated, current, err = r.rt.OpenLog(id)
+	if errors.Is(err, sandbox.ErrNoLog) {
+		return nil, nil, fmt.Errorf("%w: %s", agent.ErrNoLog, id)
+	}
+	return rotated, current, err
+}
+
+var _ agent.Logs = (*Runtime)(nil)

@@ -10,6 +10,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 
 	"golang.org/x/net/http2"
@@ -44,6 +47,9 @@ type Runtime struct {
 	// workspace's guest (connect handlers by path prefix, as
 	// guestv1connect.NewFileServiceHandler returns them).
 	GuestServices map[string]http.Handler
+	// LogDir, when set, holds the workspaces' logs as <ws>.log and
+	// <ws>.log.1 (OpenLog), whether they run or not.
+	LogDir string
 
 	guestOnce sync.Once
 	guestSrv  *httptest.Server
@@ -193,4 +199,22 @@ func (r *Runtime) Close() {
 	if r.guestSrv != nil {
 		r.guestSrv.Close()
 	}
+}
+
+// OpenLog opens a workspace's log in LogDir: agent.ErrNoLog without one.
+func (r *Runtime) OpenLog(id string) (rotated, current *os.File, err error) {
+	if r.LogDir == "" || strings.ContainsAny(id, "/\x00") || id == "" || id == "." || id == ".." {
+		return nil, nil, agent.ErrNoLog
+	}
+	p := filepath.Join(r.LogDir, id+".log")
+	if f, err := os.Open(p + ".1"); err == nil {
+		rotated = f
+	}
+	if f, err := os.Open(p); err == nil {
+		current = f
+	}
+	if rotated == nil && current == nil {
+		return nil, nil, agent.ErrNoLog
+	}
+	return rotated, current, nil
 }
