@@ -37,6 +37,7 @@ exit 14 without sending anything.`)
 		a.workspaceExec(),
 		a.workspaceShell(),
 		a.workspacePortForward(),
+		a.workspaceLogs(),
 	)
 	return cmd
 }
