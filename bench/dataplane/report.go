@@ -84,7 +84,11 @@ func mibps(runs []streamRun) (median, best float64) {
 		v[i] = r.mibps()
 	}
 	slices.Sort(v)
-	return v[(len(v)-1)/2], v[len(v)-1]
+	median = v[len(v)/2]
+	if len(v)%2 == 0 {
+		median = (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	return median, v[len(v)-1]
 }
 
 func (b *bench) report() string {
