@@ -25,7 +25,8 @@ func (a *app) workspaceCommand() *cobra.Command {
 		`Manage Workspaces. Each command needs the capability of its procedure
 (workspace.create for create, get, list, command, labels and annotations;
 workspace.start, workspace.stop and workspace.delete for the others;
-workspace.data_plane.revoke for revoke-data-plane; workspace.exec for exec;
+workspace.data_plane.revoke for revoke-data-plane; workspace.exec for exec,
+shell, port-forward and logs;
 session create needs the capability of each scope); a server that does not list it makes the command
 exit 14 without sending anything.`)
 	cmd.AddCommand(
