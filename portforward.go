@@ -168,10 +168,16 @@ func (d *PortDialer) dial(ctx context.Context, tok string, port int) (*PortConn,
 	life, cancel := context.WithCancel(context.Background())
 	stream := d.client.ForwardPort(life)
 	stream.RequestHeader().Set("Authorization", "Bearer "+tok)
-	stop := context.AfterFunc(ctx, cancel)
+	// The transport does not see the context's end while it waits for the
+	// next request to send: closing the requests makes it.
+	abort := func() {
+		cancel()
+		_ = stream.CloseRequest()
+	}
+	stop := context.AfterFunc(ctx, abort)
 	fail := func(err error) (*PortConn, error) {
 		stop()
-		cancel()
+		abort()
 		_ = stream.CloseResponse()
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -241,6 +247,14 @@ type PortConn struct {
 	done      chan struct{} // closed by Close
 	closeOnce sync.Once
 	rd, wd    *portDeadline
+}
+
+// abort ends the stream at once. The transport does not see the
+// context's end while it waits for the next request to send: closing the
+// requests makes it.
+func (c *PortConn) abort() {
+	c.cancel()
+	_ = c.stream.CloseRequest()
 }
 
 // receive reads the stream into data until its end.
@@ -335,7 +349,7 @@ func (c *PortConn) send(m *ctrlv1.ForwardPortRequest) error {
 			select {
 			case <-wait:
 				close(expired)
-				c.cancel()
+				c.abort()
 			case <-stop:
 			}
 		}()
@@ -381,7 +395,7 @@ func (c *PortConn) Close() error {
 		close(c.done)
 		if !c.wmu.TryLock() {
 			// A Write waits for the flow control: it ends with the stream.
-			c.cancel()
+			c.abort()
 		} else {
 			if !c.wclosed {
 				c.wclosed = true
@@ -390,11 +404,11 @@ func (c *PortConn) Close() error {
 			c.wmu.Unlock()
 		}
 		go func() {
-			t := time.AfterFunc(portCloseGrace, c.cancel)
+			t := time.AfterFunc(portCloseGrace, c.abort)
 			defer t.Stop()
 			for range c.data {
 			}
-			c.cancel()
+			c.abort()
 			_ = c.stream.CloseResponse()
 		}()
 	})

@@ -189,11 +189,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			return guestv1connect.NewProcessServiceClient(tunnelHTTP, tunnel.NodeURL(node)+agent.DataPath(ws), connect.WithGRPC(),
 				connect.WithReadMaxBytes(dataMessageBytes), connect.WithSendMaxBytes(dataMessageBytes))
 		}}, opts))
+	// Forwarded bytes are mostly compressed or encrypted already: no gzip.
 	mux.Handle(ctrlv1connect.NewPortForwardServiceHandler(&api.PortForwards{Verifier: s.dplane.Verifier(), Store: cfg.Store,
 		Guest: func(node, ws string) guestv1connect.PortServiceClient {
 			return guestv1connect.NewPortServiceClient(tunnelHTTP, tunnel.NodeURL(node)+agent.DataPath(ws), connect.WithGRPC(),
 				connect.WithReadMaxBytes(dataMessageBytes), connect.WithSendMaxBytes(dataMessageBytes))
-		}}, opts))
+		}}, opts, connect.WithCompression("gzip", nil, nil)))
 	mux.Handle(ctrlv1connect.NewFileServiceHandler(&api.Files{Verifier: s.dplane.Verifier(), Store: cfg.Store,
 		Guest: func(node, ws string) guestv1connect.FileServiceClient {
 			return guestv1connect.NewFileServiceClient(tunnelHTTP, tunnel.NodeURL(node)+agent.DataPath(ws), connect.WithGRPC(),

@@ -28,6 +28,11 @@ const (
 	forwardDialTimeout = 10 * time.Second
 )
 
+// noGzip serves a handler without compression: the bytes of a forward are
+// mostly compressed or encrypted already, and gzip would spend the
+// workspace's CPU on every chunk for nothing.
+var noGzip = connect.WithCompression("gzip", nil, nil)
+
 // portService serves the PortService: the guest is PID 1 of the
 // workspace's network namespace, so its loopback is the workspace's own.
 // Each forward holds one TCP connection and two goroutines; its bytes are

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -268,6 +269,63 @@ func TestPortForwardBound(t *testing.T) {
 	_ = s.Send(&guestv1.ForwardRequest{Port: echoServer(t)})
 	if _, err := s.Receive(); connect.CodeOf(err) != connect.CodeResourceExhausted {
 		t.Errorf("forward beyond the bound = %v, want resource_exhausted", err)
+	}
+	_ = s.CloseResponse()
+}
+
+// TestPortForwardBackpressure: a workspace server that writes as fast as
+// it can to a client that reads nothing is held back (TCP's window and
+// HTTP/2's flow control, one chunk in the guest): far less than what it
+// tried is taken; the client's cancel then closes its connection.
+func TestPortForwardBackpressure(t *testing.T) {
+	c := portClient(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	written := make(chan int64, 1)
+	closed := make(chan error, 1)
+	go func() {
+		conn, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		buf := make([]byte, 64<<10)
+		_, _ = rand.Read(buf) // not compressible
+		var n int64
+		for n < 256<<20 {
+			_ = conn.SetWriteDeadline(time.Now().Add(time.Second))
+			k, err := conn.Write(buf)
+			n += int64(k)
+			if err != nil {
+				break
+			}
+		}
+		written <- n
+		// Then the end of the forward reaches it.
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err = conn.Read(buf)
+		closed <- err
+	}()
+	ctx, cancel := context.WithCancel(t.Context())
+	s := c.Forward(ctx)
+	_ = s.Send(&guestv1.ForwardRequest{Port: uint32(l.Addr().(*net.TCPAddr).Port)})
+	if m, err := s.Receive(); err != nil || m.GetConnected() == nil {
+		t.Fatalf("connected: %v, %v", m, err)
+	}
+	n := <-written
+	t.Logf("a server writing to a client that reads nothing got %d KiB out", n>>10)
+	if n >= 64<<20 {
+		t.Errorf("%d bytes taken from a server while the client read nothing", n)
+	}
+	// As ctrl does when its client goes: the transport sees the context's
+	// end once the requests are closed.
+	cancel()
+	_ = s.CloseRequest()
+	if err := <-closed; err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("the workspace's side after the client's cancel: %v, want its end", err)
 	}
 	_ = s.CloseResponse()
 }

@@ -24,7 +24,7 @@ func (a *Agent) newDataPlane() (*http2.Server, http.Handler) {
 	mux.Handle(guestv1connect.NewProcessServiceHandler(processService{a: a},
 		connect.WithReadMaxBytes(protocol.MaxDataPlaneMessage), connect.WithSendMaxBytes(protocol.MaxDataPlaneMessage)))
 	mux.Handle(guestv1connect.NewFileServiceHandler(newFileService("/"), connect.WithReadMaxBytes(protocol.MaxDataPlaneMessage), connect.WithSendMaxBytes(protocol.MaxDataPlaneMessage)))
-	mux.Handle(guestv1connect.NewPortServiceHandler(newPortService(), connect.WithReadMaxBytes(protocol.MaxDataPlaneMessage), connect.WithSendMaxBytes(protocol.MaxDataPlaneMessage)))
+	mux.Handle(guestv1connect.NewPortServiceHandler(newPortService(), connect.WithReadMaxBytes(protocol.MaxDataPlaneMessage), connect.WithSendMaxBytes(protocol.MaxDataPlaneMessage), noGzip))
 	srv := &http2.Server{
 		MaxConcurrentStreams: 128,
 		MaxReadFrameSize:     64 << 10,
