@@ -1,6 +1,7 @@
 package kibotos
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -199,9 +200,11 @@ func (d *PortDialer) dial(ctx context.Context, tok string, port int) (*PortConn,
 		return fail(ctx.Err())
 	}
 	c := &PortConn{stream: stream, cancel: cancel, data: make(chan []byte), done: make(chan struct{}),
+		wch: make(chan []byte), wdone: make(chan struct{}),
 		local: PortAddr{WorkspaceID: d.ws.id}, remote: PortAddr{WorkspaceID: d.ws.id, Port: port, Address: m.GetConnected().GetAddress()},
 		rd: newPortDeadline(), wd: newPortDeadline()}
 	go c.receive()
+	go c.writer()
 	return c, nil
 }
 
@@ -226,8 +229,12 @@ func (a PortAddr) String() string {
 }
 
 // PortConn is a connection to a port of a Workspace: a net.Conn over one
-// ForwardPort stream. Its buffers hold one chunk each way; a side that does
-// not read holds back the other through HTTP/2's flow control.
+// ForwardPort stream. It holds one chunk each way (like a socket's
+// buffers): a Write returns once its last chunk was handed to the stream's
+// writer, and an error of the stream is returned by the next Write; a side
+// that does not read holds back the other through HTTP/2's flow control.
+// A deadline that passes fails the calls it bounds and leaves the
+// connection usable.
 type PortConn struct {
 	stream *connect.BidiStreamForClient[ctrlv1.ForwardPortRequest, ctrlv1.ForwardPortResponse]
 	cancel context.CancelFunc
@@ -242,12 +249,22 @@ type PortConn struct {
 	rbuf []byte // the rest of the chunk Read is at
 	rmu  sync.Mutex
 
-	wmu       sync.Mutex
-	wclosed   bool
+	// wch carries chunks to the writer; nil asks for close_write.
+	wch chan []byte
+	// wdone is closed when the writer ended, werr saying why (set
+	// before).
+	wdone   chan struct{}
+	werr    error
+	wmu     sync.Mutex // Write and CloseWrite, one at a time
+	wclosed bool
+
 	done      chan struct{} // closed by Close
 	closeOnce sync.Once
 	rd, wd    *portDeadline
 }
+
+// errWriteShut is the writer's end after close_write.
+var errWriteShut = errors.New("kibotos: write after CloseWrite")
 
 // abort ends the stream at once. The transport does not see the
 // context's end while it waits for the next request to send: closing the
@@ -282,6 +299,46 @@ func (c *PortConn) receive() {
 	}
 }
 
+// writer sends the chunks of wch until close_write, Close or a failure;
+// at Close it ends the requests once the chunk it holds is sent.
+func (c *PortConn) writer() {
+	defer close(c.wdone)
+	for {
+		select {
+		case b := <-c.wch:
+			if b == nil {
+				err := c.stream.Send(&ctrlv1.ForwardPortRequest{CloseWrite: true})
+				if err == nil {
+					err = c.stream.CloseRequest()
+				}
+				if err != nil {
+					c.werr = c.sendError(err)
+				} else {
+					c.werr = errWriteShut
+				}
+				return
+			}
+			if err := c.stream.Send(&ctrlv1.ForwardPortRequest{Data: b}); err != nil {
+				c.werr = c.sendError(err)
+				return
+			}
+		case <-c.done:
+			c.werr = net.ErrClosed
+			_ = c.stream.CloseRequest()
+			return
+		}
+	}
+}
+
+// sendError is the error of a failed Send: the server's answer ends the
+// call (Read returns it), so it is io.ErrClosedPipe here.
+func (c *PortConn) sendError(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrClosedPipe
+	}
+	return err
+}
+
 // Read reads what the Workspace's side wrote; io.EOF once it closed its
 // writing half.
 func (c *PortConn) Read(p []byte) (int, error) {
@@ -291,6 +348,8 @@ func (c *PortConn) Read(p []byte) (int, error) {
 		select {
 		case <-c.done:
 			return 0, net.ErrClosed
+		case <-c.rd.wait():
+			return 0, os.ErrDeadlineExceeded
 		default:
 		}
 		select {
@@ -310,25 +369,41 @@ func (c *PortConn) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// Write sends p to the Workspace's side. A write deadline that passes
-// while a chunk waits for the flow control ends the connection.
+// hand gives b (nil: close_write) to the writer, within the write
+// deadline.
+func (c *PortConn) hand(b []byte) error {
+	select {
+	case <-c.done:
+		return net.ErrClosed
+	case <-c.wd.wait():
+		return os.ErrDeadlineExceeded
+	case <-c.wdone:
+		return c.werr
+	default:
+	}
+	select {
+	case c.wch <- b:
+		return nil
+	case <-c.done:
+		return net.ErrClosed
+	case <-c.wd.wait():
+		return os.ErrDeadlineExceeded
+	case <-c.wdone:
+		return c.werr
+	}
+}
+
+// Write sends p to the Workspace's side, in chunks of 32 KiB.
 func (c *PortConn) Write(p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if c.wclosed {
-		return 0, errors.New("kibotos: write after CloseWrite")
+		return 0, errWriteShut
 	}
 	n := 0
 	for n < len(p) {
-		select {
-		case <-c.done:
-			return n, net.ErrClosed
-		case <-c.wd.wait():
-			return n, os.ErrDeadlineExceeded
-		default:
-		}
 		k := min(len(p)-n, portChunk)
-		if err := c.send(&ctrlv1.ForwardPortRequest{Data: p[n : n+k]}); err != nil {
+		if err := c.hand(bytes.Clone(p[n : n+k])); err != nil {
 			return n, err
 		}
 		n += k
@@ -336,78 +411,41 @@ func (c *PortConn) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// send sends m, ending the connection when the write deadline passes
-// first.
-func (c *PortConn) send(m *ctrlv1.ForwardPortRequest) error {
-	var expired chan struct{}
-	if c.wd.isSet() {
-		expired = make(chan struct{})
-		stop := make(chan struct{})
-		defer close(stop)
-		wait := c.wd.wait()
-		go func() {
-			select {
-			case <-wait:
-				close(expired)
-				c.abort()
-			case <-stop:
-			}
-		}()
-	}
-	err := c.stream.Send(m)
-	if err == nil {
-		return nil
-	}
-	if expired != nil {
-		select {
-		case <-expired:
-			return os.ErrDeadlineExceeded
-		default:
-		}
-	}
-	if errors.Is(err, io.EOF) {
-		// The server ended the call: Read returns why.
-		return io.ErrClosedPipe
-	}
-	return err
-}
-
-// CloseWrite closes this side's writing half: the Workspace's side reads
-// end of file once it read what was written.
+// CloseWrite closes this side's writing half once what was written is
+// sent: the Workspace's side then reads end of file.
 func (c *PortConn) CloseWrite() error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if c.wclosed {
 		return nil
 	}
-	c.wclosed = true
-	if err := c.send(&ctrlv1.ForwardPortRequest{CloseWrite: true}); err != nil {
+	if err := c.hand(nil); err != nil {
 		return err
 	}
-	return c.stream.CloseRequest()
+	c.wclosed = true
+	select {
+	case <-c.wdone:
+		if c.werr != errWriteShut {
+			return c.werr
+		}
+		return nil
+	case <-c.done:
+		return net.ErrClosed
+	}
 }
 
-// Close closes the connection: what was written still reaches the
-// Workspace's side (in the background, for 30s at most), what it sends is
-// discarded.
+// Close closes the connection: pending Reads and Writes return, the chunk
+// the writer holds still reaches the Workspace's side, then its end of
+// file; what it sends is discarded. The stream is cut after 30s at most.
 func (c *PortConn) Close() error {
 	c.closeOnce.Do(func() {
 		close(c.done)
-		if !c.wmu.TryLock() {
-			// A Write waits for the flow control: it ends with the stream.
-			c.abort()
-		} else {
-			if !c.wclosed {
-				c.wclosed = true
-				_ = c.stream.CloseRequest()
-			}
-			c.wmu.Unlock()
-		}
 		go func() {
 			t := time.AfterFunc(portCloseGrace, c.abort)
 			defer t.Stop()
 			for range c.data {
 			}
+			<-c.wdone
 			c.abort()
 			_ = c.stream.CloseResponse()
 		}()
@@ -431,15 +469,14 @@ func (c *PortConn) SetDeadline(t time.Time) error {
 // SetReadDeadline sets the deadline of Read, pending ones included.
 func (c *PortConn) SetReadDeadline(t time.Time) error { c.rd.set(t); return nil }
 
-// SetWriteDeadline sets the deadline of Write; one that passes while a
-// Write waits ends the connection.
+// SetWriteDeadline sets the deadline of Write and CloseWrite, pending ones
+// included.
 func (c *PortConn) SetWriteDeadline(t time.Time) error { c.wd.set(t); return nil }
 
 // portDeadline is a deadline whose channel is closed once it passed.
 type portDeadline struct {
 	mu    sync.Mutex
 	gen   uint64
-	at    time.Time
 	timer *time.Timer
 	ch    chan struct{}
 }
@@ -452,7 +489,6 @@ func (d *portDeadline) set(at time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.gen++
-	d.at = at
 	if d.timer != nil {
 		d.timer.Stop()
 		d.timer = nil
@@ -485,13 +521,6 @@ func (d *portDeadline) wait() <-chan struct{} {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.ch
-}
-
-// isSet reports whether a deadline is set.
-func (d *portDeadline) isSet() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return !d.at.IsZero()
 }
 
 var _ net.Conn = (*PortConn)(nil)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/net/nettest"
 
 	"github.com/kibotos/kibotos"
 	"github.com/kibotos/kibotos/gen/kibotos/guest/v1/guestv1connect"
@@ -148,4 +149,39 @@ func TestDialPort(t *testing.T) {
 	if _, err := ws.DialPort(ctx, 70000); err == nil {
 		t.Error("DialPort(70000) succeeded")
 	}
+}
+
+// TestPortConnNetConn runs x/net/nettest's conformance tests of net.Conn
+// on a PortConn, the other end being the connection the Workspace's
+// server accepted.
+func TestPortConnNetConn(t *testing.T) {
+	t.Parallel()
+	ws := portEnv(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	d := ws.PortDialer()
+	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			c, err := l.Accept()
+			if err != nil {
+				close(accepted)
+				return
+			}
+			accepted <- c
+		}()
+		c1, err = d.DialPort(t.Context(), l.Addr().(*net.TCPAddr).Port)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		c2, ok := <-accepted
+		if !ok {
+			c1.Close()
+			return nil, nil, nil, errors.New("nothing accepted")
+		}
+		return c1, c2, func() { c1.Close(); c2.Close() }, nil
+	})
 }
