@@ -110,7 +110,8 @@ It needs HTTP/2 to ctrl, and the capability workspace.exec (14 without it).`,
 		for _, p := range specs {
 			l, err := net.Listen("tcp", net.JoinHostPort(address, strconv.Itoa(p.local)))
 			if err != nil {
-				return fmt.Errorf("listen for port %d: %w", p.remote, err)
+				// %v: a local failure (exit 1), not a network one.
+				return fmt.Errorf("listen for port %d: %v", p.remote, err)
 			}
 			ls = append(ls, l)
 		}

@@ -174,6 +174,8 @@ func TestPortForwardCommand(t *testing.T) {
 	}
 
 	// Refusals before it listens.
+	busy := strconv.Itoa(l.Addr().(*net.TCPAddr).Port) // the echo server's
+	kibo(t, args(c, "workspace", "port-forward", id, busy+":80")...).want(t, ExitLocal)
 	kibo(t, args(c, "workspace", "port-forward", id, "0")...).want(t, ExitUsage)
 	kibo(t, args(c, "workspace", "port-forward", id)...).want(t, ExitUsage)
 	bare := ctrltest.New(t, ctrltest.Options{})
