@@ -10,6 +10,7 @@ import (
 	"net"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -90,7 +91,8 @@ func echoThrough(addr string, data []byte) ([]byte, error) {
 // workspace port-forward" carries the test's connections to it: a line,
 // then 10 MiB with the same SHA-256 (the throughput is logged), two
 // connections at once; a port nothing listens on closes the connection
-// and says so on stderr; SIGINT ends kibo with 0.
+// and says so on stderr, also the port of a listener on the host's
+// loopback (the workspace's loopback is its own); SIGINT ends kibo with 0.
 func TestPortForwardThroughKibo(t *testing.T) {
 	e := newDPEnv(t, "e2e-portforward")
 	tok := e.token()
@@ -99,13 +101,30 @@ func TestPortForwardThroughKibo(t *testing.T) {
 		Argv: []string{"nc", "-ll", "-p", "8080", "-e", "cat"}, Tag: "echo-server"}, tok)); err != nil {
 		t.Fatal(err)
 	}
-	cmd, stderr, ports := startPortForward(t, e, ":8080", ":9")
+	// A listener on the host's loopback: the workspace has a network
+	// namespace of its own, so a forward must never reach it.
+	hostL, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostL.Close()
+	go func() {
+		for {
+			c, err := hostL.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("host"))
+			c.Close()
+		}
+	}()
+	hostPort := strconv.Itoa(hostL.Addr().(*net.TCPAddr).Port)
+	cmd, stderr, ports := startPortForward(t, e, ":8080", ":9", ":"+hostPort)
 	addr := ports["8080"]
 
 	// The server may not listen yet: a connection closed with nothing is
 	// tried again.
 	var got []byte
-	var err error
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		got, err = echoThrough(addr, []byte("hello\n"))
 		if err == nil && string(got) == "hello\n" {
@@ -152,6 +171,18 @@ func TestPortForwardThroughKibo(t *testing.T) {
 	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(stderr.String(), "nothing listens on port 9"); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Errorf("kibo stderr %q does not say nothing listens on port 9", stderr.String())
+			break
+		}
+	}
+
+	// The host's listener is not reached: inside the workspace nothing
+	// listens on that port.
+	if got, err := echoThrough(ports[hostPort], []byte("x")); len(got) != 0 {
+		t.Errorf("a forward to port %s reached the host's loopback: %q, %v", hostPort, got, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(stderr.String(), "nothing listens on port "+hostPort); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Errorf("kibo stderr %q does not say nothing listens on port %s", stderr.String(), hostPort)
 			break
 		}
 	}
