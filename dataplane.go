@@ -90,6 +90,33 @@ func (s *dataSession) renewable(err error) bool {
 	return s.own && !time.Now().Before(s.expiry.Add(-renewSlack))
 }
 
+// current returns s's token.
+func (s *dataSession) current() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.token
+}
+
+// renewAfter reports whether a call refused with err, sent with the token
+// used, may be sent again: err is the expiry of the SDK's own session, and
+// either another call renewed it since (concurrent calls share it) or it
+// is renewed now.
+func (s *dataSession) renewAfter(ctx context.Context, err error, used string) bool {
+	if Reason(err) != ctrlv1.FailureReason_FAILURE_REASON_SESSION_EXPIRED {
+		return false
+	}
+	s.mu.Lock()
+	own, renewed := s.own, s.token != used
+	s.mu.Unlock()
+	if !own {
+		return false
+	}
+	if renewed {
+		return true
+	}
+	return s.renewable(err) && s.renew(ctx) == nil
+}
+
 // fresh renews the SDK's own session when less than d of it is left, so
 // that a call that cannot be resent (a stream of the caller's bytes) does
 // not outlive it.
@@ -115,4 +142,21 @@ func authReq[T any](s *dataSession, msg *T) *connect.Request[T] {
 	r := connect.NewRequest(msg)
 	s.authorize(r.Header())
 	return r
+}
+
+// callAuth sends msg with s's token through call, and again while the
+// refusal is an expiry s recovers from (renewAfter: renewed by this call or
+// by a concurrent one).
+func callAuth[T, R any](ctx context.Context, s *dataSession, msg *T,
+	call func(context.Context, *connect.Request[T]) (*connect.Response[R], error)) (*connect.Response[R], error) {
+	for {
+		tok := s.current()
+		r := connect.NewRequest(msg)
+		r.Header().Set("Authorization", "Bearer "+tok)
+		res, err := call(ctx, r)
+		if err != nil && s.renewAfter(ctx, err, tok) {
+			continue
+		}
+		return res, err
+	}
 }

@@ -44,9 +44,10 @@ type Cmd struct {
 	Dir string
 	// Tag names the process for ListProcesses and ProcessEvents.
 	Tag string
-	// Stdin is copied to the process (SendInput), then its input is closed
-	// (CloseInput); nil closes it at once. Wait does not wait for a Read of
-	// Stdin that blocks after the process exited.
+	// Stdin is copied to the process (on WriteInput streams, flow
+	// controlled: a process that does not read holds the copy back), then
+	// its input is closed; nil closes it at once. Wait does not wait for a
+	// Read of Stdin that blocks after the process exited.
 	Stdin io.Reader
 	// Stdout and Stderr receive the process's output; nil discards it. The
 	// same writer may be given for both: it is written by one goroutine.
@@ -57,6 +58,13 @@ type Cmd struct {
 	// SessionTTL is the lifetime of the session the Cmd creates, from 10s
 	// to 24h; zero is DefaultExecSessionTTL.
 	SessionTTL time.Duration
+	// Terminal, when set, runs the process on a terminal of this size
+	// (its stdout and stderr are then one stream, written to Stdout);
+	// Resize changes it.
+	Terminal *TerminalSize
+	// StartTimeout, when positive, bounds Start (the server's capabilities,
+	// the session and StartProcess), not the run.
+	StartTimeout time.Duration
 
 	ctx  context.Context
 	ws   *Workspace
@@ -71,6 +79,12 @@ type Cmd struct {
 	waited    bool
 	exited    *ctrlv1.ProcessExited
 	dropped   uint64
+}
+
+// TerminalSize is the size of a process's terminal; zero rows or columns
+// are 24 rows and 80 columns.
+type TerminalSize struct {
+	Rows, Cols uint16
 }
 
 // ExecCommand returns a Cmd that runs name with args in the Workspace. ctx
@@ -212,8 +226,16 @@ func (c *Cmd) Start() error {
 		c.ctx = context.Background()
 	}
 	ctx := c.ctx
+	if c.StartTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.StartTimeout)
+		defer cancel()
+	}
 	cl := c.ws.c
 	req := &ctrlv1.StartProcessRequest{WorkspaceId: c.ws.id, Argv: c.Args, Env: c.Env, WorkingDirectory: c.Dir, Tag: c.Tag}
+	if t := c.Terminal; t != nil {
+		req.Pty = &ctrlv1.ProcessPty{Rows: uint32(t.Rows), Cols: uint32(t.Cols)}
+	}
 	info, err := cl.serverInfo(ctx, cl.retry)
 	if err != nil {
 		return err
@@ -230,19 +252,12 @@ func (c *Cmd) Start() error {
 	if err := c.sess.start(ctx, info, c.Token); err != nil {
 		return err
 	}
-	var res *connect.Response[ctrlv1.StartProcessResponse]
-	for {
-		res, err = c.proc.StartProcess(ctx, authReq(&c.sess, req))
-		if err != nil && c.renewable(err) && c.newToken(ctx) == nil {
-			continue
-		}
-		break
-	}
+	res, err := callAuth(ctx, &c.sess, req, c.proc.StartProcess)
 	if err != nil {
 		return err
 	}
 	c.processID = res.Msg.GetProcessId()
-	life, stop := context.WithCancel(ctx)
+	life, stop := context.WithCancel(c.ctx)
 	c.stop, c.done = stop, make(chan struct{})
 	go c.pumpInput(life)
 	go func() {
@@ -268,64 +283,221 @@ func (c *Cmd) Wait() error {
 	return c.waitErr
 }
 
-// renewable reports whether err is the expiry of a session the Cmd
-// created, which it then renews.
-func (c *Cmd) renewable(err error) bool { return c.sess.renewable(err) }
-
-// newToken creates a session in place of the Cmd's expired one.
-func (c *Cmd) newToken(ctx context.Context) error { return c.sess.renew(ctx) }
-
-// pumpInput copies Stdin to the process by offset, then closes its input.
+// pumpInput copies Stdin to the process, then closes its input.
 func (c *Cmd) pumpInput(ctx context.Context) {
-	ws, id := c.ws.id, c.processID
 	if c.Stdin != nil {
-		var off uint64
-		buf := make([]byte, execInputChunk)
-		for ctx.Err() == nil {
-			n, rerr := c.Stdin.Read(buf)
-			data := buf[:n]
-			for len(data) > 0 && ctx.Err() == nil {
-				res, err := c.proc.SendInput(ctx, authReq(&c.sess, &ctrlv1.SendInputRequest{WorkspaceId: ws, ProcessId: id, Offset: off, Data: data}))
-				var took uint64
-				switch {
-				case err == nil:
-					took = res.Msg.GetAcceptedBytes()
-				case connect.CodeOf(err) == connect.CodeResourceExhausted:
-					if d, ok := Detail(err); ok {
-						took = d.GetAcceptedBytes()
-					}
-					if took == 0 {
-						select {
-						case <-ctx.Done():
-						case <-time.After(20 * time.Millisecond):
-						}
-					}
-				case c.renewable(err):
-					if c.newToken(ctx) != nil {
-						return
-					}
-					continue
-				default:
-					return // the process ended or cannot be reached: its events say which
-				}
-				off += took
-				data = data[took:]
-			}
-			if rerr != nil {
-				if !errors.Is(rerr, io.EOF) {
-					return
-				}
-				break
-			}
-		}
-	}
-	for ctx.Err() == nil {
-		_, err := c.proc.CloseInput(ctx, authReq(&c.sess, &ctrlv1.CloseInputRequest{WorkspaceId: ws, ProcessId: id}))
-		if err != nil && c.renewable(err) && c.newToken(ctx) == nil {
-			continue
-		}
+		in := &inputStream{c: c}
+		in.pump(ctx)
 		return
 	}
+	_, _ = callAuth(ctx, &c.sess, &ctrlv1.CloseInputRequest{WorkspaceId: c.ws.id, ProcessId: c.processID}, c.proc.CloseInput)
+}
+
+// Streamed input: Stdin goes to the process on WriteInput streams, whose
+// flow control holds the Cmd back while the process does not read. A
+// stream is closed (and what it carried confirmed by the guest) after
+// inputRotateBytes or a quarter of the session's lifetime, so that a
+// stream never outlives its token and the bytes a broken stream may have
+// lost are few: they are kept until confirmed and sent again on the next
+// stream from their offset (the guest skips what it already took).
+const (
+	inputRotateBytes = 1 << 20
+	inputRetries     = 3
+)
+
+// inputStream is the state of pumpInput.
+type inputStream struct {
+	c         *Cmd
+	confirmed uint64 // the input offset the guest confirmed
+	pending   []byte // the bytes after confirmed, sent or not
+	sent      int    // of pending, sent on the open stream
+	s         *connect.ClientStreamForClient[ctrlv1.WriteInputRequest, ctrlv1.WriteInputResponse]
+	first     bool // the next message is the stream's first
+	opened    time.Time
+	token     string // the stream's token
+	unary     bool   // the server has no WriteInput: SendInput and CloseInput
+}
+
+// open starts a stream, renewing the session first when less than half
+// of it is left.
+func (in *inputStream) open(ctx context.Context) error {
+	if err := in.c.sess.fresh(ctx, in.c.sess.ttl/2); err != nil {
+		return err
+	}
+	in.s = in.c.proc.WriteInput(ctx)
+	in.token = in.c.sess.current()
+	in.s.RequestHeader().Set("Authorization", "Bearer "+in.token)
+	in.first, in.sent, in.opened = true, 0, time.Now()
+	return nil
+}
+
+// flush sends what of pending the stream has not carried (closeInput
+// with the last of it).
+func (in *inputStream) flush(closeInput bool) error {
+	for {
+		n := min(len(in.pending)-in.sent, execInputChunk*4)
+		last := in.sent+n == len(in.pending)
+		if n == 0 && !closeInput {
+			return nil
+		}
+		m := &ctrlv1.WriteInputRequest{Data: in.pending[in.sent : in.sent+n], CloseInput: closeInput && last}
+		if in.first {
+			m.WorkspaceId, m.ProcessId, m.Offset = in.c.ws.id, in.c.processID, in.confirmed+uint64(in.sent)
+			in.first = false
+		}
+		if err := in.s.Send(m); err != nil {
+			return err
+		}
+		in.sent += n
+		if last {
+			return nil
+		}
+	}
+}
+
+// finish closes the stream and drops from pending what the guest
+// confirmed; the error is the stream's.
+func (in *inputStream) finish() error {
+	s := in.s
+	in.s = nil
+	res, err := s.CloseAndReceive()
+	if err != nil {
+		return err
+	}
+	took := min(res.Msg.GetAcceptedBytes(), uint64(in.sent))
+	in.confirmed += took
+	in.pending = in.pending[took:]
+	if len(in.pending) == 0 {
+		in.pending = nil
+	}
+	return nil
+}
+
+// deliver appends data to the input (and closes it after data when
+// closeInput), opening and reopening streams as needed: a stream that
+// breaks is replaced and what it may have lost is sent again. It returns
+// false when the input cannot go on (the process ended, the Workspace
+// cannot be reached, ctx ended).
+func (in *inputStream) deliver(ctx context.Context, data []byte, closeInput bool) bool {
+	in.pending = append(in.pending, data...)
+	if in.unary {
+		return in.deliverUnary(ctx, closeInput)
+	}
+	for failures := 0; ctx.Err() == nil; {
+		var err error
+		if in.s == nil {
+			err = in.open(ctx)
+		}
+		if err == nil {
+			err = in.flush(closeInput)
+		}
+		if err == nil {
+			if !closeInput && len(in.pending) < inputRotateBytes && time.Since(in.opened) < in.c.sess.ttl/4 {
+				return true
+			}
+			if err = in.finish(); err == nil {
+				return true
+			}
+		} else if in.s != nil {
+			if ferr := in.finish(); ferr != nil {
+				err = ferr // the stream's own error says why a Send failed
+			}
+		}
+		switch {
+		case connect.CodeOf(err) == connect.CodeUnimplemented:
+			// A server of an earlier release: unary calls.
+			in.unary = true
+			return in.deliverUnary(ctx, closeInput)
+		case in.c.sess.renewAfter(ctx, err, in.token):
+		case reconnectable(err) && failures < inputRetries:
+			failures++
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(time.Duration(failures) * 50 * time.Millisecond):
+			}
+		default:
+			return false // the process ended or cannot be reached: its events say which
+		}
+	}
+	return false
+}
+
+// deliverUnary sends pending with SendInput by offset (waiting while the
+// input buffer is full), then CloseInput when closeInput.
+func (in *inputStream) deliverUnary(ctx context.Context, closeInput bool) bool {
+	c, ws, id := in.c, in.c.ws.id, in.c.processID
+	for len(in.pending) > 0 && ctx.Err() == nil {
+		data := in.pending[:min(len(in.pending), execInputChunk)]
+		res, err := callAuth(ctx, &c.sess, &ctrlv1.SendInputRequest{WorkspaceId: ws, ProcessId: id, Offset: in.confirmed, Data: data}, c.proc.SendInput)
+		var took uint64
+		switch {
+		case err == nil:
+			took = res.Msg.GetAcceptedBytes()
+		case connect.CodeOf(err) == connect.CodeResourceExhausted:
+			if d, ok := Detail(err); ok {
+				took = d.GetAcceptedBytes()
+			}
+		default:
+			return false // the process ended or cannot be reached: its events say which
+		}
+		took = min(took, uint64(len(data)))
+		in.confirmed += took
+		in.pending = in.pending[took:]
+		if took < uint64(len(data)) {
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	in.pending = nil
+	if closeInput {
+		_, err := callAuth(ctx, &c.sess, &ctrlv1.CloseInputRequest{WorkspaceId: ws, ProcessId: id}, c.proc.CloseInput)
+		return err == nil
+	}
+	return ctx.Err() == nil
+}
+
+// pump copies Stdin until its end, then closes the input.
+func (in *inputStream) pump(ctx context.Context) {
+	buf := make([]byte, execInputChunk)
+	for ctx.Err() == nil {
+		n, rerr := in.c.Stdin.Read(buf)
+		if n > 0 && !in.deliver(ctx, buf[:n], false) {
+			return
+		}
+		if rerr != nil {
+			if errors.Is(rerr, io.EOF) {
+				in.deliver(ctx, nil, true)
+			} else if in.s != nil {
+				_ = in.finish()
+			}
+			return
+		}
+	}
+}
+
+// Resize sets the size of the process's terminal (Terminal set).
+func (c *Cmd) Resize(ctx context.Context, size TerminalSize) error {
+	if c.processID == "" {
+		return errors.New("kibotos: Cmd not started")
+	}
+	req := &ctrlv1.ResizeProcessRequest{WorkspaceId: c.ws.id, ProcessId: c.processID, Rows: uint32(size.Rows), Cols: uint32(size.Cols)}
+	_, err := callAuth(ctx, &c.sess, req, c.proc.ResizeProcess)
+	return err
+}
+
+// Signal sends sig to the process, or to its process group when group is
+// set.
+func (c *Cmd) Signal(ctx context.Context, sig syscall.Signal, group bool) error {
+	if c.processID == "" {
+		return errors.New("kibotos: Cmd not started")
+	}
+	req := &ctrlv1.SignalProcessRequest{WorkspaceId: c.ws.id, ProcessId: c.processID, Signal: int32(sig), ProcessGroup: group}
+	_, err := callAuth(ctx, &c.sess, req, c.proc.SignalProcess)
+	return err
 }
 
 // follow copies the process's output until its exit, reconnecting from
@@ -335,7 +507,10 @@ func (c *Cmd) follow(ctx context.Context) error {
 	var dropped uint64
 	failures := 0
 	for {
-		s, err := c.proc.ProcessEvents(ctx, authReq(&c.sess, &ctrlv1.ProcessEventsRequest{WorkspaceId: c.ws.id, ProcessId: c.processID, FromOffset: off}))
+		tok := c.sess.current()
+		er := connect.NewRequest(&ctrlv1.ProcessEventsRequest{WorkspaceId: c.ws.id, ProcessId: c.processID, FromOffset: off})
+		er.Header().Set("Authorization", "Bearer "+tok)
+		s, err := c.proc.ProcessEvents(ctx, er)
 		if err == nil {
 			for s.Receive() {
 				failures = 0
@@ -386,10 +561,8 @@ func (c *Cmd) follow(ctx context.Context) error {
 			c.kill()
 			return ctx.Err()
 		}
-		if c.renewable(err) {
-			if rerr := c.newToken(ctx); rerr == nil {
-				continue
-			}
+		if c.sess.renewAfter(ctx, err, tok) {
+			continue
 		}
 		if failures++; failures > execReconnects || !reconnectable(err) {
 			c.dropped = dropped

@@ -37,12 +37,16 @@ import (
 //	sleep           runs until signalled
 //
 // Its input buffer takes 4 bytes per SendInput, so that longer input is
-// refused with resource_exhausted and accepted_bytes 4.
+// refused with resource_exhausted and accepted_bytes 4; WriteInput takes
+// every byte (unimplemented when noStream, as a server of an earlier
+// release).
 type fakeGuest struct {
 	guestv1connect.UnimplementedProcessServiceHandler
-	next  atomic.Int64
-	mu    sync.Mutex
-	procs map[string]*fakeProc
+	noStream bool
+	streams  atomic.Int64 // WriteInput streams served
+	next     atomic.Int64
+	mu       sync.Mutex
+	procs    map[string]*fakeProc
 }
 
 type fakeProc struct {
@@ -204,6 +208,39 @@ func (g *fakeGuest) SendInput(_ context.Context, req *connect.Request[guestv1.Se
 	return connect.NewResponse(&guestv1.SendInputResponse{AcceptedBytes: uint64(took)}), nil
 }
 
+func (g *fakeGuest) WriteInput(ctx context.Context, in *connect.ClientStream[guestv1.WriteInputRequest]) (*connect.Response[guestv1.WriteInputResponse], error) {
+	if g.noStream {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("no WriteInput"))
+	}
+	g.streams.Add(1)
+	var p *fakeProc
+	var off, accepted uint64
+	for first := true; in.Receive(); first = false {
+		m := in.Msg()
+		if first {
+			var err error
+			if p, err = g.proc(m.GetProcessId()); err != nil {
+				return nil, err
+			}
+			off = m.GetOffset()
+		}
+		data := m.GetData()
+		p.update(func() {
+			skip := min(uint64(len(p.input))-min(off, uint64(len(p.input))), uint64(len(data)))
+			p.input = append(p.input, data[skip:]...)
+			if m.GetCloseInput() {
+				p.closed = true
+			}
+		})
+		off += uint64(len(data))
+		accepted += uint64(len(data))
+	}
+	if err := in.Err(); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&guestv1.WriteInputResponse{AcceptedBytes: accepted, InputOffset: off}), nil
+}
+
 func (g *fakeGuest) CloseInput(_ context.Context, req *connect.Request[guestv1.CloseInputRequest]) (*connect.Response[guestv1.CloseInputResponse], error) {
 	p, err := g.proc(req.Msg.GetProcessId())
 	if err != nil {
@@ -226,8 +263,14 @@ func (g *fakeGuest) Signal(_ context.Context, req *connect.Request[guestv1.Signa
 // fakeGuest, a client, and an AVAILABLE Workspace.
 func execEnv(t *testing.T, opts ...kibotos.Option) (*kibotos.Client, *kibotos.Workspace) {
 	t.Helper()
+	return execEnvGuest(t, newFakeGuest(), opts...)
+}
+
+// execEnvGuest is execEnv with the guest g.
+func execEnvGuest(t *testing.T, g *fakeGuest, opts ...kibotos.Option) (*kibotos.Client, *kibotos.Workspace) {
+	t.Helper()
 	rt := agenttest.New()
-	rt.Guest = newFakeGuest()
+	rt.Guest = g
 	t.Cleanup(rt.Close)
 	e := ctrltest.New(t, ctrltest.Options{Runtime: rt, DataPlane: true})
 	if err := waitForCapability(e, capability.WorkspaceCreate); err != nil {
@@ -297,8 +340,22 @@ func TestExec(t *testing.T) {
 		}
 	})
 	t.Run("Stdin", func(t *testing.T) {
-		// Every SendInput is refused past 4 bytes with resource_exhausted,
-		// and resumed from accepted_bytes.
+		// Streamed (WriteInput): 3 MiB, across several streams (one is
+		// closed and confirmed every MiB).
+		in := bytes.Repeat([]byte("0123456789abcdef"), 3<<16)
+		cmd := ws.ExecCommand(ctx, "cat")
+		cmd.Stdin = bytes.NewReader(in)
+		out, err := cmd.Output()
+		if err != nil || !bytes.Equal(out, in) {
+			t.Fatalf("cat: %d bytes out of %d, %v", len(out), len(in), err)
+		}
+	})
+	t.Run("StdinUnary", func(t *testing.T) {
+		// A server without WriteInput: every SendInput is refused past 4
+		// bytes with resource_exhausted, and resumed from accepted_bytes.
+		g := newFakeGuest()
+		g.noStream = true
+		_, ws := execEnvGuest(t, g)
 		in := bytes.Repeat([]byte("0123456789abcdef"), 10)
 		cmd := ws.ExecCommand(ctx, "cat")
 		cmd.Stdin = bytes.NewReader(in)
