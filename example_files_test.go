@@ -25,7 +25,13 @@ func ExampleWorkspace_Files() {
 	}
 	defer c.Close()
 	ctx := context.Background()
-	ws := c.Workspaces().Handle("ws-0123456789abcdefghij")
+	ws, err := c.Workspaces().Create(ctx, kibotos.WorkspaceSpec{MemoryMiB: 256, CPUMillis: 500})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := ws.Wait(ctx); err != nil {
+		log.Fatal(err)
+	}
 	fsys := ws.Files(ctx)
 
 	// WriteFile streams any io.Reader in chunks and replaces the file
@@ -41,27 +47,30 @@ func ExampleWorkspace_Files() {
 	}
 	fmt.Printf("%s", b)
 
-	// A large file streams: Open reads it lazily, as it is copied.
-	local, err := os.Create("hello.copy")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer local.Close()
+	// Open streams a file lazily, as it is copied: a large file is never
+	// held in memory.
 	f, err := fsys.Open("work/hello.txt")
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer f.Close()
-	if _, err := io.Copy(local, f); err != nil {
+	if _, err := io.Copy(os.Stdout, f); err != nil {
 		log.Fatal(err)
 	}
+	f.Close()
 
 	// io/fs walks the tree: one ListDirectory per directory.
+	if err := fsys.MkdirAll(ctx, "work/sub", 0o755); err != nil {
+		log.Fatal(err)
+	}
 	err = fs.WalkDir(fsys, "work", func(name string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		fmt.Println(name, d.Type())
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		fmt.Println(name, info.Mode())
 		return nil
 	})
 	if err != nil {
@@ -75,4 +84,11 @@ func ExampleWorkspace_Files() {
 	if err := fsys.RemoveAll(ctx, "work"); err != nil {
 		log.Fatal(err)
 	}
+	// Output:
+	// hello
+	// hello
+	// work drwxr-xr-x
+	// work/hello.txt -rw-r-----
+	// work/sub drwxr-xr-x
+	// true
 }

@@ -30,9 +30,10 @@ import (
 const DefaultFilesSessionTTL = 10 * time.Minute
 
 // FileChunkSize is the largest chunk of bytes WriteFile sends in one
-// message, the server's bound. WriteFile holds one such buffer, never the
-// whole file.
-const FileChunkSize = 512 << 10
+// message: the size the server advises, half its bound on a message
+// (512 KiB, the chunk and its framing). WriteFile holds one such buffer,
+// never the whole file.
+const FileChunkSize = 256 << 10
 
 // MaxDirectoryEntries is the most entries ReadDir returns for one
 // directory (one ListDirectory); a larger directory is reported with

@@ -28,7 +28,11 @@ import (
 	"github.com/kibotos/kibotos"
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
+	"github.com/kibotos/kibotos/gen/kibotos/guest/v1/guestv1connect"
 	"github.com/kibotos/kibotos/internal/capability"
+	"github.com/kibotos/kibotos/internal/ctrltest"
+	"github.com/kibotos/kibotos/internal/guest"
+	"github.com/kibotos/kibotos/internal/node/agent/agenttest"
 )
 
 // fakeFiles is a ctrl's SessionService and data-plane FileService whose
@@ -881,4 +885,120 @@ func TestFilesWatch(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("Watch = %v, want %v", got, want)
 	}
+}
+
+// TestFilesThroughCtrl runs the FS against a real ctrl: its public
+// FileService, the node's data tunnel, and the guest's FileService (the
+// real one, on a temporary directory as the Workspace's root).
+func TestFilesThroughCtrl(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	rt := agenttest.New()
+	p, h := guestv1connect.NewFileServiceHandler(guest.NewFileService(root))
+	rt.GuestServices = map[string]http.Handler{p: h}
+	t.Cleanup(rt.Close)
+	e := ctrltest.New(t, ctrltest.Options{Runtime: rt})
+	if err := waitForCapability(e, capability.WorkspaceFilesystem); err != nil {
+		t.Fatal(err)
+	}
+	c, err := kibotos.NewClient(e.URL, kibotos.WithTLSFiles(e.PKI.CA, e.PKI.Operator, e.PKI.OperatorKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ctx := t.Context()
+	ws, err := c.Workspaces().Create(ctx, kibotos.WorkspaceSpec{MemoryMiB: 256, CPUMillis: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ws.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fsys := ws.Files(ctx)
+
+	content := make([]byte, 1<<20+5)
+	rand.Read(content)
+	if _, err := fsys.WriteFile(ctx, "d/big", iotest.HalfReader(bytes.NewReader(content)), &kibotos.WriteFileOptions{Mode: 0o640, MakeParents: true}); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{"d/a.txt": "a", "d/sub/b.txt": "bb", "top": "t"} {
+		if _, err := fsys.WriteFile(ctx, name, strings.NewReader(body), &kibotos.WriteFileOptions{MakeParents: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("a.txt", filepath.Join(root, "d/link")); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "d/big")); err != nil || !bytes.Equal(b, content) {
+		t.Fatalf("written: %d bytes, %v", len(b), err)
+	}
+	if b, err := fsys.ReadFile("d/big"); err != nil || !bytes.Equal(b, content) {
+		t.Fatalf("ReadFile(d/big): %d bytes, %v", len(b), err)
+	}
+	if fi, err := fsys.Stat("d/big"); err != nil || fi.Mode() != 0o640 || fi.Size() != int64(len(content)) {
+		t.Errorf("Stat(d/big) = %v, %v", fi, err)
+	}
+	// fstest reads every file with a ReadAt per byte (a stream each):
+	// the small files only.
+	small, err := fs.Sub(fsys, "d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(root, "d/big"), filepath.Join(root, "big")); err != nil {
+		t.Fatal(err)
+	}
+	if err := fstest.TestFS(small, "a.txt", "sub/b.txt", "link"); err != nil {
+		t.Error(err)
+	}
+
+	// The guest's errors match the fs errors; the Workspace's do not.
+	if _, err := fsys.Stat("nothing"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Stat(nothing) = %v, want fs.ErrNotExist", err)
+	}
+	if err := fsys.Mkdir(ctx, "d", 0); !errors.Is(err, fs.ErrExist) {
+		t.Errorf("Mkdir(d) = %v, want fs.ErrExist", err)
+	}
+	if _, err := fsys.ReadFile("d"); err == nil || errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("ReadFile(a directory) = %v", err)
+	}
+	if err := fsys.Rename(ctx, "top", "d/top"); err != nil {
+		t.Fatal(err)
+	}
+	if err := fsys.Remove(ctx, "d/top"); err != nil {
+		t.Fatal(err)
+	}
+	if err := fsys.RemoveAll(ctx, "d"); err != nil {
+		t.Fatal(err)
+	}
+	if err := fsys.Remove(ctx, "big"); err != nil {
+		t.Fatal(err)
+	}
+	if ents, err := fsys.ReadDir("."); err != nil || len(ents) != 0 {
+		t.Errorf("ReadDir(.) after RemoveAll = %v, %v", ents, err)
+	}
+	gone := c.Workspaces().Handle("ws-0123456789abcdefghij").Files(ctx)
+	if _, err := gone.Stat("x"); err == nil || errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Stat in an unknown Workspace = %v, want an error that is not fs.ErrNotExist", err)
+	}
+
+	t.Run("Watch", func(t *testing.T) {
+		if err := fsys.MkdirAll(ctx, "w", 0); err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		go func() {
+			time.Sleep(200 * time.Millisecond)
+			fsys.WriteFile(ctx, "w/new", strings.NewReader("n"), nil)
+		}()
+		for ev, err := range fsys.Watch(wctx, "w", false) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ev.Name == "w/new" {
+				return
+			}
+		}
+		t.Error("no event for w/new")
+	})
 }

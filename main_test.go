@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,8 +16,10 @@ import (
 	"connectrpc.com/connect"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/gen/kibotos/guest/v1/guestv1connect"
 	"github.com/kibotos/kibotos/internal/capability"
 	"github.com/kibotos/kibotos/internal/ctrltest"
+	"github.com/kibotos/kibotos/internal/guest"
 	"github.com/kibotos/kibotos/internal/node/agent/agenttest"
 )
 
@@ -36,6 +39,8 @@ func runWithExampleServer(m *testing.M) int {
 	defer tb.cleanup()
 	rt := agenttest.New()
 	rt.Guest = newFakeGuest() // the guests of ExampleWorkspace_ExecCommand
+	filesPath, files := guestv1connect.NewFileServiceHandler(guest.NewFileService(tb.TempDir()))
+	rt.GuestServices = map[string]http.Handler{filesPath: files} // ExampleWorkspace_Files
 	tb.Cleanup(rt.Close)
 	e := ctrltest.New(tb, ctrltest.Options{Runtime: rt, DataPlane: true})
 	if tb.Failed() {
