@@ -26,7 +26,7 @@ func (a *app) workspaceCommand() *cobra.Command {
 (workspace.create for create, get, list, command, labels and annotations;
 workspace.start, workspace.stop and workspace.delete for the others;
 workspace.data_plane.revoke for revoke-data-plane; workspace.exec for exec,
-shell, port-forward and logs;
+shell, port-forward and logs; workspace.filesystem for cp;
 session create needs the capability of each scope); a server that does not list it makes the command
 exit 14 without sending anything.`)
 	cmd.AddCommand(
@@ -37,6 +37,7 @@ exit 14 without sending anything.`)
 		a.workspaceRevokeDataPlane(), a.workspaceSessionCommand(),
 		a.workspaceExec(),
 		a.workspaceShell(),
+		a.workspaceCp(),
 		a.workspacePortForward(),
 		a.workspaceLogs(),
 	)
