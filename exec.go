@@ -380,47 +380,81 @@ func (in *inputStream) finish() error {
 // cannot be reached, ctx ended).
 func (in *inputStream) deliver(ctx context.Context, data []byte, closeInput bool) bool {
 	in.pending = append(in.pending, data...)
-	if in.unary {
-		return in.deliverUnary(ctx, closeInput)
-	}
-	for failures := 0; ctx.Err() == nil; {
-		var err error
-		if in.s == nil {
-			err = in.open(ctx)
-		}
-		if err == nil {
-			err = in.flush(closeInput)
-		}
-		if err == nil {
-			if !closeInput && len(in.pending) < inputRotateBytes && time.Since(in.opened) < in.c.sess.ttl/4 {
-				return true
-			}
-			if err = in.finish(); err == nil {
-				return true
-			}
-		} else if in.s != nil {
-			if ferr := in.finish(); ferr != nil {
-				err = ferr // the stream's own error says why a Send failed
-			}
-		}
-		switch {
-		case connect.CodeOf(err) == connect.CodeUnimplemented:
-			// A server of an earlier release: unary calls.
-			in.unary = true
+	failures := 0
+	for ctx.Err() == nil {
+		if in.unary {
 			return in.deliverUnary(ctx, closeInput)
-		case in.c.sess.renewAfter(ctx, err, in.token):
-		case reconnectable(err) && failures < inputRetries:
-			failures++
-			select {
-			case <-ctx.Done():
-				return false
-			case <-time.After(time.Duration(failures) * 50 * time.Millisecond):
-			}
-		default:
-			return false // the process ended or cannot be reached: its events say which
+		}
+		err := in.try(ctx, closeInput)
+		if err == nil {
+			return true
+		}
+		if !in.recover(ctx, err, &failures) {
+			return false
 		}
 	}
 	return false
+}
+
+// try sends what is pending on the open stream (opening one), and closes
+// the stream when closeInput or when it is due for rotation.
+func (in *inputStream) try(ctx context.Context, closeInput bool) error {
+	if in.s == nil {
+		if err := in.open(ctx); err != nil {
+			return err
+		}
+	}
+	err := in.flush(closeInput)
+	if err == nil {
+		if !closeInput && len(in.pending) < inputRotateBytes && time.Since(in.opened) < in.c.sess.ttl/4 {
+			return nil
+		}
+		return in.finish()
+	}
+	if ferr := in.finish(); ferr != nil {
+		err = ferr // the stream's own error says why a Send failed
+	}
+	return err
+}
+
+// recover reports whether a stream's failure err is worth another stream:
+// a server without WriteInput (then unary calls), an expired session
+// (renewed), or a transport failure (a few times, with a pause).
+func (in *inputStream) recover(ctx context.Context, err error, failures *int) bool {
+	switch {
+	case connect.CodeOf(err) == connect.CodeUnimplemented:
+		in.unary = true // a server of an earlier release
+		return true
+	case in.c.sess.renewAfter(ctx, err, in.token):
+		return true
+	case reconnectable(err) && *failures < inputRetries:
+		*failures++
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(time.Duration(*failures) * 50 * time.Millisecond):
+			return true
+		}
+	}
+	return false // the process ended or cannot be reached: its events say which
+}
+
+// settle closes the open stream once the input is idle, so that what it
+// carried is confirmed (and a stream that broke meanwhile is found and
+// its bytes sent again) rather than left waiting for the next input.
+func (in *inputStream) settle(ctx context.Context) bool {
+	if in.s == nil {
+		return true
+	}
+	err := in.finish()
+	if err == nil {
+		return true
+	}
+	failures := 0
+	if !in.recover(ctx, err, &failures) {
+		return false
+	}
+	return in.deliver(ctx, nil, false)
 }
 
 // deliverUnary sends pending with SendInput by offset (waiting while the
@@ -460,21 +494,56 @@ func (in *inputStream) deliverUnary(ctx context.Context, closeInput bool) bool {
 	return ctx.Err() == nil
 }
 
-// pump copies Stdin until its end, then closes the input.
+// inputIdle is how long the input stays idle before its stream is
+// settled.
+const inputIdle = 50 * time.Millisecond
+
+// pump copies Stdin until its end, then closes the input. Stdin is read by
+// its own goroutine, so that an idle input settles its stream.
 func (in *inputStream) pump(ctx context.Context) {
-	buf := make([]byte, execInputChunk)
-	for ctx.Err() == nil {
-		n, rerr := in.c.Stdin.Read(buf)
-		if n > 0 && !in.deliver(ctx, buf[:n], false) {
-			return
-		}
-		if rerr != nil {
-			if errors.Is(rerr, io.EOF) {
-				in.deliver(ctx, nil, true)
-			} else if in.s != nil {
-				_ = in.finish()
+	type read struct {
+		data []byte
+		err  error
+	}
+	reads := make(chan read)
+	go func() {
+		for {
+			buf := make([]byte, execInputChunk)
+			n, err := in.c.Stdin.Read(buf)
+			select {
+			case reads <- read{buf[:n], err}:
+			case <-ctx.Done():
+				return
 			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	idle := time.NewTimer(time.Hour)
+	idle.Stop()
+	defer idle.Stop()
+	for {
+		select {
+		case <-ctx.Done():
 			return
+		case <-idle.C:
+			if !in.settle(ctx) {
+				return
+			}
+		case r := <-reads:
+			if len(r.data) > 0 && !in.deliver(ctx, r.data, false) {
+				return
+			}
+			if r.err != nil {
+				if errors.Is(r.err, io.EOF) {
+					in.deliver(ctx, nil, true)
+				} else {
+					in.settle(ctx)
+				}
+				return
+			}
+			idle.Reset(inputIdle)
 		}
 	}
 }

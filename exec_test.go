@@ -163,8 +163,9 @@ func (g *fakeGuest) Events(ctx context.Context, req *connect.Request[guestv1.Eve
 			p.mu.Lock()
 			in, closed, sig, changed := string(p.input), p.closed, p.signal, p.changed
 			p.mu.Unlock()
-			if argv[0] == "cat" && uint64(len(in)) > off {
-				if err := output(guestv1.Stream_STREAM_STDOUT, in[off:]); err != nil {
+			for argv[0] == "cat" && uint64(len(in)) > off {
+				// Chunks of at most 32 KiB, as the guest sends them.
+				if err := output(guestv1.Stream_STREAM_STDOUT, in[off:min(uint64(len(in)), off+32<<10)]); err != nil {
 					return err
 				}
 			}

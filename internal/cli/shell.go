@@ -9,11 +9,10 @@ import (
 	"syscall"
 	"time"
 
-	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos"
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
 )
 
@@ -79,20 +78,20 @@ remote process group. --timeout bounds the start only.`,
 		defer cancel()
 
 		x := &execRun{a: a, cmd: cmd, ws: args[0], argv: argv, ttl: ttl,
-			pty: &ctrlv1.ProcessPty{Rows: uint32(rows), Cols: uint32(cols)}}
+			terminal: &kibotos.TerminalSize{Rows: uint16(min(rows, 1<<15)), Cols: uint16(min(cols, 1<<15))}}
 		var (
 			mu  sync.Mutex
-			id  string         // the process, once started
+			c   *kibotos.Cmd   // the process, once started
 			got syscall.Signal // the signal that ends kibo
 		)
-		x.onStart = func(ctx context.Context, pid string) {
+		x.onStart = func(ctx context.Context, started *kibotos.Cmd) {
 			mu.Lock()
-			id = pid
+			c = started
 			mu.Unlock()
 			if err := sh.raw(); err != nil {
 				fmt.Fprintf(a.stderr, "warning: raw mode: %v\n", err)
 			}
-			go x.followResize(ctx, pid, fd)
+			go followResize(ctx, started, fd)
 		}
 		done := make(chan struct{})
 		defer close(done)
@@ -106,14 +105,12 @@ remote process group. --timeout bounds the start only.`,
 			sh.restore()
 			mu.Lock()
 			got = s.(syscall.Signal)
-			pid := id
+			started := c
 			mu.Unlock()
-			if pid != "" {
+			if started != nil {
 				// As a terminal's hangup would.
-				r := connect.NewRequest(&ctrlv1.SignalProcessRequest{WorkspaceId: x.ws, ProcessId: pid, Signal: int32(syscall.SIGHUP), ProcessGroup: true})
-				x.auth(r)
 				sctx, scancel := context.WithTimeout(context.WithoutCancel(life), 2*time.Second)
-				_, _ = x.proc.SignalProcess(sctx, r)
+				_ = started.Signal(sctx, syscall.SIGHUP, true)
 				scancel()
 			}
 			cancelSetup()
@@ -130,9 +127,7 @@ remote process group. --timeout bounds the start only.`,
 		if err != nil {
 			return err
 		}
-		if x.lost != nil {
-			fmt.Fprintln(a.stderr, "error: the process's event stream was lost: "+describe(x.lost))
-		}
+		x.report()
 		if code != 0 {
 			return &remoteExit{code: code}
 		}
@@ -171,7 +166,7 @@ func (t *shellTerm) restore() {
 
 // followResize sends the local terminal's size to the process at every
 // SIGWINCH, until ctx ends.
-func (x *execRun) followResize(ctx context.Context, id string, fd int) {
+func followResize(ctx context.Context, c *kibotos.Cmd, fd int) {
 	winch := make(chan os.Signal, 1)
 	signal.Notify(winch, syscall.SIGWINCH)
 	defer signal.Stop(winch)
@@ -185,8 +180,6 @@ func (x *execRun) followResize(ctx context.Context, id string, fd int) {
 		if err != nil || rows <= 0 || cols <= 0 {
 			continue
 		}
-		r := connect.NewRequest(&ctrlv1.ResizeProcessRequest{WorkspaceId: x.ws, ProcessId: id, Rows: uint32(rows), Cols: uint32(cols)})
-		x.auth(r)
-		_, _ = x.proc.ResizeProcess(ctx, r)
+		_ = c.Resize(ctx, kibotos.TerminalSize{Rows: uint16(min(rows, 1<<15)), Cols: uint16(min(cols, 1<<15))})
 	}
 }

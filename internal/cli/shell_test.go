@@ -114,8 +114,11 @@ func (g *shellGuest) SendInput(_ context.Context, req *connect.Request[guestv1.S
 }
 
 func (g *shellGuest) Events(ctx context.Context, req *connect.Request[guestv1.EventsRequest], out *connect.ServerStream[guestv1.EventsResponse]) error {
+	var off uint64 // the output offset, as the guest counts it
 	output := func(s string) error {
-		return out.Send(&guestv1.EventsResponse{Event: &guestv1.EventsResponse_Output{Output: &guestv1.Output{Stream: guestv1.Stream_STREAM_STDOUT, Data: []byte(s)}}})
+		o := &guestv1.Output{Stream: guestv1.Stream_STREAM_STDOUT, Offset: off, Data: []byte(s)}
+		off += uint64(len(s))
+		return out.Send(&guestv1.EventsResponse{Event: &guestv1.EventsResponse_Output{Output: o}})
 	}
 	if err := output("$ "); err != nil {
 		return err
