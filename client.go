@@ -206,7 +206,7 @@ func NewClient(endpoint string, opts ...Option) (*Client, error) {
 		EnrollmentService: ctrlv1connect.NewEnrollmentServiceClient(hc, base, o.connectOpts...),
 		SessionService:    ctrlv1connect.NewSessionServiceClient(hc, base, o.connectOpts...),
 		ProcessService:    ctrlv1connect.NewProcessServiceClient(hc, base, o.connectOpts...),
-		FileService:       ctrlv1connect.NewFileServiceClient(hc, base, o.connectOpts...),
+		FileService:       ctrlv1connect.NewFileServiceClient(hc, base, append([]connect.ClientOption{noGzip}, o.connectOpts...)...),
 		endpoint:          base,
 		httpClient:        hc,
 		wait:              o.wait,
@@ -214,6 +214,12 @@ func NewClient(endpoint string, opts ...Option) (*Client, error) {
 		retry:             o.retry,
 	}, nil
 }
+
+// noGzip stops a client from asking for gzipped answers (a
+// WithConnectOptions option given to NewClient can ask again): the
+// FileService's answers are mostly file bytes, often compressed already,
+// which gzip on the server and gunzip here slow down without shrinking.
+var noGzip = connect.WithAcceptCompression("gzip", nil, nil)
 
 // Endpoint returns the endpoint the Client calls.
 func (c *Client) Endpoint() string { return c.endpoint }
