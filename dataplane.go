@@ -23,6 +23,10 @@ type dataSession struct {
 	scope ctrlv1.DataPlaneScope
 	ttl   time.Duration
 
+	// renewMu is held by renewAfter from its check to its renewal, so
+	// that calls refused together renew the session once.
+	renewMu sync.Mutex
+
 	mu     sync.Mutex
 	token  string
 	expiry time.Time
@@ -105,6 +109,8 @@ func (s *dataSession) renewAfter(ctx context.Context, err error, used string) bo
 	if Reason(err) != ctrlv1.FailureReason_FAILURE_REASON_SESSION_EXPIRED {
 		return false
 	}
+	s.renewMu.Lock()
+	defer s.renewMu.Unlock()
 	s.mu.Lock()
 	own, renewed := s.own, s.token != used
 	s.mu.Unlock()

@@ -152,23 +152,25 @@ func (st *fsState) begin(ctx context.Context, proc string, req proto.Message) er
 	return nil
 }
 
-// unary sends a request of proc with the session's token, once more after
-// renewing an expired session.
+// unary sends a request of proc with the session's token, again after the
+// session was renewed (by this call or a concurrent one) when it expired.
 func unary[Req, Res any](ctx context.Context, st *fsState, proc string, req *Req,
 	send func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error)) (*Res, error) {
 	if err := st.begin(ctx, proc, any(req).(proto.Message)); err != nil {
 		return nil, err
 	}
-	for {
-		res, err := send(ctx, authReq(&st.sess, req))
-		if err != nil && st.sess.renewable(err) && st.sess.renew(ctx) == nil {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		return res.Msg, nil
+	res, err := callAuth(ctx, &st.sess, req, send)
+	if err != nil {
+		return nil, err
 	}
+	return res.Msg, nil
+}
+
+// tokenReq is a request with token.
+func tokenReq[T any](msg *T, token string) *connect.Request[T] {
+	r := connect.NewRequest(msg)
+	r.Header().Set("Authorization", "Bearer "+token)
+	return r
 }
 
 // abs is the Workspace's path of the fs name, which must be valid.
@@ -432,6 +434,7 @@ type file struct {
 	closed  bool
 
 	stream   *connect.ServerStreamForClient[ctrlv1.ReadFileResponse]
+	token    string // the token stream was opened with
 	cancel   context.CancelFunc
 	failures int
 }
@@ -476,12 +479,16 @@ func (fl *file) fill() error {
 				cancel()
 				return pathErr("read", fl.name, err)
 			}
-			s, err := st.files.ReadFile(ctx, authReq(&st.sess, req))
+			tok := st.sess.current()
+			s, err := st.files.ReadFile(ctx, tokenReq(req, tok))
 			if err != nil {
 				cancel()
+				if st.sess.renewAfter(fl.fsys.ctx, err, tok) {
+					continue
+				}
 				return pathErr("read", fl.name, err)
 			}
-			fl.stream, fl.cancel = s, cancel
+			fl.stream, fl.token, fl.cancel = s, tok, cancel
 		}
 		if fl.stream.Receive() {
 			fl.failures = 0
@@ -504,15 +511,14 @@ func (fl *file) fill() error {
 			return nil
 		}
 		err := fl.stream.Err()
+		used := fl.token
 		fl.stop()
 		if err == nil {
 			fl.eof = true
 			return nil
 		}
-		if st.sess.renewable(err) {
-			if rerr := st.sess.renew(fl.fsys.ctx); rerr == nil {
-				continue // from off, with a new session
-			}
+		if st.sess.renewAfter(fl.fsys.ctx, err, used) {
+			continue // from off, with a new session
 		}
 		if fl.fsys.ctx.Err() == nil && reconnectable(err) && fl.failures < fileReconnects && fl.info != nil {
 			fl.failures++
@@ -587,8 +593,12 @@ func (fl *file) ReadAt(p []byte, off int64) (int, error) {
 	}
 	n := 0
 	for n < len(p) {
-		s, err := st.files.ReadFile(ctx, authReq(&st.sess, req))
+		tok := st.sess.current()
+		s, err := st.files.ReadFile(ctx, tokenReq(req, tok))
 		if err != nil {
+			if st.sess.renewAfter(ctx, err, tok) {
+				continue
+			}
 			return n, pathErr("read", fl.name, err)
 		}
 		for n < len(p) && s.Receive() {
@@ -611,7 +621,7 @@ func (fl *file) ReadAt(p []byte, off int64) (int, error) {
 		if err == nil {
 			return n, io.EOF
 		}
-		if st.sess.renewable(err) && st.sess.renew(ctx) == nil {
+		if st.sess.renewAfter(ctx, err, tok) {
 			req.Offset, req.Length = uint64(off)+uint64(n), uint64(len(p)-n)
 			continue
 		}
@@ -739,8 +749,9 @@ func (f *FS) WriteFile(ctx context.Context, name string, r io.Reader, opts *Writ
 	}
 	buf := make([]byte, FileChunkSize)
 	for {
-		res, err := f.writeOnce(ctx, first, r, buf)
-		if err != nil && seeker != nil && f.st.sess.renewable(err) && f.st.sess.renew(ctx) == nil {
+		tok := f.st.sess.current()
+		res, err := f.writeOnce(ctx, first, r, buf, tok)
+		if err != nil && seeker != nil && f.st.sess.renewAfter(ctx, err, tok) {
 			if _, serr := seeker.Seek(start, io.SeekStart); serr == nil {
 				seeker = nil // once
 				continue
@@ -753,14 +764,15 @@ func (f *FS) WriteFile(ctx context.Context, name string, r io.Reader, opts *Writ
 	}
 }
 
-// writeOnce sends one WriteFile stream: first, then r in chunks of buf.
+// writeOnce sends one WriteFile stream with token: first, then r in
+// chunks of buf.
 // A failure to read r or a done ctx resets the stream, so that the server
 // does not replace the file.
-func (f *FS) writeOnce(ctx context.Context, first *ctrlv1.WriteFileRequest, r io.Reader, buf []byte) (*ctrlv1.WriteFileResponse, error) {
+func (f *FS) writeOnce(ctx context.Context, first *ctrlv1.WriteFileRequest, r io.Reader, buf []byte, token string) (*ctrlv1.WriteFileResponse, error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s := f.st.files.WriteFile(sctx)
-	f.st.sess.authorize(s.RequestHeader())
+	s.RequestHeader().Set("Authorization", "Bearer "+token)
 	// abort resets the stream and returns err.
 	abort := func(err error) (*ctrlv1.WriteFileResponse, error) {
 		cancel()
@@ -921,7 +933,8 @@ func (f *FS) Watch(ctx context.Context, name string, recursive bool) iter.Seq2[F
 		defer cancel()
 		again := false
 		for {
-			s, err := f.st.files.WatchDirectory(sctx, authReq(&f.st.sess, req))
+			tok := f.st.sess.current()
+			s, err := f.st.files.WatchDirectory(sctx, tokenReq(req, tok))
 			if err == nil {
 				if again && !yield(FileEvent{Overflowed: true}, nil) {
 					s.Close()
@@ -950,7 +963,7 @@ func (f *FS) Watch(ctx context.Context, name string, recursive bool) iter.Seq2[F
 			if ctx.Err() != nil {
 				return
 			}
-			if f.st.sess.renewable(err) && f.st.sess.renew(ctx) == nil {
+			if f.st.sess.renewAfter(ctx, err, tok) {
 				again = true
 				continue
 			}

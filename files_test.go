@@ -840,6 +840,33 @@ func TestFilesSessionRenewal(t *testing.T) {
 			t.Errorf("%d sessions, want 2", n)
 		}
 	})
+	t.Run("Concurrent", func(t *testing.T) {
+		// Calls that share the FS and see its session expire together
+		// all succeed; a call that finds it renewed by another does not
+		// renew it again.
+		files := newFakeFiles(t)
+		files.expireFirst = true
+		writeTree(t, files.dir, map[string]string{"f": "x"})
+		fsys, _ := filesEnv(t, files, filesCaps)
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		for range 8 {
+			wg.Go(func() {
+				_, err := fsys.Stat("f")
+				errs <- err
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := files.count("CreateDataPlaneSession"); n > 3 {
+			t.Errorf("%d sessions for 8 calls, want few", n)
+		}
+	})
 	t.Run("WriteFromSeeker", func(t *testing.T) {
 		files := newFakeFiles(t)
 		files.expireFirst = true
