@@ -32,6 +32,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -63,6 +64,7 @@ type config struct {
 	args          []string
 	phaseList     string
 	rev           string
+	src           string
 	fileBytes     int64
 	fileRepeats   int
 	streamRepeats int
@@ -88,6 +90,7 @@ func run() int {
 	flag.StringVar(&cfg.phaseList, "phases", "exec,ttfc,stream,revoke,conc,files", "measurements to run, comma-separated")
 	flag.StringVar(&cfg.out, "out", "auto", "also write the report to this file; auto: bench/results/<UTC date>-dataplane.md in the module; empty: stdout only")
 	flag.StringVar(&cfg.rev, "rev", "", "build the binaries from this git revision of the module (git archive REV into the temporary directory) instead of the working tree, e.g. HEAD while the tree is being edited")
+	flag.StringVar(&cfg.src, "src", "", "build the binaries from this source tree (a module root, e.g. a patched `git archive` for an A/B comparison) instead of the working tree")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the temporary directory (binaries, data directory, server log)")
 	flag.DurationVar(&cfg.timeout, "timeout", 20*time.Minute, "abort (and clean up) after this long")
 	flag.Parse()
@@ -217,7 +220,17 @@ func (b *bench) outPath() string {
 
 func (b *bench) runAll(ctx context.Context) error {
 	srcDir := b.modRoot
-	if b.cfg.rev != "" {
+	if b.cfg.rev != "" && b.cfg.src != "" {
+		return errors.New("-rev and -src exclude each other")
+	}
+	if b.cfg.src != "" {
+		abs, err := filepath.Abs(b.cfg.src)
+		if err != nil {
+			return err
+		}
+		srcDir = abs
+		b.srcRev = "the tree " + abs + " (-src)"
+	} else if b.cfg.rev != "" {
 		rev, err := benchkit.Output(ctx, b.modRoot, "git", "rev-parse", "--verify", b.cfg.rev+"^{commit}")
 		if err != nil {
 			return fmt.Errorf("git rev-parse %s: %w", b.cfg.rev, err)
