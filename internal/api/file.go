@@ -201,8 +201,12 @@ func (h *Files) ReadFile(ctx context.Context, req *connect.Request[ctrlv1.ReadFi
 	}
 	defer s.Close()
 	for s.Receive() {
-		m, err := transcode(s.Msg(), &ctrlv1.ReadFileResponse{})
-		if err != nil {
+		var m *ctrlv1.ReadFileResponse
+		if g := s.Msg(); g.GetFile() == nil {
+			// A chunk, the bulk of the stream: its data is shared, not
+			// encoded and decoded again.
+			m = &ctrlv1.ReadFileResponse{Offset: g.GetOffset(), Data: g.GetData()}
+		} else if m, err = transcode(g, &ctrlv1.ReadFileResponse{}); err != nil {
 			return err
 		}
 		if err := out.Send(m); err != nil {

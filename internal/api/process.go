@@ -230,7 +230,7 @@ func (h *Processes) ProcessEvents(ctx context.Context, req *connect.Request[ctrl
 	}
 	defer in.Close()
 	for in.Receive() {
-		ev, err := transcode(in.Msg(), &ctrlv1.ProcessEventsResponse{})
+		ev, err := publicEvent(in.Msg())
 		if err != nil {
 			return err
 		}
@@ -239,6 +239,17 @@ func (h *Processes) ProcessEvents(ctx context.Context, req *connect.Request[ctrl
 		}
 	}
 	return h.streamEnd(ctx, in.Err())
+}
+
+// publicEvent is the public twin of a guest event. Output, the bulk of a
+// stream, is copied field by field, its data shared rather than encoded
+// and decoded again; the rest is transcoded.
+func publicEvent(ev *guestv1.EventsResponse) (*ctrlv1.ProcessEventsResponse, error) {
+	if o := ev.GetOutput(); o != nil {
+		return &ctrlv1.ProcessEventsResponse{Event: &ctrlv1.ProcessEventsResponse_Output{Output: &ctrlv1.ProcessOutput{
+			Stream: ctrlv1.ProcessStream(o.GetStream()), Offset: o.GetOffset(), Data: o.GetData()}}}, nil
+	}
+	return transcode(ev, &ctrlv1.ProcessEventsResponse{})
 }
 
 // streamEnd is the error a stream ends with: the refusal that cut it, else

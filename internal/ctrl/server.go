@@ -184,27 +184,29 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	// The public data plane: Bearer tokens, forwarded over the nodes' data
 	// tunnels.
 	tunnelHTTP := &http.Client{Transport: s.tunnels}
+	// The data plane is not compressed, on any hop: its bytes are a
+	// process's output, files and forwarded connections, and gzip cost more
+	// CPU than everything else on the path (docs/api.md).
+	dataOpts := connect.WithHandlerOptions(opts, connect.WithCompression("gzip", nil, nil))
+	toNode := connect.WithClientOptions(connect.WithGRPC(), connect.WithAcceptCompression("gzip", nil, nil),
+		connect.WithReadMaxBytes(dataMessageBytes), connect.WithSendMaxBytes(dataMessageBytes))
 	mux.Handle(ctrlv1connect.NewProcessServiceHandler(&api.Processes{Verifier: s.dplane.Verifier(), Store: cfg.Store,
 		Guest: func(node, ws string) guestv1connect.ProcessServiceClient {
-			return guestv1connect.NewProcessServiceClient(tunnelHTTP, tunnel.NodeURL(node)+agent.DataPath(ws), connect.WithGRPC(),
-				connect.WithReadMaxBytes(dataMessageBytes), connect.WithSendMaxBytes(dataMessageBytes))
-		}}, opts))
+			return guestv1connect.NewProcessServiceClient(tunnelHTTP, tunnel.NodeURL(node)+agent.DataPath(ws), toNode)
+		}}, dataOpts))
 	// Forwarded bytes are mostly compressed or encrypted already: no gzip.
 	mux.Handle(ctrlv1connect.NewPortForwardServiceHandler(&api.PortForwards{Verifier: s.dplane.Verifier(), Store: cfg.Store,
 		Guest: func(node, ws string) guestv1connect.PortServiceClient {
-			return guestv1connect.NewPortServiceClient(tunnelHTTP, tunnel.NodeURL(node)+agent.DataPath(ws), connect.WithGRPC(),
-				connect.WithReadMaxBytes(dataMessageBytes), connect.WithSendMaxBytes(dataMessageBytes))
-		}}, opts, connect.WithCompression("gzip", nil, nil)))
+			return guestv1connect.NewPortServiceClient(tunnelHTTP, tunnel.NodeURL(node)+agent.DataPath(ws), toNode)
+		}}, dataOpts))
 	mux.Handle(ctrlv1connect.NewFileServiceHandler(&api.Files{Verifier: s.dplane.Verifier(), Store: cfg.Store,
 		Guest: func(node, ws string) guestv1connect.FileServiceClient {
-			return guestv1connect.NewFileServiceClient(tunnelHTTP, tunnel.NodeURL(node)+agent.DataPath(ws), connect.WithGRPC(),
-				connect.WithReadMaxBytes(dataMessageBytes), connect.WithSendMaxBytes(dataMessageBytes))
-		}}, opts))
+			return guestv1connect.NewFileServiceClient(tunnelHTTP, tunnel.NodeURL(node)+agent.DataPath(ws), toNode)
+		}}, dataOpts))
 	mux.Handle(ctrlv1connect.NewWorkspaceLogServiceHandler(&api.WorkspaceLogs{Verifier: s.dplane.Verifier(), Store: cfg.Store,
 		Node: func(node, ws string) nodev1connect.WorkspaceLogServiceClient {
-			return nodev1connect.NewWorkspaceLogServiceClient(tunnelHTTP, tunnel.NodeURL(node)+agent.DataPath(ws), connect.WithGRPC(),
-				connect.WithReadMaxBytes(dataMessageBytes), connect.WithSendMaxBytes(dataMessageBytes))
-		}}, opts))
+			return nodev1connect.NewWorkspaceLogServiceClient(tunnelHTTP, tunnel.NodeURL(node)+agent.DataPath(ws), toNode)
+		}}, dataOpts))
 	mux.Handle(ctrlv1connect.NewVolumeServiceHandler(&api.Volumes{}, opts))
 	mux.Handle(ctrlv1connect.NewSessionServiceHandler(api.NewSessions(s.dplane), opts))
 	enrollments := api.NewEnrollments(s.enroll)

@@ -230,6 +230,7 @@ func (a *Agent) startProcess(id string, m *guestv1.StartRequest) (*process, erro
 				closeAll()
 				return nil, connect.NewError(connect.CodeInternal, err)
 			}
+			growPipe(r)
 			files = append(files, w)
 			readers, streams = append(readers, r), append(streams, s)
 		}
@@ -304,6 +305,18 @@ func (a *Agent) startProcess(id string, m *guestv1.StartRequest) (*process, erro
 		}
 	}()
 	return p, nil
+}
+
+// outputPipeBytes is the capacity asked for a process's output pipes (the
+// kernel's default is 64 KiB): fewer, larger reads when it writes fast.
+const outputPipeBytes = 1 << 20
+
+// growPipe asks for outputPipeBytes of capacity in f's pipe, silently
+// keeping the default when refused (fs.pipe-max-size, per-user limits).
+func growPipe(f *os.File) {
+	if rc, err := f.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) { _, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, outputPipeBytes) })
+	}
 }
 
 // mergeEnv returns base with the entries of add: an entry of add replaces

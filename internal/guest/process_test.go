@@ -262,3 +262,36 @@ func TestMergeEnv(t *testing.T) {
 		t.Error("mergeEnv changed its base")
 	}
 }
+
+// BenchmarkOutputStream: a process's output read through Events over the
+// agent's socket, uncompressed as the node reads it (the guest's share of
+// the data plane's streaming).
+func BenchmarkOutputStream(b *testing.B) {
+	_, sock, _ := startAgent(&testing.T{})
+	tr := &http2.Transport{AllowHTTP: true, DialTLSContext: func(ctx context.Context, _, _ string, _ *tls.Config) (net.Conn, error) {
+		return protocol.Dial(ctx, sock)
+	}}
+	defer tr.CloseIdleConnections()
+	c := guestv1connect.NewProcessServiceClient(&http.Client{Transport: tr}, "http://guest", connect.WithGRPC(),
+		connect.WithAcceptCompression("gzip", nil, nil), connect.WithReadMaxBytes(protocol.MaxDataPlaneMessage))
+	const size = 256 << 20
+	b.SetBytes(size)
+	for b.Loop() {
+		r, err := c.Start(context.Background(), connect.NewRequest(&guestv1.StartRequest{Argv: []string{"head", "-c", strconv.Itoa(size), "/dev/zero"}}))
+		if err != nil {
+			b.Fatal(err)
+		}
+		s, err := c.Events(context.Background(), connect.NewRequest(&guestv1.EventsRequest{ProcessId: r.Msg.GetProcessId()}))
+		if err != nil {
+			b.Fatal(err)
+		}
+		var n int
+		for s.Receive() {
+			n += len(s.Msg().GetOutput().GetData())
+		}
+		s.Close()
+		if n != size {
+			b.Fatalf("%d bytes", n)
+		}
+	}
+}

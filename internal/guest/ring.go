@@ -9,7 +9,7 @@ const (
 	RingBytes = 1 << 20
 	// ChunkBytes bounds one output chunk (one read of a pipe, one Output
 	// event).
-	ChunkBytes = 32 << 10
+	ChunkBytes = 128 << 10
 	// InputBytes bounds a process's input buffer: input the guest has
 	// accepted and not yet written to the process.
 	InputBytes = 64 << 10

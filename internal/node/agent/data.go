@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strings"
+	"sync"
 
 	"connectrpc.com/connect"
 
@@ -50,6 +51,15 @@ type Guests interface {
 // service.
 func DataPath(workspaceID string) string { return "/w/" + workspaceID }
 
+// copyBuffers are the proxy's copy buffers: 256 KiB, so that a stream of
+// large messages moves in few reads and writes (the default is 32 KiB).
+var copyBuffers = &bufferPool{p: sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}}
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte  { return *b.p.Get().(*[]byte) }
+func (b *bufferPool) Put(x []byte) { b.p.Put(&x) }
+
 // guestKey carries the workspace of a forwarded request.
 type guestKey struct{}
 
@@ -62,6 +72,7 @@ func NewDataHandler(g Guests) http.Handler {
 		},
 		Transport:     guestRouter{g},
 		FlushInterval: -1, // streams: every write goes out at once
+		BufferPool:    copyBuffers,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			// ctrl answers both as unavailable, without this text.
 			if errors.Is(err, ErrNotRunning) {
@@ -74,7 +85,7 @@ func NewDataHandler(g Guests) http.Handler {
 	// The node's own services (NodeServices), when g offers them.
 	var local http.Handler
 	if l, ok := g.(Logs); ok {
-		_, local = nodev1connect.NewWorkspaceLogServiceHandler(newLogService(l),
+		_, local = nodev1connect.NewWorkspaceLogServiceHandler(newLogService(l), connect.WithCompression("gzip", nil, nil),
 			connect.WithReadMaxBytes(protocol.MaxDataPlaneMessage), connect.WithSendMaxBytes(protocol.MaxDataPlaneMessage))
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -118,7 +118,7 @@ func newProcessClient(e *execution) *ProcessClient {
 			return ch.Dial(ctx)
 		},
 		MaxHeaderListSize: maxGuestHeaders,
-		MaxReadFrameSize:  64 << 10,
+		MaxReadFrameSize:  512 << 10, // the guest writes output in few, large frames
 		IdleConnTimeout:   guestIdleTimeout,
 		// A guest that stops answering is found by pings, not waited
 		// for forever.
@@ -126,7 +126,8 @@ func newProcessClient(e *execution) *ProcessClient {
 		PingTimeout:     10 * time.Second,
 	}
 	c := guestv1connect.NewProcessServiceClient(&http.Client{Transport: tr}, "http://guest",
-		connect.WithGRPC(), connect.WithReadMaxBytes(protocol.MaxDataPlaneMessage), connect.WithSendMaxBytes(protocol.MaxDataPlaneMessage))
+		connect.WithGRPC(), connect.WithAcceptCompression("gzip", nil, nil),
+		connect.WithReadMaxBytes(protocol.MaxDataPlaneMessage), connect.WithSendMaxBytes(protocol.MaxDataPlaneMessage))
 	return &ProcessClient{ProcessServiceClient: c, tr: tr}
 }
 

@@ -50,7 +50,7 @@ func collect(tb testing.TB, ctx context.Context, c *ProcessClient, id, tag strin
 			if o.GetOffset() != off {
 				tb.Errorf("chunk at offset %d, want %d", o.GetOffset(), off)
 			}
-			if len(o.GetData()) == 0 || len(o.GetData()) > 32<<10 {
+			if len(o.GetData()) == 0 || len(o.GetData()) > 128<<10 { // guest.ChunkBytes
 				tb.Errorf("chunk of %d bytes", len(o.GetData()))
 			}
 			off += uint64(len(o.GetData()))

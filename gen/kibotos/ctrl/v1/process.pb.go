@@ -543,7 +543,7 @@ func (x *ProcessStarted) GetPid() int32 {
 	return 0
 }
 
-// ProcessOutput is at most 32 KiB of one stream.
+// ProcessOutput is at most 128 KiB of one stream.
 type ProcessOutput struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// stream is where it came from.

@@ -529,7 +529,7 @@ func (x *Started) GetPid() int32 {
 	return 0
 }
 
-// Output is at most 32 KiB of one stream.
+// Output is at most 128 KiB of one stream.
 type Output struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// stream is where it came from.
