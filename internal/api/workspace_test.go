@@ -22,7 +22,7 @@ func wsEnv(t *testing.T, o ctrltest.Options) (*ctrltest.Env, ctrltest.Clients, *
 	return e, e.Clients(e.HTTP), rt
 }
 
-func createWS(t *testing.T, c ctrltest.Clients, id string) (*ctrlv1.Workspace, *ctrlv1.WorkspaceCommand) {
+func createWS(t testing.TB, c ctrltest.Clients, id string) (*ctrlv1.Workspace, *ctrlv1.WorkspaceCommand) {
 	t.Helper()
 	r, err := c.Workspace.CreateWorkspace(t.Context(), connect.NewRequest(&ctrlv1.CreateWorkspaceRequest{
 		Metadata: md(id), Resources: &ctrlv1.Resources{MemoryMib: 256, CpuMillis: 500}, Labels: map[string]string{"t": "x"},
@@ -34,7 +34,7 @@ func createWS(t *testing.T, c ctrltest.Clients, id string) (*ctrlv1.Workspace, *
 }
 
 // waitCommand polls GetWorkspaceCommand until the command completes.
-func waitCommand(t *testing.T, c ctrltest.Clients, id string) *ctrlv1.WorkspaceCommand {
+func waitCommand(t testing.TB, c ctrltest.Clients, id string) *ctrlv1.WorkspaceCommand {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
