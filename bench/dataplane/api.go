@@ -37,18 +37,22 @@ var wsSpec = struct {
 }{MemoryMiB: 128, CPUMillis: 500, LayerBytes: 64 << 20}
 
 // buildBinaries builds cmd/kibotos-ctrl and cmd/kibotos-guest statically
-// into dir, as workspacebench does.
+// into dir, as workspacebench does, and cmd/kibo when the tree has it.
 func buildBinaries(ctx context.Context, modRoot, dir string) (ctrlBin, guestBin string, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", "", err
 	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+"/", "./cmd/kibotos-ctrl", "./cmd/kibotos-guest")
+	pkgs := []string{"./cmd/kibotos-ctrl", "./cmd/kibotos-guest"}
+	if _, err := os.Stat(filepath.Join(modRoot, "cmd", "kibo")); err == nil {
+		pkgs = append(pkgs, "./cmd/kibo") // for kibo workspace cp
+	}
+	cmd := exec.CommandContext(ctx, "go", append([]string{"build", "-o", dir + "/"}, pkgs...)...)
 	cmd.Dir = modRoot
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return "", "", fmt.Errorf("go build ./cmd/kibotos-ctrl ./cmd/kibotos-guest: %w\n%s", err, out.String())
+		return "", "", fmt.Errorf("go build %v: %w\n%s", pkgs, err, out.String())
 	}
 	return filepath.Join(dir, "kibotos-ctrl"), filepath.Join(dir, "kibotos-guest"), nil
 }

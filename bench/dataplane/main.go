@@ -173,6 +173,7 @@ type bench struct {
 	api       *api
 	ref       *crunref.Env
 	notes     []string
+	tmpFS     string   // the file system of the temporary directory
 	mainID    string   // the workspace of measurements 1, 3 and 4
 	phaseLoad []string // per measurement: its duration and the load average before and after
 
@@ -205,6 +206,7 @@ func newBench(ctx context.Context, cfg config) (*bench, error) {
 		return nil, err
 	}
 	b.dataDir = filepath.Join(b.tmp, "data")
+	b.tmpFS = benchkit.FSType(b.tmp)
 	return b, nil
 }
 

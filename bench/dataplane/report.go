@@ -143,6 +143,14 @@ func (b *bench) report() string {
 		pm, _ := mibps(r.DownPlain)
 		pcm, _ := mibps(r.RefDownConnectPlain)
 		p("| files down, a client without gzip, MiB/s vs connect | %.0f | %.0f | %s | — | — |\n", pm, pcm, pct(pm, pcm))
+		if len(r.KiboUp)+len(r.KiboDown) > 0 {
+			km, _ := mibps(r.KiboUp)
+			kd, _ := mibps(r.KiboDown)
+			rp, _ := mibps(r.RefUpRaw)
+			rg, _ := mibps(r.RefRaw)
+			p("| `kibo workspace cp` in, MiB/s vs raw HTTP/2 POST | %.0f | %.0f | %s | — | — |\n", km, rp, pct(km, rp))
+			p("| `kibo workspace cp` out, MiB/s vs raw HTTP/2 GET | %.0f | %.0f | %s | — | — |\n", kd, rg, pct(kd, rg))
+		}
 	}
 	if r := b.conc; r != nil {
 		p("| %d streams over %d workspaces: completed | %d/%d in %.2f s | — | — | all | %s |\n", r.Streams, r.Workspaces, r.Completed, r.Streams, r.Wall.Seconds(), yes(r.Completed == r.Streams))
