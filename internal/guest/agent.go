@@ -95,6 +95,7 @@ type Agent struct {
 	log    *slog.Logger
 	pid1   bool
 	reaper *reaper
+	oom    oomHandoff // the OOM score of directly started processes
 
 	// loop runs functions on Run's goroutine, the one thread that forks
 	// and waits (see reaper); loopDone is closed when Run returns.

@@ -72,6 +72,14 @@ func runTrampoline(argv []string) int {
 	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("0"), 0)
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
+		// As a shell says it: a path that exists but cannot be executed
+		// is 126, anything else not found.
+		if strings.Contains(argv[0], "/") {
+			if _, serr := os.Stat(argv[0]); serr == nil {
+				fmt.Fprintf(os.Stderr, "%s: Permission denied\n", argv[0])
+				return 126
+			}
+		}
 		fmt.Fprintf(os.Stderr, "%s: command not found\n", argv[0])
 		return 127
 	}

@@ -175,22 +175,27 @@ func (a *Agent) startProcess(id string, m *guestv1.StartRequest) (*process, erro
 	if dir == "" {
 		dir = a.defaultDir()
 	}
-	path, argv := a.cfg.Trampoline, append([]string{"kibotos-guest", trampolineArg}, m.GetArgv()...)
+	// Through the trampoline (a second start of the guest binary, which
+	// resets the OOM score, drops to the user and looks the program up) or,
+	// the fast way, directly: the program looked up here, the user set by
+	// the kernel, the OOM score handed down by PID 1 (startDirect). The
+	// trampoline stays for what the direct way cannot say as a shell would:
+	// a program that is not found (127) or cannot be executed (126).
+	trampoline := append([]string{"kibotos-guest", trampolineArg}, m.GetArgv()...)
 	sys := &syscall.SysProcAttr{Setsid: true}
 	if m.Uid != nil || m.Gid != nil {
-		// The trampoline drops to them; without one, the kernel does.
-		argv = append([]string{"kibotos-guest", trampolineAsArg,
+		trampoline = append([]string{"kibotos-guest", trampolineAsArg,
 			strconv.FormatUint(uint64(m.GetUid()), 10), strconv.FormatUint(uint64(m.GetGid()), 10)}, m.GetArgv()...)
-		if path == "" {
+	}
+	path, argv := a.cfg.Trampoline, trampoline
+	direct := false
+	if prog, err := lookPathIn(m.GetArgv()[0], envValue(env, "PATH")); err == nil && (path == "" || a.oom.direct()) {
+		path, argv, direct = prog, m.GetArgv(), true
+		if m.Uid != nil || m.Gid != nil {
 			sys.Credential = &syscall.Credential{Uid: m.GetUid(), Gid: m.GetGid()}
 		}
-	}
-	if path == "" {
-		p, err := lookPathIn(m.GetArgv()[0], envValue(env, "PATH"))
-		if err != nil {
-			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("%s: command not found", protocol.Clip(m.GetArgv()[0], 256)))
-		}
-		path, argv = p, m.GetArgv()
+	} else if path == "" {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("%s: command not found", protocol.Clip(m.GetArgv()[0], 256)))
 	}
 	p := &process{id: id, tag: m.GetTag(), argv: m.GetArgv(), changed: make(chan struct{}), pidfd: -1,
 		out: newRing(RingBytes), in: inputBuffer{max: InputBytes}}
@@ -240,7 +245,18 @@ func (a *Agent) startProcess(id string, m *guestv1.StartRequest) (*process, erro
 	var err error
 	a.onLoop(func() {
 		p.pid, wait, err = a.reaper.start(func() (int, error) {
-			proc, err := os.StartProcess(path, argv, attr)
+			var proc *os.Process
+			var err error
+			if direct {
+				proc, err = a.oom.startDirect(path, argv, attr)
+				if err != nil && a.cfg.Trampoline != "" {
+					// The trampoline says why, as a shell would.
+					attr.Sys.Credential = nil
+					proc, err = os.StartProcess(a.cfg.Trampoline, trampoline, attr)
+				}
+			} else {
+				proc, err = os.StartProcess(path, argv, attr)
+			}
 			if err != nil {
 				return 0, err
 			}
@@ -305,6 +321,53 @@ func (a *Agent) startProcess(id string, m *guestv1.StartRequest) (*process, erro
 		}
 	}()
 	return p, nil
+}
+
+// oomHandoff gives the processes PID 1 starts directly an OOM score of 0
+// while PID 1 keeps its own low one (the node sets it to -998, so that the
+// OOM killer takes a workspace's processes before its guest): a child
+// inherits its parent's score at fork, so PID 1 raises its own to 0 for
+// the fork and lowers it back after. Lowering it again is allowed because
+// the node, privileged, set it (the kernel's oom_score_adj_min); where it
+// is not (a guest whose score nobody lowered needs no handoff; one that
+// cannot lower it back), the trampoline starts the processes instead. All
+// starts run on the agent's loop thread, one at a time.
+type oomHandoff struct {
+	mu      sync.Mutex
+	refused bool // lowering the score back failed once: trampoline from then on
+}
+
+const oomScorePath = "/proc/self/oom_score_adj"
+
+// direct reports whether processes may be started directly.
+func (o *oomHandoff) direct() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return !o.refused
+}
+
+// startDirect starts path with PID 1's score at 0 for the fork.
+func (o *oomHandoff) startDirect(path string, argv []string, attr *os.ProcAttr) (*os.Process, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	b, err := os.ReadFile(oomScorePath)
+	base := strings.TrimSpace(string(b))
+	if err != nil || base == "0" {
+		return os.StartProcess(path, argv, attr)
+	}
+	// Writing the score it has proves it can be written back.
+	if err := os.WriteFile(oomScorePath, []byte(base), 0); err != nil {
+		o.refused = true
+		return nil, fmt.Errorf("oom score: %w", err)
+	}
+	if err := os.WriteFile(oomScorePath, []byte("0"), 0); err != nil {
+		return nil, fmt.Errorf("oom score: %w", err)
+	}
+	proc, err := os.StartProcess(path, argv, attr)
+	if werr := os.WriteFile(oomScorePath, []byte(base), 0); werr != nil {
+		o.refused = true
+	}
+	return proc, err
 }
 
 // outputPipeBytes is the capacity asked for a process's output pipes (the

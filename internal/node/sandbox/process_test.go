@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -163,6 +164,43 @@ func TestProcessService(t *testing.T) {
 		id = startProc(t, ctx, c, &guestv1.StartRequest{Argv: shArgv("id -u")})
 		if ev, err := collect(t, ctx, c, id, "", 0); err != nil || string(ev.stdout) != "0\n" {
 			t.Errorf("by default: %q %v", ev.stdout, err)
+		}
+	})
+
+	t.Run("OOM score and missing programs", func(t *testing.T) {
+		// Started without the trampoline, a process still gets an OOM
+		// score of 0 while PID 1 keeps -998; as another user too.
+		// Lowering PID 1's takes CAP_SYS_RESOURCE, which some hosts
+		// withhold even from root: then PID 1 keeps 0 as well.
+		pid1 := "-998"
+		if !hasCapability(unix.CAP_SYS_RESOURCE) {
+			t.Log("this host's root lacks CAP_SYS_RESOURCE: PID 1 keeps an OOM score of 0")
+			pid1 = "0"
+		}
+		uid := uint32(1000)
+		for _, req := range []*guestv1.StartRequest{
+			{Argv: []string{"cat", "/proc/self/oom_score_adj", "/proc/1/oom_score_adj"}},
+			{Argv: []string{"cat", "/proc/self/oom_score_adj", "/proc/1/oom_score_adj"}, Uid: &uid, Gid: &uid},
+		} {
+			ev, err := collect(t, ctx, c, startProc(t, ctx, c, req), "", 0)
+			if err != nil || string(ev.stdout) != "0\n"+pid1+"\n" {
+				t.Errorf("%v: oom scores %q %q %v, want 0 for the process and %s for PID 1", req.GetArgv(), ev.stdout, ev.stderr, err, pid1)
+			}
+		}
+		// A program that is not found or cannot be executed ends as a
+		// shell's would: 127 and 126, with the reason on stderr.
+		for _, tc := range []struct {
+			argv []string
+			code int32
+			says string
+		}{
+			{[]string{"no-such-program"}, 127, "no-such-program: command not found"},
+			{[]string{"/etc/hostname"}, 126, "/etc/hostname: Permission denied"},
+		} {
+			ev, err := collect(t, ctx, c, startProc(t, ctx, c, &guestv1.StartRequest{Argv: tc.argv}), "", 0)
+			if err != nil || ev.exited.GetExitCode() != tc.code || !strings.Contains(string(ev.stderr), tc.says) {
+				t.Errorf("%v: exit %v, stderr %q, %v; want %d and %q", tc.argv, ev.exited, ev.stderr, err, tc.code, tc.says)
+			}
 		}
 	})
 
@@ -491,4 +529,20 @@ func heldClients(ws string) int {
 		}
 	}
 	return n
+}
+
+// hasCapability reports whether this process has capability c in its
+// effective set.
+func hasCapability(c int) bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+			mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && mask&(1<<uint(c)) != 0
+		}
+	}
+	return false
 }

@@ -157,12 +157,13 @@ type Config struct {
 
 // Runtime runs sandbox executions on this host.
 type Runtime struct {
-	cfg    Config
-	root   string
-	log    *slog.Logger
-	cg     cgroups
-	cgBase string   // CgroupParent/tag
-	guest  *os.File // the sealed memfd of GuestBinary (initshim.GuestFD)
+	cfg     Config
+	root    string
+	log     *slog.Logger
+	oomWarn sync.Once // PID 1's OOM score could not be set (said once)
+	cg      cgroups
+	cgBase  string   // CgroupParent/tag
+	guest   *os.File // the sealed memfd of GuestBinary (initshim.GuestFD)
 
 	// cgMu orders the creation of execution cgroups (which creates cgBase
 	// when missing) against the removal of cgBase once it is empty, so

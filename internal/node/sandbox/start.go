@@ -166,10 +166,13 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 			return fmt.Errorf("%w: cgroup: %v", ErrStart, err)
 		}
 	}
-	// PID 1 protects itself from the OOM killer (its commands reset theirs
-	// through the guest's exec trampoline); root in its user namespace
-	// cannot lower it.
-	_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", st.PID), []byte("-998"), 0)
+	// PID 1 protects itself from the OOM killer (the guest gives the
+	// processes it starts a score of 0); root in its user namespace cannot
+	// lower it. It takes CAP_SYS_RESOURCE, which some hosts withhold even
+	// from root: then PID 1 keeps the score of 0 (said once).
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", st.PID), []byte("-998"), 0); err != nil {
+		r.oomWarn.Do(func() { r.log.Warn("workspaces' PID 1 keeps an OOM score of 0 (the node lacks CAP_SYS_RESOURCE?)", "error", err) })
+	}
 	rootMnt, err := r.makeRoot(st, layerMnt)
 	if err != nil {
 		return fmt.Errorf("%w: root: %v", ErrStart, err)
