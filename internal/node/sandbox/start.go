@@ -171,7 +171,9 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 	// lower it. It takes CAP_SYS_RESOURCE, which some hosts withhold even
 	// from root: then PID 1 keeps the score of 0 (said once).
 	if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", st.PID), []byte("-998"), 0); err != nil {
-		r.oomWarn.Do(func() { r.log.Warn("workspaces' PID 1 keeps an OOM score of 0 (the node lacks CAP_SYS_RESOURCE?)", "error", err) })
+		r.oomWarn.Do(func() {
+			r.log.Warn("workspaces' PID 1 keeps an OOM score of 0 (the node lacks CAP_SYS_RESOURCE?)", "error", err)
+		})
 	}
 	rootMnt, err := r.makeRoot(st, layerMnt)
 	if err != nil {
