@@ -28,6 +28,9 @@ const (
 	MaxProcesses = 256
 	// maxInputRequest bounds the data of one SendInput.
 	maxInputRequest = 256 << 10
+	// startReservation: after a Start, the output waits this long at most
+	// for the first Events stream before the ring may drop any of it.
+	startReservation = 2 * time.Second
 	// outputLinger: once the process ended, output is still read while
 	// its pipes are not idle for this long (a background child may hold
 	// them open); then the guest stops reading and reports the exit.
@@ -62,7 +65,10 @@ type process struct {
 	// one is attached the ring never drops what the slowest has not sent
 	// (readOutput waits: backpressure); with none, the oldest output goes.
 	readers map[*uint64]struct{}
-	stdin   *os.File // the write end of stdin (nil with a pty)
+	// attached is closed when the first Events stream attaches.
+	attached     chan struct{}
+	attachedOnce sync.Once
+	stdin        *os.File // the write end of stdin (nil with a pty)
 }
 
 // notify wakes the readers; p.mu is held.
@@ -198,7 +204,7 @@ func (a *Agent) startProcess(id string, m *guestv1.StartRequest) (*process, erro
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("%s: command not found", protocol.Clip(m.GetArgv()[0], 256)))
 	}
 	p := &process{id: id, tag: m.GetTag(), argv: m.GetArgv(), changed: make(chan struct{}), pidfd: -1,
-		out: newRing(RingBytes), in: inputBuffer{max: InputBytes}}
+		out: newRing(RingBytes), in: inputBuffer{max: InputBytes}, attached: make(chan struct{})}
 	var files []*os.File // the child's ends, closed once it started
 	var readers []*os.File
 	var streams []guestv1.Stream
@@ -277,6 +283,17 @@ func (a *Agent) startProcess(id string, m *guestv1.StartRequest) (*process, erro
 		closeAll()
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s: %w", protocol.Clip(m.GetArgv()[0], 256), err))
 	}
+	// The output is kept for the client that started the process until it
+	// attaches (StartProcess and ProcessEvents are two calls), for at most
+	// startReservation: a process with nobody reading is then never held.
+	_, release := p.attach(0)
+	go func() {
+		select {
+		case <-p.attached:
+		case <-time.After(startReservation):
+		}
+		release()
+	}()
 	var readersDone sync.WaitGroup
 	for i, r := range readers {
 		readersDone.Add(1)
@@ -545,6 +562,7 @@ func (s processService) Events(ctx context.Context, req *connect.Request[guestv1
 	off := req.Msg.GetFromOffset()
 	move, detach := p.attach(off)
 	defer detach()
+	p.attachedOnce.Do(func() { close(p.attached) })
 	for {
 		p.mu.Lock()
 		ev, next, ok := p.out.read(off)

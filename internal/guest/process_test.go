@@ -153,7 +153,19 @@ func TestOutputBackpressure(t *testing.T) {
 		t.Errorf("a slow reader got %d bytes, %d dropped, exit %v; want all %d, none dropped", res.out, res.dropped, res.exited, total)
 	}
 
-	// Nobody attached: the process runs to its end at once.
+	// Attached only after the start (two calls): nothing is lost in
+	// between, the output waits for the first stream.
+	r, err = c.Start(ctx, connect.NewRequest(&guestv1.StartRequest{Argv: []string{"head", "-c", "4194304", "/dev/zero"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if out, dropped, exited := readEvents(t, ctx, c, r.Msg.GetProcessId(), 0, 0, 0); out != total || dropped != 0 || exited.GetEndOffset() != total {
+		t.Errorf("attached after the start: %d bytes, %d dropped, exit %v; want all %d", out, dropped, exited, total)
+	}
+
+	// Nobody attached: the process runs to its end once the start's
+	// reservation (startReservation) has passed.
 	r, err = c.Start(ctx, connect.NewRequest(&guestv1.StartRequest{Argv: []string{"head", "-c", "4194304", "/dev/zero"}}))
 	if err != nil {
 		t.Fatal(err)
