@@ -126,9 +126,12 @@ func (c *Checker) CheckEndpoint(ctx context.Context, field, hostport string) err
 }
 
 // Resolve is the dial-time form of CheckEndpoint. It resolves hostport once,
-// checks every address and returns the checked addresses (unmapped, in the
-// resolver's order, duplicates removed) with the port, so that the caller
-// dials exactly these and a second resolution cannot rebind the name.
+// checks every address and returns the checked addresses (unmapped, without
+// zone, in the resolver's order, duplicates removed) with the port, so that
+// the caller dials exactly these and a second resolution cannot rebind the
+// name. A name that IsLocalhost is not resolved: it stands for 127.0.0.1 and
+// ::1, and Resolve returns those of the two that are allow-listed; with
+// neither allow-listed (the default) it is forbidden.
 //
 // Failures, all *fault.Error on field:
 //   - malformed hostport: invalid_argument (INVALID_ARGUMENT);
@@ -151,6 +154,22 @@ func (c *Checker) Resolve(ctx context.Context, field, hostport string) ([]netip.
 			return nil, err
 		}
 		return []netip.AddrPort{netip.AddrPortFrom(a.Unmap(), port)}, nil
+	}
+
+	if IsLocalhost(host) {
+		// RFC 6761 §6.3: localhost names are loopback, whatever a DNS
+		// server (asked for "localhost." or "x.localhost") would answer.
+		var out []netip.AddrPort
+		for _, a := range localhostAddrs {
+			if _, forbidden := c.forbidden(a); !forbidden {
+				out = append(out, netip.AddrPortFrom(a, port))
+			}
+		}
+		if len(out) == 0 {
+			return nil, fault.InvalidReason(fault.ReasonEndpointForbidden, field,
+				"host %s is a loopback name and may not be used as an endpoint", echo(host))
+		}
+		return out, nil
 	}
 
 	var r Resolver = net.DefaultResolver
@@ -185,11 +204,27 @@ func (c *Checker) Resolve(ctx context.Context, field, hostport string) ([]netip.
 			return nil, fault.InvalidReason(fault.ReasonEndpointForbidden, field,
 				"host %s resolves to a special-purpose address and may not be used as an endpoint", echo(host))
 		}
-		a = a.Unmap()
+		a = a.Unmap().WithZone("") // dial exactly the literal that was checked
 		if !seen[a] {
 			seen[a] = true
 			out = append(out, netip.AddrPortFrom(a, port))
 		}
 	}
 	return out, nil
+}
+
+// localhostAddrs are the addresses a localhost name stands for.
+var localhostAddrs = [2]netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()}
+
+// IsLocalhost reports whether the DNS name host is "localhost" or a name
+// under it, in any letter case, with or without a trailing dot. RFC 6761
+// §6.3 reserves these names for loopback; Resolve does not ask a resolver
+// about them, since a DNS server asked for "localhost." or
+// "app.localhost" may answer anything, while local resolvers (/etc/hosts,
+// systemd-resolved, browsers) answer loopback.
+func IsLocalhost(host string) bool {
+	h := strings.TrimSuffix(host, ".")
+	const l = "localhost"
+	return strings.EqualFold(h, l) ||
+		len(h) > len(l)+1 && h[len(h)-len(l)-1] == '.' && strings.EqualFold(h[len(h)-len(l):], l)
 }

@@ -15,6 +15,11 @@ type Dialer struct {
 	// Dialer makes the connections. Its own Resolver is never consulted,
 	// since only IP literals are dialed.
 	Dialer net.Dialer
+	// DialFunc, when set, makes the connections instead of Dialer (a
+	// user-space network stack, or a test recording what would be dialed).
+	// It is called only with a checked literal "ip:port" or "[ip]:port",
+	// never with a name.
+	DialFunc func(ctx context.Context, network, address string) (net.Conn, error)
 }
 
 // DialContext connects to hostport on network, which must be one of "tcp",
@@ -46,7 +51,13 @@ func (d *Dialer) DialContext(ctx context.Context, network, hostport string) (net
 			continue
 		}
 		tried = true
-		conn, err := d.Dialer.DialContext(ctx, network, ap.String())
+		var conn net.Conn
+		var err error
+		if d.DialFunc != nil {
+			conn, err = d.DialFunc(ctx, network, ap.String())
+		} else {
+			conn, err = d.Dialer.DialContext(ctx, network, ap.String())
+		}
 		if err == nil {
 			return conn, nil
 		}
