@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -230,6 +231,76 @@ func TestSSRFCorpusLiterals(t *testing.T) {
 	}
 	if n == 0 {
 		t.Fatal("no literal in the corpus")
+	}
+}
+
+// inetAton decodes s as the C library's inet_aton does: one to four
+// dot-separated parts, each decimal, octal (leading 0) or hex (0x), the
+// last part filling the remaining bytes.
+func inetAton(s string) (netip.Addr, bool) {
+	parts := strings.Split(s, ".")
+	if len(parts) > 4 {
+		return netip.Addr{}, false
+	}
+	var vals []uint64
+	for _, p := range parts {
+		base := 10
+		switch {
+		case len(p) > 2 && (p[:2] == "0x" || p[:2] == "0X"):
+			base, p = 16, p[2:]
+		case len(p) > 1 && p[0] == '0':
+			base, p = 8, p[1:]
+		}
+		v, err := strconv.ParseUint(p, base, 32)
+		if err != nil {
+			return netip.Addr{}, false
+		}
+		vals = append(vals, v)
+	}
+	var n uint64
+	for i, v := range vals {
+		if i < len(vals)-1 {
+			if v > 255 {
+				return netip.Addr{}, false
+			}
+			n |= v << (8 * (3 - i))
+			continue
+		}
+		if v >= 1<<(8*(4-i)) {
+			return netip.Addr{}, false
+		}
+		n |= v
+	}
+	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}), true
+}
+
+// TestSSRFCorpusNumericSpellings decodes the malformed hosts that inet_aton
+// reads as IPv4 addresses: each must denote a special-purpose address (the
+// parser refuses them all, but the corpus must say what they mean).
+func TestSSRFCorpusNumericSpellings(t *testing.T) {
+	for _, s := range []string{"2130706433", "0x7f.1", "0177.0.0.1", "127.1", "0"} {
+		if a, ok := inetAton(s); !ok || a != netip.IPv4Unspecified() && a != netip.MustParseAddr("127.0.0.1") {
+			t.Fatalf("inetAton(%q) = %v, %v", s, a, ok)
+		}
+	}
+	n := 0
+	for _, e := range readCorpus(t) {
+		if e.verdict != verdictMalformed {
+			continue
+		}
+		host, _, _ := strings.Cut(e.dest, ":")
+		a, ok := inetAton(host)
+		if !ok {
+			continue
+		}
+		n++
+		if _, special := Classify(a); !special {
+			t.Errorf("%v: inet_aton reads %v, which is not special-purpose", e, a)
+		}
+	}
+	t.Logf("%d numeric spellings decoded", n)
+	if n < 15 {
+		t.Errorf("%d numeric spellings in the corpus, want at least 15", n)
 	}
 }
 

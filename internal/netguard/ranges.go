@@ -17,6 +17,12 @@
 // deprecated IPv4-compatible ::a.b.c.d inside ::/96) are not decoded: the
 // ranges themselves are forbidden, whatever IPv4 address they embed.
 //
+// Names under "localhost" (RFC 6761 §6.3) are loopback and never resolved.
+// testdata/ssrf.txt is the SSRF corpus the tests hold the package to: every
+// special-purpose range, the embedded IPv6 forms, numeric IPv4 spellings,
+// localhost names, DNS rebinding and mixed answers, and public destinations
+// that must stay allowed.
+//
 // Failures are *fault.Error values: malformed input and forbidden endpoints
 // are invalid_argument (the latter with Reason ENDPOINT_FORBIDDEN), and a
 // resolution that fails for a transient reason is unavailable and retryable.
