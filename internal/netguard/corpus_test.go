@@ -332,7 +332,7 @@ func TestSSRFCorpusCreateAndDial(t *testing.T) {
 					t.Errorf("%s: CheckEndpoint = %v, want nil", what, err)
 				}
 			}
-			if createLookups > 1 || e.answers == nil && createLookups != 0 && e.verdict != verdictMalformed {
+			if createLookups > 1 || e.answers == nil && createLookups != 0 {
 				t.Errorf("%s: CheckEndpoint made %d lookups", what, createLookups)
 			}
 
@@ -470,5 +470,22 @@ func TestDialerTriesCheckedLiteralsInOrder(t *testing.T) {
 	}
 	if res.calls != 1 {
 		t.Errorf("%d lookups for one dial, want 1", res.calls)
+	}
+}
+
+// TestDialerZeroChecker: a Dialer without a Checker refuses special-purpose
+// literals before its dial function and dials public ones as written.
+func TestDialerZeroChecker(t *testing.T) {
+	rec := &recordingDial{}
+	d := &Dialer{DialFunc: rec.dial}
+	_, err := d.DialContext(context.Background(), "tcp", "[::ffff:169.254.169.254]:80")
+	wantFault(t, "DialContext([::ffff:169.254.169.254]:80)", err, fault.KindInvalidArgument, fault.ReasonEndpointForbidden, "address")
+	conn, err := d.DialContext(context.Background(), "tcp", "[::ffff:8.8.8.8]:53")
+	if err != nil {
+		t.Fatalf("DialContext([::ffff:8.8.8.8]:53) = %v", err)
+	}
+	conn.Close()
+	if strings.Join(rec.calls, ",") != "tcp 8.8.8.8:53" {
+		t.Errorf("dialed %v, want only tcp 8.8.8.8:53", rec.calls)
 	}
 }
