@@ -96,13 +96,14 @@ func (g *Registry) Accept(w http.ResponseWriter, r *http.Request, node string, k
 	_ = conn.SetDeadline(time.Time{})
 	t := &tun{node: node, keyHash: bytes.Clone(keyHash)}
 	t.conn = &watchedConn{Conn: bufferedConn(conn, brw.Reader), onErr: func() { g.drop(t) }}
-	tr := &http2.Transport{
-		MaxHeaderListSize: maxHeaders,
-		MaxReadFrameSize:  maxFrame,
-		// A node that stops answering is found by pings.
-		ReadIdleTimeout: 15 * time.Second,
-		PingTimeout:     10 * time.Second,
+	tr, err := boundedTransport()
+	if err != nil {
+		conn.Close()
+		return err
 	}
+	tr.MaxHeaderListSize, tr.MaxReadFrameSize = maxHeaders, maxFrame
+	// A node that stops answering is found by pings.
+	tr.ReadIdleTimeout, tr.PingTimeout = 15*time.Second, 10*time.Second
 	if t.cc, err = tr.NewClientConn(t.conn); err != nil {
 		conn.Close()
 		return err
@@ -120,6 +121,23 @@ func (g *Registry) Accept(w http.ResponseWriter, r *http.Request, node string, k
 	g.mu.Unlock()
 	g.log().Info("data tunnel opened", "node_id", node, "remote", r.RemoteAddr)
 	return nil
+}
+
+// Receive windows of ctrl's side of a tunnel: what a node may send ahead of
+// ctrl's reading, per stream and per tunnel. They bound ctrl's memory per
+// data-plane stream (the defaults of x/net/http2, 4 MiB and 1 GiB, let 100
+// streams of a client slower than the workspaces hold 800 MiB) and are
+// large enough for the path's bandwidth-delay product.
+const (
+	streamWindow = 1 << 20
+	tunnelWindow = 64 << 20
+)
+
+// boundedTransport is an HTTP/2 client transport with the windows above
+// (x/net/http2 takes them from its net/http twin's HTTP2 settings).
+func boundedTransport() (*http2.Transport, error) {
+	return http2.ConfigureTransports(&http.Transport{DisableCompression: true, HTTP2: &http.HTTP2Config{
+		MaxReceiveBufferPerStream: streamWindow, MaxReceiveBufferPerConnection: tunnelWindow}})
 }
 
 func (g *Registry) log() *slog.Logger {

@@ -103,28 +103,35 @@ func (r *Runtime) GuestTransport(workspaceID string) (http.RoundTripper, error) 
 // newProcessClient returns a client whose connections are sent over e's
 // channel.
 func newProcessClient(e *execution) *ProcessClient {
-	tr := &http2.Transport{
-		AllowHTTP: true,
-		DialTLSContext: func(ctx context.Context, _, _ string, _ *tls.Config) (net.Conn, error) {
-			if !e.alive() {
-				return nil, ErrNotRunning
-			}
-			ch, err := e.channel()
-			if err != nil {
-				return nil, err
-			}
-			ctx, cancel := context.WithTimeout(ctx, guestDialTimeout)
-			defer cancel()
-			return ch.Dial(ctx)
-		},
-		MaxHeaderListSize: maxGuestHeaders,
-		MaxReadFrameSize:  512 << 10, // the guest writes output in few, large frames
-		IdleConnTimeout:   guestIdleTimeout,
-		// A guest that stops answering is found by pings, not waited
-		// for forever.
-		ReadIdleTimeout: 30 * time.Second,
-		PingTimeout:     10 * time.Second,
+	// The node's receive windows toward the guest: 1 MiB per stream, 16 MiB
+	// per connection (x/net/http2 takes them from its net/http twin), so
+	// that what a guest sends ahead of the node's reading stays small (the
+	// defaults are 4 MiB and 1 GiB).
+	tr, err := http2.ConfigureTransports(&http.Transport{DisableCompression: true, HTTP2: &http.HTTP2Config{
+		MaxReceiveBufferPerStream: 1 << 20, MaxReceiveBufferPerConnection: 16 << 20}})
+	if err != nil {
+		tr = &http2.Transport{} // only for a net/http transport configured already
 	}
+	tr.ConnPool = nil // it dials by itself (ConfigureTransports leaves dialing to net/http)
+	tr.AllowHTTP = true
+	tr.DialTLSContext = func(ctx context.Context, _, _ string, _ *tls.Config) (net.Conn, error) {
+		if !e.alive() {
+			return nil, ErrNotRunning
+		}
+		ch, err := e.channel()
+		if err != nil {
+			return nil, err
+		}
+		ctx, cancel := context.WithTimeout(ctx, guestDialTimeout)
+		defer cancel()
+		return ch.Dial(ctx)
+	}
+	tr.MaxHeaderListSize = maxGuestHeaders
+	tr.MaxReadFrameSize = 512 << 10 // the guest writes output in few, large frames
+	tr.IdleConnTimeout = guestIdleTimeout
+	// A guest that stops answering is found by pings, not waited for
+	// forever.
+	tr.ReadIdleTimeout, tr.PingTimeout = 30*time.Second, 10*time.Second
 	c := guestv1connect.NewProcessServiceClient(&http.Client{Transport: tr}, "http://guest",
 		connect.WithGRPC(), connect.WithAcceptCompression("gzip", nil, nil),
 		connect.WithReadMaxBytes(protocol.MaxDataPlaneMessage), connect.WithSendMaxBytes(protocol.MaxDataPlaneMessage))
