@@ -129,7 +129,7 @@ func (g *Registry) Accept(w http.ResponseWriter, r *http.Request, node string, k
 // streams of a client slower than the workspaces hold 800 MiB) and are
 // large enough for the path's bandwidth-delay product.
 const (
-	streamWindow = 1 << 20
+	streamWindow = 256 << 10
 	tunnelWindow = 64 << 20
 )
 

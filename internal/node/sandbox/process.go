@@ -103,12 +103,12 @@ func (r *Runtime) GuestTransport(workspaceID string) (http.RoundTripper, error) 
 // newProcessClient returns a client whose connections are sent over e's
 // channel.
 func newProcessClient(e *execution) *ProcessClient {
-	// The node's receive windows toward the guest: 1 MiB per stream, 16 MiB
+	// The node's receive windows toward the guest: 256 KiB per stream, 16 MiB
 	// per connection (x/net/http2 takes them from its net/http twin), so
 	// that what a guest sends ahead of the node's reading stays small (the
 	// defaults are 4 MiB and 1 GiB).
 	tr, err := http2.ConfigureTransports(&http.Transport{DisableCompression: true, HTTP2: &http.HTTP2Config{
-		MaxReceiveBufferPerStream: 1 << 20, MaxReceiveBufferPerConnection: 16 << 20}})
+		MaxReceiveBufferPerStream: 256 << 10, MaxReceiveBufferPerConnection: 16 << 20}})
 	if err != nil {
 		tr = &http2.Transport{} // only for a net/http transport configured already
 	}
