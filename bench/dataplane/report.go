@@ -127,6 +127,14 @@ func (b *bench) report() string {
 		rm, _ := mibps(r.Raw)
 		p("| streaming, MiB/s (median) vs connect handler | %.0f | %.0f | %s | ≥ 50 %% | %s |\n", om, cm, pct(om, cm), yes(om/cm*100 >= streamMinPct))
 		p("| streaming, MiB/s (median) vs raw HTTP/2 body | %.0f | %.0f | %s | ≥ 50 %% | %s |\n", om, rm, pct(om, rm), yes(om/rm*100 >= streamMinPct))
+		if len(r.Source) > 0 {
+			sm, _ := mibps(r.Source)
+			p("| streaming vs `head -c \\| cat` in the workspace (nothing sent), MiB/s | %.0f | %.0f | %s | — | — |\n", om, sm, pct(om, sm))
+		}
+		if len(r.OursDD) > 0 {
+			dm, _ := mibps(r.OursDD)
+			p("| streaming with `dd bs=1M` as the source vs connect handler, MiB/s | %.0f | %.0f | %s | — | — |\n", dm, cm, pct(dm, cm))
+		}
 	}
 	if r := b.revoke; r != nil {
 		rf, st := newDist(r.Refusal), newDist(r.Stream)
@@ -207,7 +215,10 @@ func (b *bench) report() string {
 		for _, row := range []struct {
 			name string
 			runs []streamRun
-		}{{"ours (`head -c`)", r.Ours}, {"connect handler", r.Connect}, {"raw HTTP/2 body", r.Raw}} {
+		}{{"ours (`head -c`)", r.Ours}, {"ours (`dd bs=1M`)", r.OursDD}, {"`head -c \\| cat` in the workspace, nothing sent", r.Source}, {"connect handler", r.Connect}, {"raw HTTP/2 body", r.Raw}} {
+			if len(row.runs) == 0 {
+				continue
+			}
 			m, best := mibps(row.runs)
 			var delivered []string
 			var dropped, bytes int64

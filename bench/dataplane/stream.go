@@ -91,7 +91,11 @@ func (s streamRun) mibps() float64 {
 // streamResult is measurement 3.
 type streamResult struct {
 	Ours, Connect, Raw []streamRun
-	Errors             []string
+	// OursDD is ours with `dd bs=1M` as the source (big writes: the path's
+	// own rate); Source is `head -c N /dev/zero | cat > /dev/null` in the
+	// workspace, nothing sent: the most head alone can pipe there.
+	OursDD, Source []streamRun
+	Errors         []string
 }
 
 // refServer is a plain HTTP/2 server of this process on loopback, with the
@@ -277,6 +281,26 @@ func (b *bench) streamPhase(ctx context.Context) error {
 			s := streamRun{Bytes: o.Output, Dropped: o.Dropped, DroppedEvents: o.DroppedCount, Took: o.Exited.Sub(t0), CPU: cpu, Events: o.OutputEvents}
 			r.Ours = append(r.Ours, s)
 			logf("stream %d: %d MiB delivered (%d MiB dropped in %d events) in %.2f s: %.0f MiB/s", i, s.Bytes>>20, s.Dropped>>20, s.DroppedEvents, s.Took.Seconds(), s.mibps())
+		}
+		m = probe.mark()
+		t0, o, err = b.api.run(ctx, tok, id, "dd", "if=/dev/zero", "bs=1048576", "count="+strconv.FormatInt(n>>20, 10))
+		cpu = probe.since(m)
+		if err != nil {
+			r.Errors = append(r.Errors, "dd: "+err.Error())
+		} else {
+			s := streamRun{Bytes: o.Output, Dropped: o.Dropped, DroppedEvents: o.DroppedCount, Took: o.Exited.Sub(t0), CPU: cpu, Events: o.OutputEvents}
+			r.OursDD = append(r.OursDD, s)
+			logf("stream %d: dd bs=1M source: %.0f MiB/s", i, s.mibps())
+		}
+		m = probe.mark()
+		t0, o, err = b.api.run(ctx, tok, id, "sh", "-c", "head -c "+strconv.FormatInt(n, 10)+" /dev/zero | cat > /dev/null")
+		cpu = probe.since(m)
+		if err != nil {
+			r.Errors = append(r.Errors, "source: "+err.Error())
+		} else {
+			s := streamRun{Bytes: n, Took: o.Exited.Sub(t0), CPU: cpu}
+			r.Source = append(r.Source, s)
+			logf("stream %d: head -c | cat in the workspace (nothing sent): %.0f MiB/s", i, s.mibps())
 		}
 		m = probe.mark()
 		if s, err := ref.connectStream(ctx, n); err != nil {
