@@ -1,0 +1,478 @@
+// Package netstack is the node's user-space TCP/IP stack for one workspace: a gVisor
+// netstack (gvisor.dev/gvisor/pkg/tcpip, nothing else of gVisor) on the link endpoint
+// the workspace's only interface leads to, which terminates every TCP connection the
+// workspace opens and splices it to a connection the node dials.
+//
+// Addressing: the workspace owns one address of a small subnet (Config.Address, for
+// example 10.x.y.2/30) and the node's side of that subnet is the gateway
+// (Config.Gateway, 10.x.y.1), the workspace's default route. The node's stack holds the
+// gateway address (so that the workspace's kernel can resolve it by ARP on a TAP) and
+// runs in promiscuous mode with spoofing, so a SYN to any destination reaches the
+// forwarder and its answers leave with that destination as their source.
+//
+// Every SYN is decided before the handshake completes: Config.Decide refuses it (a RST
+// at once) or returns how to dial it; the dial happens first, bounded by
+// Config.DialTimeout, and a failure is a RST too. Only then is the handshake completed
+// and the two connections spliced. So a workspace never sees a connection that seems to
+// succeed and then goes nowhere. Each live connection is registered with the opaque
+// path Decide gave it (direct, or an Egress and its revision): CloseWhere and Count are
+// what draining and "no longer admitted ends at once" are built on.
+//
+// UDP is not forwarded (incoming datagrams are dropped without an ICMP answer); the
+// only UDP to be accepted later is DNS to the in-subnet resolver address. ICMP is not
+// answered either.
+//
+// The stack is not yet wired into the sandbox; in production the link endpoint is
+// gVisor's fdbased endpoint on a TAP device created in the workspace's netns.
+package netstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+	"gvisor.dev/gvisor/pkg/waiter"
+)
+
+// Defaults of Config.
+const (
+	DefaultMTU         = 65520
+	DefaultDialTimeout = 10 * time.Second
+	DefaultMaxInFlight = 1024
+	DefaultCopyBuffer  = 64 << 10
+)
+
+// TCP buffer sizes of the stack (gVisor's defaults are 1 MiB and 4 MiB; larger ones keep
+// a large-MTU link busy).
+const (
+	tcpBufferDefault = 1 << 20
+	tcpBufferMax     = 8 << 20
+)
+
+const nicID tcpip.NICID = 1
+
+// Dial opens the node's side of a connection the workspace asked for.
+type Dial func(ctx context.Context) (net.Conn, error)
+
+// Decision is what Config.Decide answers for a connection it admits.
+type Decision struct {
+	// Dial opens the upstream connection; required.
+	Dial Dial
+	// Path is an opaque key of the route the connection takes (direct, an Egress and its
+	// revision, ...), given back to CloseWhere's predicate.
+	Path any
+}
+
+// Config configures a Stack.
+type Config struct {
+	// Link is the endpoint the workspace's frames arrive on: fdbased on a TAP fd in
+	// production, channel or pipe endpoints in tests. The Stack owns it from New on.
+	Link stack.LinkEndpoint
+	// Address is the workspace's own address and the prefix of its subnet.
+	Address netip.Prefix
+	// Gateway is the node's address inside that subnet, the workspace's default route.
+	Gateway netip.Addr
+	// MTU of the link; 0 means DefaultMTU.
+	MTU uint32
+	// Decide is called for every SYN from the workspace's address. An error refuses the
+	// connection with a RST; ctx ends with DialTimeout or Close.
+	Decide func(ctx context.Context, dst netip.AddrPort) (Decision, error)
+	// DialTimeout bounds Decide and Dial together; 0 means DefaultDialTimeout.
+	DialTimeout time.Duration
+	// MaxInFlight bounds the SYNs being decided or dialed at once; more get a RST.
+	// 0 means DefaultMaxInFlight.
+	MaxInFlight int
+	// CopyBuffer is the size of the buffer of each direction of a splice; 0 means
+	// DefaultCopyBuffer.
+	CopyBuffer int
+}
+
+// Stack is the node's TCP/IP stack of one workspace.
+type Stack struct {
+	s       *stack.Stack
+	ws      tcpip.Address
+	decide  func(context.Context, netip.AddrPort) (Decision, error)
+	timeout time.Duration
+	bufSize int
+	bufs    sync.Pool
+
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	inFlight chan struct{} // semaphore of SYNs being decided or dialed
+
+	mu     sync.Mutex
+	closed bool
+	active int // handlers and splices running
+	idle   *sync.Cond
+	conns  map[*conn]struct{}
+}
+
+// conn is one live connection: registered once its upstream is dialed, spliced once
+// the workspace's handshake completed.
+type conn struct {
+	path any
+	up   net.Conn
+	once sync.Once
+
+	// Guarded by Stack.mu: nil until the handshake completed, then set once.
+	ep tcpip.Endpoint
+	ws *gonet.TCPConn
+	// killed asks connect to end the connection as soon as it is established.
+	killed bool
+}
+
+// New builds the stack on cfg.Link and starts forwarding.
+func New(cfg Config) (*Stack, error) {
+	if cfg.Link == nil {
+		return nil, errors.New("netstack: no link endpoint")
+	}
+	if cfg.Decide == nil {
+		return nil, errors.New("netstack: no Decide")
+	}
+	pfx := cfg.Address
+	if !pfx.IsValid() || !cfg.Gateway.IsValid() {
+		return nil, errors.New("netstack: address and gateway are required")
+	}
+	if pfx.Addr().Is4In6() || cfg.Gateway.Is4In6() {
+		return nil, errors.New("netstack: IPv4-mapped addresses are not accepted")
+	}
+	if pfx.Addr().Is4() != cfg.Gateway.Is4() {
+		return nil, errors.New("netstack: address and gateway of different families")
+	}
+	if !pfx.Contains(cfg.Gateway) || pfx.Addr() == cfg.Gateway {
+		return nil, fmt.Errorf("netstack: gateway %s is not another address of %s", cfg.Gateway, pfx)
+	}
+	mtu := cfg.MTU
+	if mtu == 0 {
+		mtu = DefaultMTU
+	}
+	timeout := cfg.DialTimeout
+	if timeout <= 0 {
+		timeout = DefaultDialTimeout
+	}
+	maxInFlight := cfg.MaxInFlight
+	if maxInFlight <= 0 {
+		maxInFlight = DefaultMaxInFlight
+	}
+	bufSize := cfg.CopyBuffer
+	if bufSize <= 0 {
+		bufSize = DefaultCopyBuffer
+	}
+
+	s := stack.New(stack.Options{
+		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, ipv6.NewProtocol, arp.NewProtocol},
+		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
+	})
+	fail := func(what string, err tcpip.Error) (*Stack, error) {
+		s.Close()
+		s.Wait()
+		return nil, fmt.Errorf("netstack: %s: %s", what, err)
+	}
+	sack := tcpip.TCPSACKEnabled(true)
+	recovery := tcpip.TCPRecovery(0) // RACK off
+	cc := tcpip.CongestionControlOption("reno")
+	moderate := tcpip.TCPModerateReceiveBufferOption(true)
+	rcv := tcpip.TCPReceiveBufferSizeRangeOption{Min: tcp.MinBufferSize, Default: tcpBufferDefault, Max: tcpBufferMax}
+	snd := tcpip.TCPSendBufferSizeRangeOption{Min: tcp.MinBufferSize, Default: tcpBufferDefault, Max: tcpBufferMax}
+	for _, opt := range []tcpip.SettableTransportProtocolOption{&sack, &recovery, &cc, &moderate, &rcv, &snd} {
+		if err := s.SetTransportProtocolOption(tcp.ProtocolNumber, opt); err != nil {
+			return fail(fmt.Sprintf("TCP option %T", opt), err)
+		}
+	}
+
+	cfg.Link.SetMTU(mtu)
+	if err := s.CreateNICWithOptions(nicID, cfg.Link, stack.NICOptions{Name: "workspace"}); err != nil {
+		return fail("NIC", err)
+	}
+	if err := s.SetPromiscuousMode(nicID, true); err != nil {
+		return fail("promiscuous mode", err)
+	}
+	if err := s.SetSpoofing(nicID, true); err != nil {
+		return fail("spoofing", err)
+	}
+	proto := ipv4.ProtocolNumber
+	if pfx.Addr().Is6() {
+		proto = ipv6.ProtocolNumber
+	}
+	gw := tcpip.ProtocolAddress{
+		Protocol:          proto,
+		AddressWithPrefix: tcpip.AddressWithPrefix{Address: tcpip.AddrFromSlice(cfg.Gateway.AsSlice()), PrefixLen: pfx.Bits()},
+	}
+	if err := s.AddProtocolAddress(nicID, gw, stack.AddressProperties{}); err != nil {
+		return fail("gateway address", err)
+	}
+	s.SetRouteTable([]tcpip.Route{
+		{Destination: header.IPv4EmptySubnet, NIC: nicID},
+		{Destination: header.IPv6EmptySubnet, NIC: nicID},
+	})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	st := &Stack{
+		s:        s,
+		ws:       tcpip.AddrFromSlice(pfx.Addr().AsSlice()),
+		decide:   cfg.Decide,
+		timeout:  timeout,
+		bufSize:  bufSize,
+		ctx:      ctx,
+		cancel:   cancel,
+		inFlight: make(chan struct{}, maxInFlight),
+		conns:    make(map[*conn]struct{}),
+	}
+	st.idle = sync.NewCond(&st.mu)
+	st.bufs.New = func() any { b := make([]byte, bufSize); return &b }
+
+	// gVisor ignores SYNs beyond its own bound silently; ours, below it, answers a RST.
+	fwd := tcp.NewForwarder(s, 0, 2*maxInFlight+16, st.handle)
+	s.SetTransportProtocolHandler(tcp.ProtocolNumber, fwd.HandlePacket)
+	// No UDP yet: every datagram is handled by dropping it (no ICMP port unreachable).
+	s.SetTransportProtocolHandler(udp.ProtocolNumber, func(stack.TransportEndpointID, *stack.PacketBuffer) bool { return true })
+	return st, nil
+}
+
+// enter counts a running handler or splice; false once the stack is closed.
+func (st *Stack) enter() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed {
+		return false
+	}
+	st.active++
+	return true
+}
+
+func (st *Stack) leave() {
+	st.mu.Lock()
+	st.active--
+	if st.active == 0 {
+		st.idle.Broadcast()
+	}
+	st.mu.Unlock()
+}
+
+// handle decides, dials and only then completes one SYN.
+func (st *Stack) handle(r *tcp.ForwarderRequest) {
+	if !st.enter() {
+		r.Complete(true)
+		return
+	}
+	defer st.leave()
+	select {
+	case st.inFlight <- struct{}{}:
+	default:
+		r.Complete(true)
+		return
+	}
+	c, ok := st.connect(r)
+	<-st.inFlight
+	if !ok {
+		return
+	}
+	st.splice(c)
+}
+
+// connect runs Decide and Dial, then completes the handshake; it completes r in every
+// case and returns the registered connection when it was established.
+func (st *Stack) connect(r *tcp.ForwarderRequest) (*conn, bool) {
+	id := r.ID()
+	// A workspace can put any source address in its packets: only its own is forwarded.
+	if id.RemoteAddress != st.ws {
+		r.Complete(true)
+		return nil, false
+	}
+	dstAddr, ok := netip.AddrFromSlice(id.LocalAddress.AsSlice())
+	if !ok {
+		r.Complete(true)
+		return nil, false
+	}
+	dst := netip.AddrPortFrom(dstAddr, id.LocalPort)
+
+	ctx, cancel := context.WithTimeout(st.ctx, st.timeout)
+	defer cancel()
+	d, err := st.decide(ctx, dst)
+	if err != nil || d.Dial == nil {
+		r.Complete(true)
+		return nil, false
+	}
+	up, err := d.Dial(ctx)
+	if err != nil {
+		r.Complete(true)
+		return nil, false
+	}
+	if up == nil {
+		r.Complete(true)
+		return nil, false
+	}
+
+	// Registered before the handshake, so a CloseWhere or Close racing with it still
+	// sees the connection; it is ended as soon as it is established.
+	c := &conn{path: d.Path, up: up}
+	st.mu.Lock()
+	if st.closed {
+		st.mu.Unlock()
+		r.Complete(true)
+		up.Close()
+		return nil, false
+	}
+	st.conns[c] = struct{}{}
+	st.mu.Unlock()
+
+	var wq waiter.Queue
+	ep, terr := r.CreateEndpoint(&wq)
+	if terr != nil {
+		r.Complete(true)
+		up.Close()
+		st.unregister(c)
+		return nil, false
+	}
+	r.Complete(false)
+	st.mu.Lock()
+	c.ep, c.ws = ep, gonet.NewTCPConn(&wq, ep)
+	killed := c.killed
+	st.mu.Unlock()
+	if killed {
+		c.abort()
+		st.unregister(c)
+		return nil, false
+	}
+	return c, true
+}
+
+func (st *Stack) unregister(c *conn) {
+	st.mu.Lock()
+	delete(st.conns, c)
+	st.mu.Unlock()
+}
+
+// splice copies both ways until both directions ended or one failed; it closes both
+// connections and unregisters c.
+func (st *Stack) splice(c *conn) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := st.copyHalf(c.up, c.ws); err != nil {
+			c.abort()
+		}
+	}()
+	if err := st.copyHalf(c.ws, c.up); err != nil {
+		c.abort()
+	}
+	<-done
+	c.close()
+	st.unregister(c)
+}
+
+type closeWriter interface{ CloseWrite() error }
+
+// copyHalf copies src to dst through a bounded buffer; at src's end it half-closes dst
+// (or closes it when dst cannot be half-closed). A failure is returned, EOF is not.
+func (st *Stack) copyHalf(dst, src net.Conn) error {
+	bp := st.bufs.Get().(*[]byte)
+	defer st.bufs.Put(bp)
+	// The wrappers keep io.CopyBuffer on our buffer (no ReaderFrom/WriterTo shortcuts).
+	_, err := io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, *bp)
+	if err != nil {
+		return err
+	}
+	if cw, ok := dst.(closeWriter); ok {
+		if err := cw.CloseWrite(); err != nil {
+			return err
+		}
+		return nil
+	}
+	return errors.New("netstack: connection cannot be half-closed")
+}
+
+// abort ends both sides at once: a RST toward the workspace, the upstream closed.
+func (c *conn) abort() {
+	c.once.Do(func() {
+		c.ep.Abort()
+		c.ws.Close()
+		c.up.Close()
+	})
+}
+
+// close ends both sides normally after the splice finished.
+func (c *conn) close() {
+	c.once.Do(func() {
+		c.ws.Close()
+		c.up.Close()
+	})
+}
+
+// CloseWhere ends at once (a RST toward the workspace) every live connection whose path
+// matches, and returns how many it ended.
+func (st *Stack) CloseWhere(match func(path any) bool) int {
+	st.mu.Lock()
+	var hit []*conn
+	n := 0
+	for c := range st.conns {
+		if !match(c.path) {
+			continue
+		}
+		n++
+		if c.ws == nil {
+			c.killed = true
+		} else {
+			hit = append(hit, c)
+		}
+	}
+	st.mu.Unlock()
+	for _, c := range hit {
+		c.abort()
+	}
+	return n
+}
+
+// Count is the number of live connections.
+func (st *Stack) Count() int {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return len(st.conns)
+}
+
+// Close ends every connection and every SYN being decided, waits for all of the stack's
+// goroutines, and closes the stack and its link endpoint.
+func (st *Stack) Close() error {
+	st.mu.Lock()
+	if st.closed {
+		st.mu.Unlock()
+		return nil
+	}
+	st.closed = true
+	conns := make([]*conn, 0, len(st.conns))
+	for c := range st.conns {
+		if c.ws == nil {
+			c.killed = true
+		} else {
+			conns = append(conns, c)
+		}
+	}
+	st.mu.Unlock()
+	st.cancel()
+	for _, c := range conns {
+		c.abort()
+	}
+	st.mu.Lock()
+	for st.active > 0 {
+		st.idle.Wait()
+	}
+	st.mu.Unlock()
+	st.s.Close()
+	st.s.Wait()
+	return nil
+}

@@ -1,0 +1,477 @@
+package netstack
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/link/pipe"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+)
+
+var (
+	wsAddr  = netip.MustParsePrefix("10.88.0.2/30")
+	gateway = netip.MustParseAddr("10.88.0.1")
+	// A destination no test sends anything to: the node's Dial always goes to loopback.
+	allowed = netip.MustParseAddrPort("192.0.2.10:80")
+	refused = netip.MustParseAddrPort("192.0.2.20:80")
+)
+
+// pair is a workspace-side gVisor stack joined to a node Stack by a pipe.
+type pair struct {
+	ws   *stack.Stack
+	node *Stack
+}
+
+func newPair(tb testing.TB, cfg Config) *pair {
+	tb.Helper()
+	wsEnd, nodeEnd := pipe.New("", "", DefaultMTU)
+	ws := stack.New(stack.Options{
+		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol},
+		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol},
+	})
+	if err := ws.CreateNIC(1, wsEnd); err != nil {
+		tb.Fatal(err)
+	}
+	if err := ws.AddProtocolAddress(1, tcpip.ProtocolAddress{
+		Protocol:          ipv4.ProtocolNumber,
+		AddressWithPrefix: tcpip.AddressWithPrefix{Address: tcpip.AddrFromSlice(wsAddr.Addr().AsSlice()), PrefixLen: wsAddr.Bits()},
+	}, stack.AddressProperties{}); err != nil {
+		tb.Fatal(err)
+	}
+	ws.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, Gateway: tcpip.AddrFromSlice(gateway.AsSlice()), NIC: 1}})
+	bufs := tcpip.TCPReceiveBufferSizeRangeOption{Min: tcp.MinBufferSize, Default: 1 << 20, Max: 8 << 20}
+	ws.SetTransportProtocolOption(tcp.ProtocolNumber, &bufs)
+
+	cfg.Link = nodeEnd
+	cfg.Address = wsAddr
+	cfg.Gateway = gateway
+	node, err := New(cfg)
+	if err != nil {
+		ws.Close()
+		tb.Fatal(err)
+	}
+	p := &pair{ws: ws, node: node}
+	tb.Cleanup(p.close)
+	return p
+}
+
+func (p *pair) close() {
+	p.node.Close()
+	p.ws.Close()
+	p.ws.Wait()
+}
+
+func (p *pair) dial(ctx context.Context, dst netip.AddrPort) (*gonet.TCPConn, error) {
+	return gonet.DialContextTCP(ctx, p.ws, tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFromSlice(dst.Addr().AsSlice()), Port: dst.Port()}, ipv4.ProtocolNumber)
+}
+
+// echoServer echoes on 127.0.0.1 until the test ends, half-closing after the client's EOF.
+func echoServer(tb testing.TB) string {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	tb.Cleanup(func() { l.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				io.Copy(c, c)
+				c.(*net.TCPConn).CloseWrite()
+			}()
+		}
+	}()
+	return l.Addr().String()
+}
+
+// decider admits `allowed` (and anything not `refused`) with dial, refuses `refused`.
+func decider(dial Dial, path func(netip.AddrPort) any) func(context.Context, netip.AddrPort) (Decision, error) {
+	return func(_ context.Context, dst netip.AddrPort) (Decision, error) {
+		if dst == refused {
+			return Decision{}, errors.New("refused by policy")
+		}
+		var p any = "direct"
+		if path != nil {
+			p = path(dst)
+		}
+		return Decision{Dial: dial, Path: p}, nil
+	}
+}
+
+func dialTo(addr string) Dial {
+	return func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}
+}
+
+func isRefused(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "refused")
+}
+
+func TestAllowedRoundTrip4MiB(t *testing.T) {
+	echo := echoServer(t)
+	var asked atomic.Value
+	p := newPair(t, Config{Decide: func(ctx context.Context, dst netip.AddrPort) (Decision, error) {
+		asked.Store(dst)
+		return Decision{Dial: dialTo(echo), Path: "direct"}, nil
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := p.dial(ctx, allowed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got := asked.Load(); got != allowed {
+		t.Fatalf("Decide saw %v, want %v", got, allowed)
+	}
+	if n := p.node.Count(); n != 1 {
+		t.Fatalf("Count = %d, want 1", n)
+	}
+	want := make([]byte, 4<<20)
+	rand.Read(want)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Write(want)
+		if err == nil {
+			err = c.CloseWrite()
+		}
+		errc <- err
+	}()
+	got, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("echoed %d bytes, not the 4 MiB sent", len(got))
+	}
+	// The echo server's half-close came back through: the splice ends and unregisters.
+	c.Close()
+	waitFor(t, func() bool { return p.node.Count() == 0 })
+}
+
+func TestRefusedIsResetAtOnce(t *testing.T) {
+	var dialed atomic.Bool
+	p := newPair(t, Config{Decide: decider(func(context.Context) (net.Conn, error) {
+		dialed.Store(true)
+		return nil, errors.New("must not dial")
+	}, nil)})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := p.dial(ctx, refused)
+	elapsed := time.Since(start)
+	if !isRefused(err) {
+		t.Fatalf("dial of a refused destination: %v, want connection refused", err)
+	}
+	if elapsed > 100*time.Millisecond {
+		t.Fatalf("refusal took %v, want < 100ms", elapsed)
+	}
+	if dialed.Load() {
+		t.Fatal("a refused destination was dialed")
+	}
+}
+
+func TestFailedDialIsReset(t *testing.T) {
+	// A port nothing listens on: the node's dial is refused by the host's kernel.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	l.Close()
+	p := newPair(t, Config{Decide: decider(dialTo(closed), nil)})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := p.dial(ctx, allowed); !isRefused(err) {
+		t.Fatalf("dial with a failing upstream: %v, want connection refused", err)
+	}
+	if n := p.node.Count(); n != 0 {
+		t.Fatalf("Count = %d, want 0", n)
+	}
+}
+
+func TestHangingDialIsBounded(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	hang := func(ctx context.Context) (net.Conn, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	p := newPair(t, Config{Decide: decider(hang, nil), DialTimeout: timeout})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := p.dial(ctx, allowed)
+	elapsed := time.Since(start)
+	if !isRefused(err) {
+		t.Fatalf("dial with a hanging upstream: %v, want connection refused", err)
+	}
+	if elapsed < timeout || elapsed > timeout+2*time.Second {
+		t.Fatalf("refused after %v, want about %v", elapsed, timeout)
+	}
+}
+
+func TestInFlightBound(t *testing.T) {
+	release := make(chan struct{})
+	var dials atomic.Int32
+	hold := func(ctx context.Context) (net.Conn, error) {
+		dials.Add(1)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil, errors.New("released")
+	}
+	p := newPair(t, Config{Decide: decider(hold, nil), MaxInFlight: 2, DialTimeout: 30 * time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	results := make(chan error, 2)
+	for range 2 {
+		go func() { _, err := p.dial(ctx, allowed); results <- err }()
+	}
+	waitFor(t, func() bool { return dials.Load() == 2 })
+	start := time.Now()
+	_, err := p.dial(ctx, allowed)
+	if !isRefused(err) || time.Since(start) > 100*time.Millisecond {
+		t.Fatalf("a SYN beyond the bound: %v after %v, want refused at once", err, time.Since(start))
+	}
+	close(release)
+	for range 2 {
+		if err := <-results; !isRefused(err) {
+			t.Fatalf("held dial: %v, want refused", err)
+		}
+	}
+}
+
+func TestSpoofedSourceIsReset(t *testing.T) {
+	var decided atomic.Bool
+	p := newPair(t, Config{Decide: func(context.Context, netip.AddrPort) (Decision, error) {
+		decided.Store(true)
+		return Decision{}, errors.New("no")
+	}})
+	// A second address on the workspace's side, not the workspace's own.
+	spoof := tcpip.AddrFrom4([4]byte{10, 99, 0, 5})
+	if err := p.ws.AddProtocolAddress(1, tcpip.ProtocolAddress{
+		Protocol: ipv4.ProtocolNumber, AddressWithPrefix: spoof.WithPrefix(),
+	}, stack.AddressProperties{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := gonet.DialTCPWithBind(ctx, p.ws, tcpip.FullAddress{NIC: 1, Addr: spoof},
+		tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFromSlice(allowed.Addr().AsSlice()), Port: allowed.Port()}, ipv4.ProtocolNumber)
+	if !isRefused(err) {
+		t.Fatalf("dial from a spoofed source: %v, want connection refused", err)
+	}
+	if decided.Load() {
+		t.Fatal("Decide was asked about a spoofed source")
+	}
+}
+
+func TestCloseWhere(t *testing.T) {
+	echo := echoServer(t)
+	egress := netip.MustParseAddrPort("192.0.2.30:443")
+	p := newPair(t, Config{Decide: decider(dialTo(echo), func(dst netip.AddrPort) any {
+		if dst == egress {
+			return "egress-1"
+		}
+		return "direct"
+	})})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var direct, viaEgress []*gonet.TCPConn
+	for range 3 {
+		c, err := p.dial(ctx, allowed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		direct = append(direct, c)
+		c, err = p.dial(ctx, egress)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		viaEgress = append(viaEgress, c)
+	}
+	waitFor(t, func() bool { return p.node.Count() == 6 })
+
+	start := time.Now()
+	if n := p.node.CloseWhere(func(path any) bool { return path == "egress-1" }); n != 3 {
+		t.Fatalf("CloseWhere ended %d, want 3", n)
+	}
+	for _, c := range viaEgress {
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+			t.Fatalf("read on a closed path: %v, want the connection ended", err)
+		}
+	}
+	if d := time.Since(start); d > 500*time.Millisecond {
+		t.Fatalf("ending the connections took %v", d)
+	}
+	for _, c := range direct {
+		if _, err := c.Write([]byte("ping")); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 4)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
+			t.Fatalf("a direct connection after CloseWhere: %q, %v", buf, err)
+		}
+	}
+	waitFor(t, func() bool { return p.node.Count() == 3 })
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func TestCloseLeavesNoGoroutines(t *testing.T) {
+	echo := echoServer(t)
+	before := runtime.NumGoroutine()
+	hang := func(ctx context.Context) (net.Conn, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	p := newPair(t, Config{Decide: func(_ context.Context, dst netip.AddrPort) (Decision, error) {
+		if dst == refused {
+			return Decision{Dial: hang}, nil
+		}
+		return Decision{Dial: dialTo(echo)}, nil
+	}, DialTimeout: time.Minute})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var conns []*gonet.TCPConn
+	for range 4 {
+		c, err := p.dial(ctx, allowed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		if _, err := c.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A SYN whose dial hangs, pending when the stack closes.
+	hung := make(chan error, 1)
+	go func() { _, err := p.dial(ctx, refused); hung <- err }()
+	time.Sleep(50 * time.Millisecond)
+
+	start := time.Now()
+	p.node.Close()
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("Close took %v", d)
+	}
+	if n := p.node.Count(); n != 0 {
+		t.Fatalf("Count after Close = %d", n)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	p.ws.Close()
+	p.ws.Wait()
+	<-hung
+	waitFor(t, func() bool { return runtime.NumGoroutine() <= before })
+}
+
+func TestConfigChecks(t *testing.T) {
+	wsEnd, _ := pipe.New("", "", DefaultMTU)
+	ok := func(context.Context, netip.AddrPort) (Decision, error) { return Decision{}, errors.New("no") }
+	for name, cfg := range map[string]Config{
+		"no link":          {Address: wsAddr, Gateway: gateway, Decide: ok},
+		"no decide":        {Link: wsEnd, Address: wsAddr, Gateway: gateway},
+		"gateway outside":  {Link: wsEnd, Address: wsAddr, Gateway: netip.MustParseAddr("10.88.1.1"), Decide: ok},
+		"gateway is self":  {Link: wsEnd, Address: wsAddr, Gateway: wsAddr.Addr(), Decide: ok},
+		"mixed families":   {Link: wsEnd, Address: netip.MustParsePrefix("fd00::2/126"), Gateway: gateway, Decide: ok},
+		"no address":       {Link: wsEnd, Gateway: gateway, Decide: ok},
+		"mapped addresses": {Link: wsEnd, Address: netip.MustParsePrefix("::ffff:10.88.0.2/126"), Gateway: netip.MustParseAddr("::ffff:10.88.0.1"), Decide: ok},
+	} {
+		if st, err := New(cfg); err == nil {
+			st.Close()
+			t.Errorf("%s: New accepted it", name)
+		}
+	}
+}
+
+func waitFor(tb testing.TB, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatal("condition not reached in 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// BenchmarkThroughput measures one connection from the workspace stack through the node
+// Stack to a sink on loopback (the pipe link, not the TAP path of production).
+func BenchmarkThroughput(b *testing.B) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	got := make(chan int64, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			got <- 0
+			return
+		}
+		n, _ := io.Copy(io.Discard, c)
+		c.Close()
+		got <- n
+	}()
+	p := newPair(b, Config{Decide: decider(dialTo(l.Addr().String()), nil)})
+	c, err := p.dial(context.Background(), allowed)
+	if err != nil {
+		b.Fatal(err)
+	}
+	chunk := make([]byte, 256<<10)
+	b.SetBytes(int64(len(chunk)))
+	b.ResetTimer()
+	for range b.N {
+		if _, err := c.Write(chunk); err != nil {
+			b.Fatal(err)
+		}
+	}
+	c.CloseWrite()
+	n := <-got
+	b.StopTimer()
+	c.Close()
+	if n != int64(b.N)*int64(len(chunk)) {
+		b.Fatalf("sink got %d bytes, want %d", n, int64(b.N)*int64(len(chunk)))
+	}
+}
