@@ -19,8 +19,13 @@
 // what draining and "no longer admitted ends at once" are built on.
 //
 // UDP is not forwarded (incoming datagrams are dropped without an ICMP answer); the
-// only UDP to be accepted later is DNS to the in-subnet resolver address. ICMP is not
-// answered either.
+// only UDP to be accepted later is DNS to the in-subnet resolver address. Of ICMP, only
+// echo requests to the gateway's own address are answered (by gVisor); a ping of any
+// other destination stays unanswered.
+//
+// Close waits for every goroutine of the stack, so Decide and Dial must return when
+// their ctx ends. The link endpoint's resources beyond the stack (a TAP fd given to
+// fdbased) stay the caller's, to close after Close.
 //
 // The stack is not yet wired into the sandbox; in production the link endpoint is
 // gVisor's fdbased endpoint on a TAP device created in the workspace's netns.
@@ -80,7 +85,8 @@ type Decision struct {
 // Config configures a Stack.
 type Config struct {
 	// Link is the endpoint the workspace's frames arrive on: fdbased on a TAP fd in
-	// production, channel or pipe endpoints in tests. The Stack owns it from New on.
+	// production, channel or pipe endpoints in tests. The Stack attaches it and detaches
+	// it at Close.
 	Link stack.LinkEndpoint
 	// Address is the workspace's own address and the prefix of its subnet.
 	Address netip.Prefix
@@ -415,7 +421,7 @@ func (c *conn) close() {
 }
 
 // CloseWhere ends at once (a RST toward the workspace) every live connection whose path
-// matches, and returns how many it ended.
+// matches, one whose handshake is still under way included, and returns how many.
 func (st *Stack) CloseWhere(match func(path any) bool) int {
 	st.mu.Lock()
 	var hit []*conn

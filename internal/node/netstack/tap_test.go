@@ -135,6 +135,22 @@ func TestTAPInNetns(t *testing.T) {
 	}
 	t.Logf("refused in %v", time.Since(start))
 
+	// ICMP: gVisor answers echo requests to the gateway's own address only; any other
+	// destination stays silent (no probing of what lies beyond through the stack).
+	if busybox, err := exec.LookPath("busybox"); err == nil {
+		ping := func(dst netip.Addr, wait string) ([]byte, error) {
+			return exec.Command(ipPath, "netns", "exec", name, busybox, "ping", "-c", "1", "-W", wait, dst.String()).CombinedOutput()
+		}
+		if out, err := ping(allowed.Addr(), "1"); err == nil {
+			t.Errorf("ping of %s from the netns was answered: %s", allowed.Addr(), out)
+		}
+		if out, err := ping(gateway, "2"); err != nil {
+			t.Errorf("ping of the gateway from the netns: %v: %s", err, out)
+		}
+	} else {
+		t.Log("no busybox: ICMP not checked")
+	}
+
 	c, err := dialInside(allowed)
 	if err != nil {
 		t.Fatal(err)
