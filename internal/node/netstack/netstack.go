@@ -58,6 +58,7 @@ const (
 	DefaultMTU         = 65520
 	DefaultDialTimeout = 10 * time.Second
 	DefaultMaxInFlight = 1024
+	DefaultMaxConns    = 16384
 	DefaultCopyBuffer  = 64 << 10
 )
 
@@ -102,6 +103,9 @@ type Config struct {
 	// MaxInFlight bounds the SYNs being decided or dialed at once; more get a RST.
 	// 0 means DefaultMaxInFlight.
 	MaxInFlight int
+	// MaxConns bounds the live connections; a SYN beyond it gets a RST. 0 means
+	// DefaultMaxConns.
+	MaxConns int
 	// CopyBuffer is the size of the buffer of each direction of a splice; 0 means
 	// DefaultCopyBuffer.
 	CopyBuffer int
@@ -115,6 +119,7 @@ type Stack struct {
 	timeout time.Duration
 	bufSize int
 	bufs    sync.Pool
+	maxConn int
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -175,13 +180,22 @@ func New(cfg Config) (*Stack, error) {
 	if maxInFlight <= 0 {
 		maxInFlight = DefaultMaxInFlight
 	}
+	maxConns := cfg.MaxConns
+	if maxConns <= 0 {
+		maxConns = DefaultMaxConns
+	}
 	bufSize := cfg.CopyBuffer
 	if bufSize <= 0 {
 		bufSize = DefaultCopyBuffer
 	}
 
+	// Only the workspace's family: fewer protocols for a hostile peer to talk to.
+	network := []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol}
+	if pfx.Addr().Is6() {
+		network = []stack.NetworkProtocolFactory{ipv6.NewProtocol}
+	}
 	s := stack.New(stack.Options{
-		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, ipv6.NewProtocol, arp.NewProtocol},
+		NetworkProtocols:   network,
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
 	})
 	fail := func(what string, err tcpip.Error) (*Stack, error) {
@@ -201,8 +215,37 @@ func New(cfg Config) (*Stack, error) {
 		}
 	}
 
+	ctx, cancel := context.WithCancel(context.Background())
+	st := &Stack{
+		s:        s,
+		ws:       tcpip.AddrFromSlice(pfx.Addr().AsSlice()),
+		decide:   cfg.Decide,
+		timeout:  timeout,
+		bufSize:  bufSize,
+		maxConn:  maxConns,
+		ctx:      ctx,
+		cancel:   cancel,
+		inFlight: make(chan struct{}, maxInFlight),
+		conns:    make(map[*conn]struct{}),
+	}
+	st.idle = sync.NewCond(&st.mu)
+	st.bufs.New = func() any { b := make([]byte, bufSize); return &b }
+	fail = func(what string, err tcpip.Error) (*Stack, error) {
+		cancel()
+		s.Close()
+		s.Wait()
+		return nil, fmt.Errorf("netstack: %s: %s", what, err)
+	}
+
+	// The handlers are in place before the NIC exists: packets flow from its attachment.
+	// gVisor ignores SYNs beyond its own bound silently; ours, below it, answers a RST.
+	fwd := tcp.NewForwarder(s, 0, 2*maxInFlight+16, st.handle)
+	s.SetTransportProtocolHandler(tcp.ProtocolNumber, fwd.HandlePacket)
+	// No UDP yet: every datagram is handled by dropping it (no ICMP port unreachable).
+	s.SetTransportProtocolHandler(udp.ProtocolNumber, func(stack.TransportEndpointID, *stack.PacketBuffer) bool { return true })
+
 	cfg.Link.SetMTU(mtu)
-	if err := s.CreateNICWithOptions(nicID, cfg.Link, stack.NICOptions{Name: "workspace"}); err != nil {
+	if err := s.CreateNICWithOptions(nicID, cfg.Link, stack.NICOptions{Name: "workspace", Disabled: true}); err != nil {
 		return fail("NIC", err)
 	}
 	if err := s.SetPromiscuousMode(nicID, true); err != nil {
@@ -222,31 +265,14 @@ func New(cfg Config) (*Stack, error) {
 	if err := s.AddProtocolAddress(nicID, gw, stack.AddressProperties{}); err != nil {
 		return fail("gateway address", err)
 	}
-	s.SetRouteTable([]tcpip.Route{
-		{Destination: header.IPv4EmptySubnet, NIC: nicID},
-		{Destination: header.IPv6EmptySubnet, NIC: nicID},
-	})
-
-	ctx, cancel := context.WithCancel(context.Background())
-	st := &Stack{
-		s:        s,
-		ws:       tcpip.AddrFromSlice(pfx.Addr().AsSlice()),
-		decide:   cfg.Decide,
-		timeout:  timeout,
-		bufSize:  bufSize,
-		ctx:      ctx,
-		cancel:   cancel,
-		inFlight: make(chan struct{}, maxInFlight),
-		conns:    make(map[*conn]struct{}),
+	if proto == ipv4.ProtocolNumber {
+		s.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, NIC: nicID}})
+	} else {
+		s.SetRouteTable([]tcpip.Route{{Destination: header.IPv6EmptySubnet, NIC: nicID}})
 	}
-	st.idle = sync.NewCond(&st.mu)
-	st.bufs.New = func() any { b := make([]byte, bufSize); return &b }
-
-	// gVisor ignores SYNs beyond its own bound silently; ours, below it, answers a RST.
-	fwd := tcp.NewForwarder(s, 0, 2*maxInFlight+16, st.handle)
-	s.SetTransportProtocolHandler(tcp.ProtocolNumber, fwd.HandlePacket)
-	// No UDP yet: every datagram is handled by dropping it (no ICMP port unreachable).
-	s.SetTransportProtocolHandler(udp.ProtocolNumber, func(stack.TransportEndpointID, *stack.PacketBuffer) bool { return true })
+	if err := s.EnableNIC(nicID); err != nil {
+		return fail("enabling the NIC", err)
+	}
 	return st, nil
 }
 
@@ -306,6 +332,10 @@ func (st *Stack) connect(r *tcp.ForwarderRequest) (*conn, bool) {
 		return nil, false
 	}
 	dst := netip.AddrPortFrom(dstAddr, id.LocalPort)
+	if st.Count() >= st.maxConn {
+		r.Complete(true)
+		return nil, false
+	}
 
 	ctx, cancel := context.WithTimeout(st.ctx, st.timeout)
 	defer cancel()
@@ -328,7 +358,7 @@ func (st *Stack) connect(r *tcp.ForwarderRequest) (*conn, bool) {
 	// sees the connection; it is ended as soon as it is established.
 	c := &conn{path: d.Path, up: up}
 	st.mu.Lock()
-	if st.closed {
+	if st.closed || len(st.conns) >= st.maxConn {
 		st.mu.Unlock()
 		r.Complete(true)
 		up.Close()

@@ -20,6 +20,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/link/pipe"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 )
@@ -34,27 +35,36 @@ var (
 
 // pair is a workspace-side gVisor stack joined to a node Stack by a pipe.
 type pair struct {
-	ws   *stack.Stack
-	node *Stack
+	ws    *stack.Stack
+	node  *Stack
+	proto tcpip.NetworkProtocolNumber
 }
 
 func newPair(tb testing.TB, cfg Config) *pair {
+	return newPairOn(tb, cfg, wsAddr, gateway)
+}
+
+func newPairOn(tb testing.TB, cfg Config, wsAddr netip.Prefix, gateway netip.Addr) *pair {
 	tb.Helper()
 	wsEnd, nodeEnd := pipe.New("", "", DefaultMTU)
+	proto, netProto, every := ipv4.ProtocolNumber, ipv4.NewProtocol, header.IPv4EmptySubnet
+	if wsAddr.Addr().Is6() {
+		proto, netProto, every = ipv6.ProtocolNumber, ipv6.NewProtocol, header.IPv6EmptySubnet
+	}
 	ws := stack.New(stack.Options{
-		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol},
+		NetworkProtocols:   []stack.NetworkProtocolFactory{netProto},
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol},
 	})
 	if err := ws.CreateNIC(1, wsEnd); err != nil {
 		tb.Fatal(err)
 	}
 	if err := ws.AddProtocolAddress(1, tcpip.ProtocolAddress{
-		Protocol:          ipv4.ProtocolNumber,
+		Protocol:          proto,
 		AddressWithPrefix: tcpip.AddressWithPrefix{Address: tcpip.AddrFromSlice(wsAddr.Addr().AsSlice()), PrefixLen: wsAddr.Bits()},
 	}, stack.AddressProperties{}); err != nil {
 		tb.Fatal(err)
 	}
-	ws.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, Gateway: tcpip.AddrFromSlice(gateway.AsSlice()), NIC: 1}})
+	ws.SetRouteTable([]tcpip.Route{{Destination: every, Gateway: tcpip.AddrFromSlice(gateway.AsSlice()), NIC: 1}})
 	bufs := tcpip.TCPReceiveBufferSizeRangeOption{Min: tcp.MinBufferSize, Default: 1 << 20, Max: 8 << 20}
 	ws.SetTransportProtocolOption(tcp.ProtocolNumber, &bufs)
 
@@ -66,7 +76,7 @@ func newPair(tb testing.TB, cfg Config) *pair {
 		ws.Close()
 		tb.Fatal(err)
 	}
-	p := &pair{ws: ws, node: node}
+	p := &pair{ws: ws, node: node, proto: proto}
 	tb.Cleanup(p.close)
 	return p
 }
@@ -78,7 +88,7 @@ func (p *pair) close() {
 }
 
 func (p *pair) dial(ctx context.Context, dst netip.AddrPort) (*gonet.TCPConn, error) {
-	return gonet.DialContextTCP(ctx, p.ws, tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFromSlice(dst.Addr().AsSlice()), Port: dst.Port()}, ipv4.ProtocolNumber)
+	return gonet.DialContextTCP(ctx, p.ws, tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFromSlice(dst.Addr().AsSlice()), Port: dst.Port()}, p.proto)
 }
 
 // echoServer echoes on 127.0.0.1 until the test ends, half-closing after the client's EOF.
@@ -180,6 +190,39 @@ func TestAllowedRoundTrip4MiB(t *testing.T) {
 	waitFor(t, func() bool { return p.node.Count() == 0 })
 }
 
+func TestIPv6(t *testing.T) {
+	echo := echoServer(t)
+	dst := netip.MustParseAddrPort("[2001:db8::10]:443")
+	var asked atomic.Value
+	p := newPairOn(t, Config{Decide: func(_ context.Context, d netip.AddrPort) (Decision, error) {
+		asked.Store(d)
+		if d.Port() != 443 {
+			return Decision{}, errors.New("refused by policy")
+		}
+		return Decision{Dial: dialTo(echo)}, nil
+	}}, netip.MustParsePrefix("fd00:6b62::2/126"), netip.MustParseAddr("fd00:6b62::1"))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := p.dial(ctx, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got := asked.Load(); got != dst {
+		t.Fatalf("Decide saw %v, want %v", got, dst)
+	}
+	if _, err := c.Write([]byte("v6")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 2)
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "v6" {
+		t.Fatalf("echo over IPv6: %q, %v", buf, err)
+	}
+	if _, err := p.dial(ctx, netip.AddrPortFrom(dst.Addr(), 80)); !isRefused(err) {
+		t.Fatalf("a refused IPv6 destination: %v, want connection refused", err)
+	}
+}
+
 func TestRefusedIsResetAtOnce(t *testing.T) {
 	var dialed atomic.Bool
 	p := newPair(t, Config{Decide: decider(func(context.Context) (net.Conn, error) {
@@ -270,6 +313,23 @@ func TestInFlightBound(t *testing.T) {
 		if err := <-results; !isRefused(err) {
 			t.Fatalf("held dial: %v, want refused", err)
 		}
+	}
+}
+
+func TestMaxConns(t *testing.T) {
+	echo := echoServer(t)
+	p := newPair(t, Config{Decide: decider(dialTo(echo), nil), MaxConns: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for range 2 {
+		c, err := p.dial(ctx, allowed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	if _, err := p.dial(ctx, allowed); !isRefused(err) {
+		t.Fatalf("a connection beyond MaxConns: %v, want connection refused", err)
 	}
 }
 
