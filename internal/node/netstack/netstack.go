@@ -207,9 +207,12 @@ func New(cfg Config) (*Stack, error) {
 	recovery := tcpip.TCPRecovery(0) // RACK off
 	cc := tcpip.CongestionControlOption("reno")
 	moderate := tcpip.TCPModerateReceiveBufferOption(true)
+	// SYN-ACK retransmissions on a local link: a handshake the workspace never completes
+	// holds its in-flight slot for seconds, not minutes.
+	synRetries := tcpip.TCPSynRetriesOption(3)
 	rcv := tcpip.TCPReceiveBufferSizeRangeOption{Min: tcp.MinBufferSize, Default: tcpBufferDefault, Max: tcpBufferMax}
 	snd := tcpip.TCPSendBufferSizeRangeOption{Min: tcp.MinBufferSize, Default: tcpBufferDefault, Max: tcpBufferMax}
-	for _, opt := range []tcpip.SettableTransportProtocolOption{&sack, &recovery, &cc, &moderate, &rcv, &snd} {
+	for _, opt := range []tcpip.SettableTransportProtocolOption{&sack, &recovery, &cc, &moderate, &synRetries, &rcv, &snd} {
 		if err := s.SetTransportProtocolOption(tcp.ProtocolNumber, opt); err != nil {
 			return fail(fmt.Sprintf("TCP option %T", opt), err)
 		}
@@ -455,6 +458,7 @@ func (c *conn) close() {
 func (st *Stack) CloseWhere(match func(path any) bool) int {
 	st.mu.Lock()
 	var hit []*conn
+	var pending []net.Conn
 	n := 0
 	for c := range st.conns {
 		if !match(c.path) {
@@ -462,12 +466,17 @@ func (st *Stack) CloseWhere(match func(path any) bool) int {
 		}
 		n++
 		if c.ws == nil {
+			// Its upstream ends now, the workspace's side once its handshake is done.
 			c.killed = true
+			pending = append(pending, c.up)
 		} else {
 			hit = append(hit, c)
 		}
 	}
 	st.mu.Unlock()
+	for _, up := range pending {
+		up.Close()
+	}
 	for _, c := range hit {
 		c.abort()
 	}
@@ -491,24 +500,32 @@ func (st *Stack) Close() error {
 	}
 	st.closed = true
 	conns := make([]*conn, 0, len(st.conns))
+	var pending []net.Conn
 	for c := range st.conns {
 		if c.ws == nil {
 			c.killed = true
+			pending = append(pending, c.up)
 		} else {
 			conns = append(conns, c)
 		}
 	}
 	st.mu.Unlock()
+	for _, up := range pending {
+		up.Close()
+	}
 	st.cancel()
 	for _, c := range conns {
 		c.abort()
 	}
+	// The NIC goes first (no new packets, the link's own goroutines stopped), then the
+	// endpoints: aborting them also ends the handshakes the forwarder waits on.
+	st.s.RemoveNIC(nicID)
+	st.s.Close()
 	st.mu.Lock()
 	for st.active > 0 {
 		st.idle.Wait()
 	}
 	st.mu.Unlock()
-	st.s.Close()
 	st.s.Wait()
 	return nil
 }

@@ -15,9 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/link/channel"
 	"gvisor.dev/gvisor/pkg/tcpip/link/pipe"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
@@ -534,4 +536,71 @@ func BenchmarkThroughput(b *testing.B) {
 	if n != int64(b.N)*int64(len(chunk)) {
 		b.Fatalf("sink got %d bytes, want %d", n, int64(b.N)*int64(len(chunk)))
 	}
+}
+
+// synPacket is a bare TCP SYN from src to dst, as a workspace would send it.
+func synPacket(src, dst netip.AddrPort) *stack.PacketBuffer {
+	const ipLen, tcpLen = header.IPv4MinimumSize, header.TCPMinimumSize
+	b := make([]byte, ipLen+tcpLen)
+	srcAddr, dstAddr := tcpip.AddrFromSlice(src.Addr().AsSlice()), tcpip.AddrFromSlice(dst.Addr().AsSlice())
+	ip := header.IPv4(b)
+	ip.Encode(&header.IPv4Fields{
+		TotalLength: uint16(len(b)), TTL: 64, Protocol: uint8(header.TCPProtocolNumber),
+		SrcAddr: srcAddr, DstAddr: dstAddr,
+	})
+	ip.SetChecksum(^ip.CalculateChecksum())
+	t := header.TCP(b[ipLen:])
+	t.Encode(&header.TCPFields{
+		SrcPort: src.Port(), DstPort: dst.Port(), SeqNum: 1000, DataOffset: tcpLen,
+		Flags: header.TCPFlagSyn, WindowSize: 65535,
+	})
+	t.SetChecksum(^t.CalculateChecksum(header.PseudoHeaderChecksum(header.TCPProtocolNumber, srcAddr, dstAddr, tcpLen)))
+	return stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(b)})
+}
+
+type closeFlag struct {
+	net.Conn
+	closed atomic.Bool
+}
+
+func (c *closeFlag) Close() error { c.closed.Store(true); return c.Conn.Close() }
+
+// TestHalfOpenHandshake: a workspace that sends a SYN and never completes the handshake.
+// CloseWhere closes the dialed upstream at once; Close does not wait for the handshake.
+func TestHalfOpenHandshake(t *testing.T) {
+	echo := echoServer(t)
+	before := runtime.NumGoroutine()
+	ch := channel.New(64, DefaultMTU, "")
+	ups := make(chan *closeFlag, 2)
+	st, err := New(Config{Link: ch, Address: wsAddr, Gateway: gateway, Decide: decider(func(ctx context.Context) (net.Conn, error) {
+		c, err := dialTo(echo)(ctx)
+		if err != nil {
+			return nil, err
+		}
+		cf := &closeFlag{Conn: c}
+		ups <- cf
+		return cf, nil
+	}, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch.InjectInbound(ipv4.ProtocolNumber, synPacket(netip.AddrPortFrom(wsAddr.Addr(), 40000), allowed))
+	up := <-ups
+	waitFor(t, func() bool { return st.Count() == 1 })
+	if n := st.CloseWhere(func(any) bool { return true }); n != 1 || !up.closed.Load() {
+		t.Fatalf("CloseWhere of a half-open connection: %d ended, upstream closed %v", n, up.closed.Load())
+	}
+
+	ch.InjectInbound(ipv4.ProtocolNumber, synPacket(netip.AddrPortFrom(wsAddr.Addr(), 40001), allowed))
+	up = <-ups
+	start := time.Now()
+	st.Close()
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("Close with a pending handshake took %v", d)
+	}
+	if !up.closed.Load() || st.Count() != 0 {
+		t.Fatalf("after Close: upstream closed %v, Count %d", up.closed.Load(), st.Count())
+	}
+	ch.Close()
+	waitFor(t, func() bool { return runtime.NumGoroutine() <= before })
 }

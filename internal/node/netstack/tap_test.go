@@ -98,6 +98,8 @@ func TestTAPInNetns(t *testing.T) {
 	ip("-n", name, "addr", "add", wsAddr.String(), "dev", "tap0")
 	ip("-n", name, "route", "add", "default", "via", gateway.String())
 
+	echo := echoServer(t)
+	before := runtime.NumGoroutine()
 	link, err := fdbased.New(&fdbased.Options{
 		FDs:            []int{fd},
 		MTU:            DefaultMTU,
@@ -107,7 +109,6 @@ func TestTAPInNetns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	echo := echoServer(t)
 	node, err := New(Config{
 		Link: link, Address: wsAddr, Gateway: gateway,
 		Decide: decider(dialTo(echo), nil),
@@ -115,7 +116,12 @@ func TestTAPInNetns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer node.Close()
+	closed := false
+	defer func() {
+		if !closed {
+			node.Close()
+		}
+	}()
 
 	dialInside := func(dst netip.AddrPort) (net.Conn, error) {
 		var c net.Conn
@@ -179,4 +185,10 @@ func TestTAPInNetns(t *testing.T) {
 		t.Fatalf("echoed %d bytes, not the 64 MiB sent", len(got))
 	}
 	t.Logf("64 MiB each way through the TAP in %v (%.0f MiB/s each way)", elapsed, 64/elapsed.Seconds())
+
+	c.Close()
+	closed = true
+	node.Close()
+	// fdbased's dispatch goroutines end with the NIC.
+	waitFor(t, func() bool { return runtime.NumGoroutine() <= before })
 }
