@@ -62,44 +62,51 @@ func inNetns(ns string, fn func() error) error {
 // TestTAPInNetns: a TAP in a network namespace the test creates, its fd handed to
 // fdbased, and a connection from inside the namespace through the Stack to an echo
 // server on the host's loopback; a refused destination is connection refused there.
-func TestTAPInNetns(t *testing.T) {
+// tapNetns creates a network namespace with a TAP device configured as a workspace's
+// (wsAddr, default route via gateway) and returns its name, the ip command and the TAP's
+// fd, all removed when tb ends. It skips tb when not root or a tool is missing.
+func tapNetns(tb testing.TB) (name, ipPath string, fd int) {
+	tb.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a network namespace and a TAP device")
+		tb.Skip("needs root: creates a network namespace and a TAP device")
 	}
 	ipPath, err := exec.LookPath("ip")
 	if err != nil {
-		t.Skip("needs the ip command (iproute2)")
+		tb.Skip("needs the ip command (iproute2)")
 	}
 	if _, err := os.Stat("/dev/net/tun"); err != nil {
-		t.Skip("needs /dev/net/tun")
+		tb.Skip("needs /dev/net/tun")
 	}
 	ip := func(args ...string) {
-		t.Helper()
+		tb.Helper()
 		if out, err := exec.Command(ipPath, args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
+			tb.Fatalf("ip %v: %v: %s", args, err, out)
 		}
 	}
-	name := fmt.Sprintf("kbnetstack-%d", os.Getpid())
+	name = fmt.Sprintf("kbnetstack-%d", os.Getpid())
 	ip("netns", "add", name)
-	t.Cleanup(func() { exec.Command(ipPath, "netns", "del", name).Run() })
-	nsPath := "/var/run/netns/" + name
+	tb.Cleanup(func() { exec.Command(ipPath, "netns", "del", name).Run() })
 
-	fd := -1
-	if err := inNetns(nsPath, func() error {
+	if err := inNetns(nsPath(name), func() error {
 		var err error
 		fd, err = tun.OpenTAP("tap0")
 		return err
 	}); err != nil {
-		t.Fatalf("TAP in the netns: %v", err)
+		tb.Fatalf("TAP in the netns: %v", err)
 	}
-	defer unix.Close(fd)
+	tb.Cleanup(func() { unix.Close(fd) })
 	ip("-n", name, "link", "set", "lo", "up")
 	ip("-n", name, "link", "set", "tap0", "mtu", fmt.Sprint(DefaultMTU), "up")
 	ip("-n", name, "addr", "add", wsAddr.String(), "dev", "tap0")
 	ip("-n", name, "route", "add", "default", "via", gateway.String())
+	return name, ipPath, fd
+}
 
-	echo := echoServer(t)
-	before := runtime.NumGoroutine()
+func nsPath(name string) string { return "/var/run/netns/" + name }
+
+// tapStack is the Stack on fdbased over the TAP fd.
+func tapStack(tb testing.TB, fd int, cfg Config) *Stack {
+	tb.Helper()
 	link, err := fdbased.New(&fdbased.Options{
 		FDs:            []int{fd},
 		MTU:            DefaultMTU,
@@ -107,33 +114,36 @@ func TestTAPInNetns(t *testing.T) {
 		Address:        tcpip.LinkAddress("\x02\x6b\x62\x00\x00\x01"),
 	})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	node, err := New(Config{
-		Link: link, Address: wsAddr, Gateway: gateway,
-		Decide: decider(dialTo(echo), nil),
-	})
+	cfg.Link, cfg.Address, cfg.Gateway = link, wsAddr, gateway
+	node, err := New(cfg)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	closed := false
-	defer func() {
-		if !closed {
-			node.Close()
-		}
-	}()
+	tb.Cleanup(func() { node.Close() })
+	return node
+}
 
-	dialInside := func(dst netip.AddrPort) (net.Conn, error) {
-		var c net.Conn
-		err := inNetns(nsPath, func() error {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			var err error
-			c, err = (&net.Dialer{}).DialContext(ctx, "tcp", dst.String())
-			return err
-		})
-		return c, err
-	}
+// dialInside dials dst from inside the netns.
+func dialInside(name string, dst netip.AddrPort) (net.Conn, error) {
+	var c net.Conn
+	err := inNetns(nsPath(name), func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var err error
+		c, err = (&net.Dialer{}).DialContext(ctx, "tcp", dst.String())
+		return err
+	})
+	return c, err
+}
+
+func TestTAPInNetns(t *testing.T) {
+	name, ipPath, fd := tapNetns(t)
+	echo := echoServer(t)
+	before := runtime.NumGoroutine()
+	node := tapStack(t, fd, Config{Decide: decider(dialTo(echo), nil)})
+	dialInside := func(dst netip.AddrPort) (net.Conn, error) { return dialInside(name, dst) }
 
 	start := time.Now()
 	if _, err := dialInside(refused); !errors.Is(err, syscall.ECONNREFUSED) {
@@ -187,8 +197,74 @@ func TestTAPInNetns(t *testing.T) {
 	t.Logf("64 MiB each way through the TAP in %v (%.0f MiB/s each way)", elapsed, 64/elapsed.Seconds())
 
 	c.Close()
-	closed = true
 	node.Close()
 	// fdbased's dispatch goroutines end with the NIC.
 	waitFor(t, func() bool { return runtime.NumGoroutine() <= before })
+}
+
+// BenchmarkTAPThroughput: one connection from inside a netns through the TAP, fdbased
+// and the Stack to a process on the host's loopback (up: the workspace sends; down: it
+// receives). The production path, less the workspace's sandbox.
+func BenchmarkTAPThroughput(b *testing.B) {
+	name, _, fd := tapNetns(b)
+	chunk := make([]byte, 256<<10)
+	for _, dir := range []string{"up", "down"} {
+		b.Run(dir, func(b *testing.B) {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			node := tapStack(b, fd, Config{Decide: decider(dialTo(l.Addr().String()), nil)})
+			defer node.Close()
+			done := make(chan int64, 1)
+			go func() {
+				c, err := l.Accept()
+				if err != nil {
+					done <- 0
+					return
+				}
+				defer c.Close()
+				if dir == "up" {
+					n, _ := io.Copy(io.Discard, c)
+					done <- n
+					return
+				}
+				var n int64
+				for range b.N {
+					m, err := c.Write(chunk)
+					n += int64(m)
+					if err != nil {
+						break
+					}
+				}
+				c.(*net.TCPConn).CloseWrite()
+				done <- n
+			}()
+			c, err := dialInside(name, allowed)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			b.SetBytes(int64(len(chunk)))
+			b.ResetTimer()
+			var n int64
+			if dir == "up" {
+				for range b.N {
+					if _, err := c.Write(chunk); err != nil {
+						b.Fatal(err)
+					}
+				}
+				c.(*net.TCPConn).CloseWrite()
+				n = <-done
+			} else {
+				n, _ = io.Copy(io.Discard, c)
+				<-done
+			}
+			b.StopTimer()
+			if want := int64(b.N) * int64(len(chunk)); n != want {
+				b.Fatalf("%d bytes arrived, want %d", n, want)
+			}
+		})
+	}
 }
