@@ -233,14 +233,19 @@ func TestRefusedIsResetAtOnce(t *testing.T) {
 	}, nil)})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	start := time.Now()
-	_, err := p.dial(ctx, refused)
-	elapsed := time.Since(start)
-	if !isRefused(err) {
-		t.Fatalf("dial of a refused destination: %v, want connection refused", err)
+	// The fastest of three, so that a scheduling pause of a loaded machine is not
+	// taken for a refusal that waits.
+	fastest := time.Hour
+	for range 3 {
+		start := time.Now()
+		_, err := p.dial(ctx, refused)
+		fastest = min(fastest, time.Since(start))
+		if !isRefused(err) {
+			t.Fatalf("dial of a refused destination: %v, want connection refused", err)
+		}
 	}
-	if elapsed > 100*time.Millisecond {
-		t.Fatalf("refusal took %v, want < 100ms", elapsed)
+	if fastest > 100*time.Millisecond {
+		t.Fatalf("refusal took %v, want < 100ms", fastest)
 	}
 	if dialed.Load() {
 		t.Fatal("a refused destination was dialed")
@@ -305,10 +310,17 @@ func TestInFlightBound(t *testing.T) {
 		go func() { _, err := p.dial(ctx, allowed); results <- err }()
 	}
 	waitFor(t, func() bool { return dials.Load() == 2 })
-	start := time.Now()
-	_, err := p.dial(ctx, allowed)
-	if !isRefused(err) || time.Since(start) > 100*time.Millisecond {
-		t.Fatalf("a SYN beyond the bound: %v after %v, want refused at once", err, time.Since(start))
+	fastest := time.Hour
+	for range 3 {
+		start := time.Now()
+		_, err := p.dial(ctx, allowed)
+		fastest = min(fastest, time.Since(start))
+		if !isRefused(err) {
+			t.Fatalf("a SYN beyond the bound: %v, want refused", err)
+		}
+	}
+	if fastest > 100*time.Millisecond {
+		t.Fatalf("a SYN beyond the bound refused after %v, want at once", fastest)
 	}
 	close(release)
 	for range 2 {
@@ -398,7 +410,7 @@ func TestCloseWhere(t *testing.T) {
 			t.Fatalf("read on a closed path: %v, want the connection ended", err)
 		}
 	}
-	if d := time.Since(start); d > 500*time.Millisecond {
+	if d := time.Since(start); d > time.Second {
 		t.Fatalf("ending the connections took %v", d)
 	}
 	for _, c := range direct {
@@ -452,7 +464,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 
 	start := time.Now()
 	p.node.Close()
-	if d := time.Since(start); d > time.Second {
+	if d := time.Since(start); d > 3*time.Second {
 		t.Fatalf("Close took %v", d)
 	}
 	if n := p.node.Count(); n != 0 {
@@ -491,7 +503,8 @@ func waitFor(tb testing.TB, cond func() bool) {
 	deadline := time.Now().Add(5 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
-			tb.Fatal("condition not reached in 5s")
+			buf := make([]byte, 1<<20)
+			tb.Fatalf("condition not reached in 5s; %d goroutines:\n%s", runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -595,7 +608,7 @@ func TestHalfOpenHandshake(t *testing.T) {
 	up = <-ups
 	start := time.Now()
 	st.Close()
-	if d := time.Since(start); d > time.Second {
+	if d := time.Since(start); d > 3*time.Second {
 		t.Fatalf("Close with a pending handshake took %v", d)
 	}
 	if !up.closed.Load() || st.Count() != 0 {
