@@ -417,8 +417,9 @@ func (st *Stack) splice(c *conn) {
 
 type closeWriter interface{ CloseWrite() error }
 
-// copyHalf copies src to dst through a bounded buffer; at src's end it half-closes dst
-// (or closes it when dst cannot be half-closed). A failure is returned, EOF is not.
+// copyHalf copies src to dst through a bounded buffer; at src's end it half-closes dst.
+// A failure is returned, EOF is not; a dst that cannot be half-closed is a failure (the
+// caller then ends the connection).
 func (st *Stack) copyHalf(dst, src net.Conn) error {
 	bp := st.bufs.Get().(*[]byte)
 	defer st.bufs.Put(bp)
