@@ -395,8 +395,15 @@ func (c *Client) withDeadline(ctx context.Context, conn net.Conn, f func() error
 		return err
 	}
 	if err != nil {
-		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() && ctx.Err() != nil {
-			return fmt.Errorf("%w (%v)", ctx.Err(), err)
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+			if cerr := ctx.Err(); cerr != nil {
+				return fmt.Errorf("%w (%v)", cerr, err)
+			}
+			// The conn's deadline is ctx's, and may pass a moment
+			// before ctx's own timer marks it done.
+			if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+				return fmt.Errorf("%w (%v)", context.DeadlineExceeded, err)
+			}
 		}
 		return err
 	}
