@@ -137,10 +137,17 @@ func (s *dataSession) fresh(ctx context.Context, d time.Duration) error {
 }
 
 // authorize sets the Authorization header of a request to s's token.
-func (s *dataSession) authorize(h http.Header) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	h.Set("Authorization", "Bearer "+s.token)
+func (s *dataSession) authorize(h http.Header) { setBearer(h, s.current()) }
+
+// setBearer sets h's Authorization header to the data-plane token tok: the
+// one place the SDK writes it.
+func setBearer(h http.Header, tok string) { h.Set("Authorization", "Bearer "+tok) }
+
+// tokenReq is a request that carries the data-plane token tok.
+func tokenReq[T any](msg *T, tok string) *connect.Request[T] {
+	r := connect.NewRequest(msg)
+	setBearer(r.Header(), tok)
+	return r
 }
 
 // authReq is a request that carries s's token.
@@ -157,9 +164,7 @@ func callAuth[T, R any](ctx context.Context, s *dataSession, msg *T,
 	call func(context.Context, *connect.Request[T]) (*connect.Response[R], error)) (*connect.Response[R], error) {
 	for {
 		tok := s.current()
-		r := connect.NewRequest(msg)
-		r.Header().Set("Authorization", "Bearer "+tok)
-		res, err := call(ctx, r)
+		res, err := call(ctx, tokenReq(msg, tok))
 		if err != nil && s.renewAfter(ctx, err, tok) {
 			continue
 		}

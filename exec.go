@@ -326,7 +326,7 @@ func (in *inputStream) open(ctx context.Context) error {
 	}
 	in.s = in.c.proc.WriteInput(ctx)
 	in.token = in.c.sess.current()
-	in.s.RequestHeader().Set("Authorization", "Bearer "+in.token)
+	setBearer(in.s.RequestHeader(), in.token)
 	in.first, in.sent, in.opened = true, 0, time.Now()
 	return nil
 }
@@ -577,9 +577,7 @@ func (c *Cmd) follow(ctx context.Context) error {
 	failures := 0
 	for {
 		tok := c.sess.current()
-		er := connect.NewRequest(&ctrlv1.ProcessEventsRequest{WorkspaceId: c.ws.id, ProcessId: c.processID, FromOffset: off})
-		er.Header().Set("Authorization", "Bearer "+tok)
-		s, err := c.proc.ProcessEvents(ctx, er)
+		s, err := c.proc.ProcessEvents(ctx, tokenReq(&ctrlv1.ProcessEventsRequest{WorkspaceId: c.ws.id, ProcessId: c.processID, FromOffset: off}, tok))
 		if err == nil {
 			for s.Receive() {
 				failures = 0

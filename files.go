@@ -166,13 +166,6 @@ func unary[Req, Res any](ctx context.Context, st *fsState, proc string, req *Req
 	return res.Msg, nil
 }
 
-// tokenReq is a request with token.
-func tokenReq[T any](msg *T, token string) *connect.Request[T] {
-	r := connect.NewRequest(msg)
-	r.Header().Set("Authorization", "Bearer "+token)
-	return r
-}
-
 // abs is the Workspace's path of the fs name, which must be valid.
 func abs(name string) string {
 	if name == "." {
@@ -772,7 +765,7 @@ func (f *FS) writeOnce(ctx context.Context, first *ctrlv1.WriteFileRequest, r io
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s := f.st.files.WriteFile(sctx)
-	s.RequestHeader().Set("Authorization", "Bearer "+token)
+	setBearer(s.RequestHeader(), token)
 	// abort resets the stream and returns err.
 	abort := func(err error) (*ctrlv1.WriteFileResponse, error) {
 		cancel()

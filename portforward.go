@@ -168,7 +168,7 @@ func (d *PortDialer) DialPort(ctx context.Context, port int) (net.Conn, error) {
 func (d *PortDialer) dial(ctx context.Context, tok string, port int) (*PortConn, error) {
 	life, cancel := context.WithCancel(context.Background())
 	stream := d.client.ForwardPort(life)
-	stream.RequestHeader().Set("Authorization", "Bearer "+tok)
+	setBearer(stream.RequestHeader(), tok)
 	// The transport does not see the context's end while it waits for the
 	// next request to send: closing the requests makes it.
 	abort := func() {
