@@ -7,6 +7,7 @@
 package nodev1
 
 import (
+	v1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
@@ -481,7 +482,11 @@ type Hello struct {
 	// executions are what the node holds right now.
 	Executions []*ExecutionReport `protobuf:"bytes,3,rep,name=executions,proto3" json:"executions,omitempty"`
 	// templates are the templates the node can start workspaces from.
-	Templates     []*TemplateInfo `protobuf:"bytes,4,rep,name=templates,proto3" json:"templates,omitempty"`
+	Templates []*TemplateInfo `protobuf:"bytes,4,rep,name=templates,proto3" json:"templates,omitempty"`
+	// features are the optional parts the node serves (see the Feature*
+	// names of internal/nodewire), for example "network" once it runs
+	// per-workspace networks with policies, Egresses and Resolvers.
+	Features      []string `protobuf:"bytes,5,rep,name=features,proto3" json:"features,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -540,6 +545,13 @@ func (x *Hello) GetExecutions() []*ExecutionReport {
 func (x *Hello) GetTemplates() []*TemplateInfo {
 	if x != nil {
 		return x.Templates
+	}
+	return nil
+}
+
+func (x *Hello) GetFeatures() []string {
+	if x != nil {
+		return x.Features
 	}
 	return nil
 }
@@ -750,7 +762,10 @@ type ExecutionReport struct {
 	// permanent is set on a FAILED report when retrying the same desired
 	// state cannot succeed (an unusable template, a spec the node refuses):
 	// ctrl then reports the failure as not retryable.
-	Permanent     bool `protobuf:"varint,12,opt,name=permanent,proto3" json:"permanent,omitempty"`
+	Permanent bool `protobuf:"varint,12,opt,name=permanent,proto3" json:"permanent,omitempty"`
+	// network is what the execution's network applies; unset when the node
+	// holds no execution or does not serve networks.
+	Network       *NetworkStatus `protobuf:"bytes,13,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -869,6 +884,100 @@ func (x *ExecutionReport) GetPermanent() bool {
 	return false
 }
 
+func (x *ExecutionReport) GetNetwork() *NetworkStatus {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+// NetworkStatus is the network an execution applies.
+type NetworkStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// applied_revision is the policy revision in effect (0: none yet).
+	AppliedRevision uint64 `protobuf:"varint,1,opt,name=applied_revision,json=appliedRevision,proto3" json:"applied_revision,omitempty"`
+	// failed is set when applying the desired NetworkConfig failed: the
+	// previous one stays in effect and message says why (at most 1 KiB).
+	Failed bool `protobuf:"varint,2,opt,name=failed,proto3" json:"failed,omitempty"`
+	// message says why applying failed.
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// egresses are the revisions of the referenced Egresses that new
+	// connections leave through.
+	Egresses []*v1.EgressStatus `protobuf:"bytes,4,rep,name=egresses,proto3" json:"egresses,omitempty"`
+	// dns_config_version is the DNS configuration the execution was started
+	// with (DNSConfigVersion of internal/nodewire); 0 is an execution that an
+	// earlier release started, which cannot use a Resolver until it is
+	// stopped and started.
+	DnsConfigVersion uint32 `protobuf:"varint,5,opt,name=dns_config_version,json=dnsConfigVersion,proto3" json:"dns_config_version,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *NetworkStatus) Reset() {
+	*x = NetworkStatus{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkStatus) ProtoMessage() {}
+
+func (x *NetworkStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkStatus.ProtoReflect.Descriptor instead.
+func (*NetworkStatus) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *NetworkStatus) GetAppliedRevision() uint64 {
+	if x != nil {
+		return x.AppliedRevision
+	}
+	return 0
+}
+
+func (x *NetworkStatus) GetFailed() bool {
+	if x != nil {
+		return x.Failed
+	}
+	return false
+}
+
+func (x *NetworkStatus) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *NetworkStatus) GetEgresses() []*v1.EgressStatus {
+	if x != nil {
+		return x.Egresses
+	}
+	return nil
+}
+
+func (x *NetworkStatus) GetDnsConfigVersion() uint32 {
+	if x != nil {
+		return x.DnsConfigVersion
+	}
+	return 0
+}
+
 // ConnectResponse is a message from ctrl.
 type ConnectResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -881,7 +990,7 @@ type ConnectResponse struct {
 
 func (x *ConnectResponse) Reset() {
 	*x = ConnectResponse{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +1002,7 @@ func (x *ConnectResponse) String() string {
 func (*ConnectResponse) ProtoMessage() {}
 
 func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +1015,7 @@ func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
 func (*ConnectResponse) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{10}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ConnectResponse) GetDesired() *DesiredState {
@@ -930,7 +1039,7 @@ type DesiredState struct {
 
 func (x *DesiredState) Reset() {
 	*x = DesiredState{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[11]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +1051,7 @@ func (x *DesiredState) String() string {
 func (*DesiredState) ProtoMessage() {}
 
 func (x *DesiredState) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[11]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1064,7 @@ func (x *DesiredState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredState.ProtoReflect.Descriptor instead.
 func (*DesiredState) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{11}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DesiredState) GetFull() bool {
@@ -991,13 +1100,16 @@ type DesiredWorkspace struct {
 	CpuMillis uint32 `protobuf:"varint,7,opt,name=cpu_millis,json=cpuMillis,proto3" json:"cpu_millis,omitempty"`
 	// capacity_bytes is the writable layer size.
 	CapacityBytes uint64 `protobuf:"varint,8,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
+	// network is the network the execution applies, from its start and at
+	// every change. Unset means mode NONE (loopback only).
+	Network       *NetworkConfig `protobuf:"bytes,9,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DesiredWorkspace) Reset() {
 	*x = DesiredWorkspace{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[12]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1009,7 +1121,7 @@ func (x *DesiredWorkspace) String() string {
 func (*DesiredWorkspace) ProtoMessage() {}
 
 func (x *DesiredWorkspace) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[12]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1022,7 +1134,7 @@ func (x *DesiredWorkspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredWorkspace.ProtoReflect.Descriptor instead.
 func (*DesiredWorkspace) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{12}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DesiredWorkspace) GetWorkspaceId() string {
@@ -1081,11 +1193,237 @@ func (x *DesiredWorkspace) GetCapacityBytes() uint64 {
 	return 0
 }
 
+func (x *DesiredWorkspace) GetNetwork() *NetworkConfig {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+// NetworkConfig is a workspace's network policy with everything it
+// references resolved, secrets included: it never leaves the node-ctrl
+// stream.
+type NetworkConfig struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// policy is the expected policy; policy.revision is its revision.
+	Policy *v1.NetworkPolicy `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	// drain_seconds applies to connections whose path the change to this
+	// policy revision moves (direct <-> Egress, or an Egress no longer
+	// referenced for the destination): they keep running that long, 0 closes
+	// them when the revision takes effect. It belongs to the change that
+	// produced policy.revision; a node that already applies that revision
+	// ignores it.
+	DrainSeconds uint32 `protobuf:"varint,2,opt,name=drain_seconds,json=drainSeconds,proto3" json:"drain_seconds,omitempty"`
+	// egresses are the Egresses the policy references (routes and DNS), each
+	// once, in its current revision.
+	Egresses []*NetworkEgress `protobuf:"bytes,3,rep,name=egresses,proto3" json:"egresses,omitempty"`
+	// resolver is the Resolver of policy.dns, when it names one.
+	Resolver      *NetworkResolver `protobuf:"bytes,4,opt,name=resolver,proto3" json:"resolver,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkConfig) Reset() {
+	*x = NetworkConfig{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkConfig) ProtoMessage() {}
+
+func (x *NetworkConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkConfig.ProtoReflect.Descriptor instead.
+func (*NetworkConfig) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *NetworkConfig) GetPolicy() *v1.NetworkPolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+func (x *NetworkConfig) GetDrainSeconds() uint32 {
+	if x != nil {
+		return x.DrainSeconds
+	}
+	return 0
+}
+
+func (x *NetworkConfig) GetEgresses() []*NetworkEgress {
+	if x != nil {
+		return x.Egresses
+	}
+	return nil
+}
+
+func (x *NetworkConfig) GetResolver() *NetworkResolver {
+	if x != nil {
+		return x.Resolver
+	}
+	return nil
+}
+
+// NetworkEgress is one referenced Egress.
+type NetworkEgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// egress_id is the Egress.
+	EgressId string `protobuf:"bytes,1,opt,name=egress_id,json=egressId,proto3" json:"egress_id,omitempty"`
+	// revision is the Egress's revision; a change switches new connections.
+	Revision uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// spec is the full spec, password included.
+	Spec *v1.EgressSpec `protobuf:"bytes,3,opt,name=spec,proto3" json:"spec,omitempty"`
+	// drain_seconds is the UpdateEgress parameter that produced revision:
+	// connections through an earlier revision keep running that long.
+	DrainSeconds  uint32 `protobuf:"varint,4,opt,name=drain_seconds,json=drainSeconds,proto3" json:"drain_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkEgress) Reset() {
+	*x = NetworkEgress{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkEgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkEgress) ProtoMessage() {}
+
+func (x *NetworkEgress) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkEgress.ProtoReflect.Descriptor instead.
+func (*NetworkEgress) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *NetworkEgress) GetEgressId() string {
+	if x != nil {
+		return x.EgressId
+	}
+	return ""
+}
+
+func (x *NetworkEgress) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *NetworkEgress) GetSpec() *v1.EgressSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *NetworkEgress) GetDrainSeconds() uint32 {
+	if x != nil {
+		return x.DrainSeconds
+	}
+	return 0
+}
+
+// NetworkResolver is the referenced Resolver.
+type NetworkResolver struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// resolver_id is the Resolver.
+	ResolverId string `protobuf:"bytes,1,opt,name=resolver_id,json=resolverId,proto3" json:"resolver_id,omitempty"`
+	// revision is the Resolver's revision.
+	Revision uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// spec is its full spec.
+	Spec          *v1.ResolverSpec `protobuf:"bytes,3,opt,name=spec,proto3" json:"spec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkResolver) Reset() {
+	*x = NetworkResolver{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkResolver) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkResolver) ProtoMessage() {}
+
+func (x *NetworkResolver) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkResolver.ProtoReflect.Descriptor instead.
+func (*NetworkResolver) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *NetworkResolver) GetResolverId() string {
+	if x != nil {
+		return x.ResolverId
+	}
+	return ""
+}
+
+func (x *NetworkResolver) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *NetworkResolver) GetSpec() *v1.ResolverSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
 var File_kibotos_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1akibotos/node/v1/node.proto\x12\x0fkibotos.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"+\n" +
+	"\x1akibotos/node/v1/node.proto\x12\x0fkibotos.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ckibotos/ctrl/v1/egress.proto\x1a\x1ekibotos/ctrl/v1/resolver.proto\x1a\x1bkibotos/ctrl/v1/types.proto\"+\n" +
 	"\x17RenewCertificateRequest\x12\x10\n" +
 	"\x03csr\x18\x01 \x01(\fR\x03csr\"<\n" +
 	"\x18RenewCertificateResponse\x12 \n" +
@@ -1102,14 +1440,15 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\x05hello\x18\x01 \x01(\v2\x16.kibotos.node.v1.HelloH\x00R\x05hello\x12:\n" +
 	"\x06report\x18\x02 \x01(\v2 .kibotos.node.v1.ExecutionReportH\x00R\x06report\x12:\n" +
 	"\theartbeat\x18\x03 \x01(\v2\x1a.kibotos.node.v1.HeartbeatH\x00R\theartbeatB\x06\n" +
-	"\x04body\"\xd6\x01\n" +
+	"\x04body\"\xf2\x01\n" +
 	"\x05Hello\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x125\n" +
 	"\bcapacity\x18\x02 \x01(\v2\x19.kibotos.node.v1.CapacityR\bcapacity\x12@\n" +
 	"\n" +
 	"executions\x18\x03 \x03(\v2 .kibotos.node.v1.ExecutionReportR\n" +
 	"executions\x12;\n" +
-	"\ttemplates\x18\x04 \x03(\v2\x1d.kibotos.node.v1.TemplateInfoR\ttemplates\"I\n" +
+	"\ttemplates\x18\x04 \x03(\v2\x1d.kibotos.node.v1.TemplateInfoR\ttemplates\x12\x1a\n" +
+	"\bfeatures\x18\x05 \x03(\tR\bfeatures\"I\n" +
 	"\fTemplateInfo\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\x12\x18\n" +
@@ -1122,7 +1461,7 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\rstorage_bytes\x18\x03 \x01(\x04R\fstorageBytes\x12!\n" +
 	"\fstorage_pool\x18\x04 \x01(\tR\vstoragePool\"@\n" +
 	"\tHeartbeat\x123\n" +
-	"\asent_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\"\xee\x03\n" +
+	"\asent_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\"\xa8\x04\n" +
 	"\x0fExecutionReport\x12!\n" +
 	"\fworkspace_id\x18\x01 \x01(\tR\vworkspaceId\x12\x1e\n" +
 	"\n" +
@@ -1139,14 +1478,21 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\flayer_exists\x18\n" +
 	" \x01(\bR\vlayerExists\x12!\n" +
 	"\fguest_exited\x18\v \x01(\bR\vguestExited\x12\x1c\n" +
-	"\tpermanent\x18\f \x01(\bR\tpermanent\"J\n" +
+	"\tpermanent\x18\f \x01(\bR\tpermanent\x128\n" +
+	"\anetwork\x18\r \x01(\v2\x1e.kibotos.node.v1.NetworkStatusR\anetwork\"\xd5\x01\n" +
+	"\rNetworkStatus\x12)\n" +
+	"\x10applied_revision\x18\x01 \x01(\x04R\x0fappliedRevision\x12\x16\n" +
+	"\x06failed\x18\x02 \x01(\bR\x06failed\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x129\n" +
+	"\begresses\x18\x04 \x03(\v2\x1d.kibotos.ctrl.v1.EgressStatusR\begresses\x12,\n" +
+	"\x12dns_config_version\x18\x05 \x01(\rR\x10dnsConfigVersion\"J\n" +
 	"\x0fConnectResponse\x127\n" +
 	"\adesired\x18\x01 \x01(\v2\x1d.kibotos.node.v1.DesiredStateR\adesired\"e\n" +
 	"\fDesiredState\x12\x12\n" +
 	"\x04full\x18\x01 \x01(\bR\x04full\x12A\n" +
 	"\n" +
 	"workspaces\x18\x02 \x03(\v2!.kibotos.node.v1.DesiredWorkspaceR\n" +
-	"workspaces\"\x9f\x02\n" +
+	"workspaces\"\xd9\x02\n" +
 	"\x10DesiredWorkspace\x12!\n" +
 	"\fworkspace_id\x18\x01 \x01(\tR\vworkspaceId\x12\x1e\n" +
 	"\n" +
@@ -1160,7 +1506,23 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"memory_mib\x18\x06 \x01(\rR\tmemoryMib\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\a \x01(\rR\tcpuMillis\x12%\n" +
-	"\x0ecapacity_bytes\x18\b \x01(\x04R\rcapacityBytes*\x9f\x01\n" +
+	"\x0ecapacity_bytes\x18\b \x01(\x04R\rcapacityBytes\x128\n" +
+	"\anetwork\x18\t \x01(\v2\x1e.kibotos.node.v1.NetworkConfigR\anetwork\"\xe6\x01\n" +
+	"\rNetworkConfig\x126\n" +
+	"\x06policy\x18\x01 \x01(\v2\x1e.kibotos.ctrl.v1.NetworkPolicyR\x06policy\x12#\n" +
+	"\rdrain_seconds\x18\x02 \x01(\rR\fdrainSeconds\x12:\n" +
+	"\begresses\x18\x03 \x03(\v2\x1e.kibotos.node.v1.NetworkEgressR\begresses\x12<\n" +
+	"\bresolver\x18\x04 \x01(\v2 .kibotos.node.v1.NetworkResolverR\bresolver\"\x9e\x01\n" +
+	"\rNetworkEgress\x12\x1b\n" +
+	"\tegress_id\x18\x01 \x01(\tR\begressId\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\x12/\n" +
+	"\x04spec\x18\x03 \x01(\v2\x1b.kibotos.ctrl.v1.EgressSpecR\x04spec\x12#\n" +
+	"\rdrain_seconds\x18\x04 \x01(\rR\fdrainSeconds\"\x81\x01\n" +
+	"\x0fNetworkResolver\x12\x1f\n" +
+	"\vresolver_id\x18\x01 \x01(\tR\n" +
+	"resolverId\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\x121\n" +
+	"\x04spec\x18\x03 \x01(\v2\x1d.kibotos.ctrl.v1.ResolverSpecR\x04spec*\x9f\x01\n" +
 	"\tExecState\x12\x1a\n" +
 	"\x16EXEC_STATE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13EXEC_STATE_STARTING\x10\x01\x12\x16\n" +
@@ -1193,7 +1555,7 @@ func file_kibotos_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_kibotos_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_kibotos_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_kibotos_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_kibotos_node_v1_node_proto_goTypes = []any{
 	(ExecState)(0),                   // 0: kibotos.node.v1.ExecState
 	(Power)(0),                       // 1: kibotos.node.v1.Power
@@ -1207,10 +1569,18 @@ var file_kibotos_node_v1_node_proto_goTypes = []any{
 	(*Capacity)(nil),                 // 9: kibotos.node.v1.Capacity
 	(*Heartbeat)(nil),                // 10: kibotos.node.v1.Heartbeat
 	(*ExecutionReport)(nil),          // 11: kibotos.node.v1.ExecutionReport
-	(*ConnectResponse)(nil),          // 12: kibotos.node.v1.ConnectResponse
-	(*DesiredState)(nil),             // 13: kibotos.node.v1.DesiredState
-	(*DesiredWorkspace)(nil),         // 14: kibotos.node.v1.DesiredWorkspace
-	(*timestamppb.Timestamp)(nil),    // 15: google.protobuf.Timestamp
+	(*NetworkStatus)(nil),            // 12: kibotos.node.v1.NetworkStatus
+	(*ConnectResponse)(nil),          // 13: kibotos.node.v1.ConnectResponse
+	(*DesiredState)(nil),             // 14: kibotos.node.v1.DesiredState
+	(*DesiredWorkspace)(nil),         // 15: kibotos.node.v1.DesiredWorkspace
+	(*NetworkConfig)(nil),            // 16: kibotos.node.v1.NetworkConfig
+	(*NetworkEgress)(nil),            // 17: kibotos.node.v1.NetworkEgress
+	(*NetworkResolver)(nil),          // 18: kibotos.node.v1.NetworkResolver
+	(*timestamppb.Timestamp)(nil),    // 19: google.protobuf.Timestamp
+	(*v1.EgressStatus)(nil),          // 20: kibotos.ctrl.v1.EgressStatus
+	(*v1.NetworkPolicy)(nil),         // 21: kibotos.ctrl.v1.NetworkPolicy
+	(*v1.EgressSpec)(nil),            // 22: kibotos.ctrl.v1.EgressSpec
+	(*v1.ResolverSpec)(nil),          // 23: kibotos.ctrl.v1.ResolverSpec
 }
 var file_kibotos_node_v1_node_proto_depIdxs = []int32{
 	7,  // 0: kibotos.node.v1.ConnectRequest.hello:type_name -> kibotos.node.v1.Hello
@@ -1219,23 +1589,31 @@ var file_kibotos_node_v1_node_proto_depIdxs = []int32{
 	9,  // 3: kibotos.node.v1.Hello.capacity:type_name -> kibotos.node.v1.Capacity
 	11, // 4: kibotos.node.v1.Hello.executions:type_name -> kibotos.node.v1.ExecutionReport
 	8,  // 5: kibotos.node.v1.Hello.templates:type_name -> kibotos.node.v1.TemplateInfo
-	15, // 6: kibotos.node.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	19, // 6: kibotos.node.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
 	0,  // 7: kibotos.node.v1.ExecutionReport.state:type_name -> kibotos.node.v1.ExecState
-	15, // 8: kibotos.node.v1.ExecutionReport.observed_at:type_name -> google.protobuf.Timestamp
-	13, // 9: kibotos.node.v1.ConnectResponse.desired:type_name -> kibotos.node.v1.DesiredState
-	14, // 10: kibotos.node.v1.DesiredState.workspaces:type_name -> kibotos.node.v1.DesiredWorkspace
-	1,  // 11: kibotos.node.v1.DesiredWorkspace.power:type_name -> kibotos.node.v1.Power
-	6,  // 12: kibotos.node.v1.NodeService.Connect:input_type -> kibotos.node.v1.ConnectRequest
-	2,  // 13: kibotos.node.v1.CertificateService.RenewCertificate:input_type -> kibotos.node.v1.RenewCertificateRequest
-	4,  // 14: kibotos.node.v1.BootstrapService.Enroll:input_type -> kibotos.node.v1.EnrollRequest
-	12, // 15: kibotos.node.v1.NodeService.Connect:output_type -> kibotos.node.v1.ConnectResponse
-	3,  // 16: kibotos.node.v1.CertificateService.RenewCertificate:output_type -> kibotos.node.v1.RenewCertificateResponse
-	5,  // 17: kibotos.node.v1.BootstrapService.Enroll:output_type -> kibotos.node.v1.EnrollResponse
-	15, // [15:18] is the sub-list for method output_type
-	12, // [12:15] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	19, // 8: kibotos.node.v1.ExecutionReport.observed_at:type_name -> google.protobuf.Timestamp
+	12, // 9: kibotos.node.v1.ExecutionReport.network:type_name -> kibotos.node.v1.NetworkStatus
+	20, // 10: kibotos.node.v1.NetworkStatus.egresses:type_name -> kibotos.ctrl.v1.EgressStatus
+	14, // 11: kibotos.node.v1.ConnectResponse.desired:type_name -> kibotos.node.v1.DesiredState
+	15, // 12: kibotos.node.v1.DesiredState.workspaces:type_name -> kibotos.node.v1.DesiredWorkspace
+	1,  // 13: kibotos.node.v1.DesiredWorkspace.power:type_name -> kibotos.node.v1.Power
+	16, // 14: kibotos.node.v1.DesiredWorkspace.network:type_name -> kibotos.node.v1.NetworkConfig
+	21, // 15: kibotos.node.v1.NetworkConfig.policy:type_name -> kibotos.ctrl.v1.NetworkPolicy
+	17, // 16: kibotos.node.v1.NetworkConfig.egresses:type_name -> kibotos.node.v1.NetworkEgress
+	18, // 17: kibotos.node.v1.NetworkConfig.resolver:type_name -> kibotos.node.v1.NetworkResolver
+	22, // 18: kibotos.node.v1.NetworkEgress.spec:type_name -> kibotos.ctrl.v1.EgressSpec
+	23, // 19: kibotos.node.v1.NetworkResolver.spec:type_name -> kibotos.ctrl.v1.ResolverSpec
+	6,  // 20: kibotos.node.v1.NodeService.Connect:input_type -> kibotos.node.v1.ConnectRequest
+	2,  // 21: kibotos.node.v1.CertificateService.RenewCertificate:input_type -> kibotos.node.v1.RenewCertificateRequest
+	4,  // 22: kibotos.node.v1.BootstrapService.Enroll:input_type -> kibotos.node.v1.EnrollRequest
+	13, // 23: kibotos.node.v1.NodeService.Connect:output_type -> kibotos.node.v1.ConnectResponse
+	3,  // 24: kibotos.node.v1.CertificateService.RenewCertificate:output_type -> kibotos.node.v1.RenewCertificateResponse
+	5,  // 25: kibotos.node.v1.BootstrapService.Enroll:output_type -> kibotos.node.v1.EnrollResponse
+	23, // [23:26] is the sub-list for method output_type
+	20, // [20:23] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_kibotos_node_v1_node_proto_init() }
@@ -1254,7 +1632,7 @@ func file_kibotos_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kibotos_node_v1_node_proto_rawDesc), len(file_kibotos_node_v1_node_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   13,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
