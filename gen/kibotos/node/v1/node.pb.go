@@ -1032,9 +1032,12 @@ type DesiredState struct {
 	// that is not listed.
 	Full bool `protobuf:"varint,1,opt,name=full,proto3" json:"full,omitempty"`
 	// workspaces are the desired workspaces.
-	Workspaces    []*DesiredWorkspace `protobuf:"bytes,2,rep,name=workspaces,proto3" json:"workspaces,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Workspaces []*DesiredWorkspace `protobuf:"bytes,2,rep,name=workspaces,proto3" json:"workspaces,omitempty"`
+	// deleted_egress_ids are Egresses deleted since: the node closes at once
+	// every connection still draining through one of them (DeleteEgress).
+	DeletedEgressIds []string `protobuf:"bytes,3,rep,name=deleted_egress_ids,json=deletedEgressIds,proto3" json:"deleted_egress_ids,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *DesiredState) Reset() {
@@ -1077,6 +1080,13 @@ func (x *DesiredState) GetFull() bool {
 func (x *DesiredState) GetWorkspaces() []*DesiredWorkspace {
 	if x != nil {
 		return x.Workspaces
+	}
+	return nil
+}
+
+func (x *DesiredState) GetDeletedEgressIds() []string {
+	if x != nil {
+		return x.DeletedEgressIds
 	}
 	return nil
 }
@@ -1487,12 +1497,13 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\begresses\x18\x04 \x03(\v2\x1d.kibotos.ctrl.v1.EgressStatusR\begresses\x12,\n" +
 	"\x12dns_config_version\x18\x05 \x01(\rR\x10dnsConfigVersion\"J\n" +
 	"\x0fConnectResponse\x127\n" +
-	"\adesired\x18\x01 \x01(\v2\x1d.kibotos.node.v1.DesiredStateR\adesired\"e\n" +
+	"\adesired\x18\x01 \x01(\v2\x1d.kibotos.node.v1.DesiredStateR\adesired\"\x93\x01\n" +
 	"\fDesiredState\x12\x12\n" +
 	"\x04full\x18\x01 \x01(\bR\x04full\x12A\n" +
 	"\n" +
 	"workspaces\x18\x02 \x03(\v2!.kibotos.node.v1.DesiredWorkspaceR\n" +
-	"workspaces\"\xd9\x02\n" +
+	"workspaces\x12,\n" +
+	"\x12deleted_egress_ids\x18\x03 \x03(\tR\x10deletedEgressIds\"\xd9\x02\n" +
 	"\x10DesiredWorkspace\x12!\n" +
 	"\fworkspace_id\x18\x01 \x01(\tR\vworkspaceId\x12\x1e\n" +
 	"\n" +
