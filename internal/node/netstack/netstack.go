@@ -18,10 +18,12 @@
 // path Decide gave it (direct, or an Egress and its revision): CloseWhere and Count are
 // what draining and "no longer admitted ends at once" are built on.
 //
-// UDP is not forwarded (incoming datagrams are dropped without an ICMP answer); the
-// only UDP to be accepted later is DNS to the in-subnet resolver address. Of ICMP, only
-// echo requests to the gateway's own address are answered (by gVisor); a ping of any
-// other destination stays unanswered.
+// Services the node itself offers the workspace on the gateway's address (DNS) are
+// bound with ListenTCP and ListenUDP: gVisor hands a packet to a bound endpoint before
+// the forwarder, so a SYN to a bound port is never Decided. UDP is not forwarded: a
+// datagram to any port not bound is dropped without an ICMP answer. Of ICMP, only echo
+// requests to the gateway's own address are answered (by gVisor); a ping of any other
+// destination stays unanswered.
 //
 // Close waits for every goroutine of the stack, so Decide and Dial must return when
 // their ctx ends. The link endpoint's resources beyond the stack (a TAP fd given to
@@ -115,6 +117,8 @@ type Config struct {
 type Stack struct {
 	s       *stack.Stack
 	ws      tcpip.Address
+	gw      tcpip.Address
+	proto   tcpip.NetworkProtocolNumber
 	decide  func(context.Context, netip.AddrPort) (Decision, error)
 	timeout time.Duration
 	bufSize int
@@ -222,6 +226,8 @@ func New(cfg Config) (*Stack, error) {
 	st := &Stack{
 		s:        s,
 		ws:       tcpip.AddrFromSlice(pfx.Addr().AsSlice()),
+		gw:       tcpip.AddrFromSlice(cfg.Gateway.AsSlice()),
+		proto:    ipv4.ProtocolNumber,
 		decide:   cfg.Decide,
 		timeout:  timeout,
 		bufSize:  bufSize,
@@ -230,6 +236,9 @@ func New(cfg Config) (*Stack, error) {
 		cancel:   cancel,
 		inFlight: make(chan struct{}, maxInFlight),
 		conns:    make(map[*conn]struct{}),
+	}
+	if pfx.Addr().Is6() {
+		st.proto = ipv6.ProtocolNumber
 	}
 	st.idle = sync.NewCond(&st.mu)
 	st.bufs.New = func() any { b := make([]byte, bufSize); return &b }
@@ -244,7 +253,8 @@ func New(cfg Config) (*Stack, error) {
 	// gVisor ignores SYNs beyond its own bound silently; ours, below it, answers a RST.
 	fwd := tcp.NewForwarder(s, 0, 2*maxInFlight+16, st.handle)
 	s.SetTransportProtocolHandler(tcp.ProtocolNumber, fwd.HandlePacket)
-	// No UDP yet: every datagram is handled by dropping it (no ICMP port unreachable).
+	// Datagrams to a port bound with ListenUDP reach it; every other one is handled by
+	// dropping it (no ICMP port unreachable).
 	s.SetTransportProtocolHandler(udp.ProtocolNumber, func(stack.TransportEndpointID, *stack.PacketBuffer) bool { return true })
 
 	cfg.Link.SetMTU(mtu)
@@ -257,13 +267,10 @@ func New(cfg Config) (*Stack, error) {
 	if err := s.SetSpoofing(nicID, true); err != nil {
 		return fail("spoofing", err)
 	}
-	proto := ipv4.ProtocolNumber
-	if pfx.Addr().Is6() {
-		proto = ipv6.ProtocolNumber
-	}
+	proto := st.proto
 	gw := tcpip.ProtocolAddress{
 		Protocol:          proto,
-		AddressWithPrefix: tcpip.AddressWithPrefix{Address: tcpip.AddrFromSlice(cfg.Gateway.AsSlice()), PrefixLen: pfx.Bits()},
+		AddressWithPrefix: tcpip.AddressWithPrefix{Address: st.gw, PrefixLen: pfx.Bits()},
 	}
 	if err := s.AddProtocolAddress(nicID, gw, stack.AddressProperties{}); err != nil {
 		return fail("gateway address", err)
@@ -452,6 +459,34 @@ func (c *conn) close() {
 		c.ws.Close()
 		c.up.Close()
 	})
+}
+
+// ListenTCP listens on the gateway's address at port, for a service the node offers the
+// workspace: SYNs to it reach the listener, not Decide. Close the listener before the
+// Stack; Close ends it in any case.
+func (st *Stack) ListenTCP(port uint16) (net.Listener, error) {
+	if port == 0 {
+		return nil, errors.New("netstack: ListenTCP needs a port")
+	}
+	l, err := gonet.ListenTCP(st.s, tcpip.FullAddress{NIC: nicID, Addr: st.gw, Port: port}, st.proto)
+	if err != nil {
+		return nil, fmt.Errorf("netstack: listening on the gateway's TCP port %d: %w", port, err)
+	}
+	return l, nil
+}
+
+// ListenUDP binds the gateway's address at port, for a service the node offers the
+// workspace: datagrams to it reach the returned conn (ReadFrom, WriteTo to the sender),
+// datagrams to other ports are still dropped. Close the conn before the Stack.
+func (st *Stack) ListenUDP(port uint16) (net.PacketConn, error) {
+	if port == 0 {
+		return nil, errors.New("netstack: ListenUDP needs a port")
+	}
+	c, err := gonet.DialUDP(st.s, &tcpip.FullAddress{NIC: nicID, Addr: st.gw, Port: port}, nil, st.proto)
+	if err != nil {
+		return nil, fmt.Errorf("netstack: binding the gateway's UDP port %d: %w", port, err)
+	}
+	return c, nil
 }
 
 // CloseWhere ends at once (a RST toward the workspace) every live connection whose path

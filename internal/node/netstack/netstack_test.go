@@ -25,6 +25,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 )
 
 var (
@@ -55,7 +56,7 @@ func newPairOn(tb testing.TB, cfg Config, wsAddr netip.Prefix, gateway netip.Add
 	}
 	ws := stack.New(stack.Options{
 		NetworkProtocols:   []stack.NetworkProtocolFactory{netProto},
-		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol},
+		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
 	})
 	if err := ws.CreateNIC(1, wsEnd); err != nil {
 		tb.Fatal(err)
@@ -424,6 +425,92 @@ func TestCloseWhere(t *testing.T) {
 		}
 	}
 	waitFor(t, func() bool { return p.node.Count() == 3 })
+}
+
+// TestGatewayServices: a port the node binds on the gateway's address (DNS) takes the
+// workspace's SYNs and datagrams itself; the forwarder still decides every other port.
+func TestGatewayServices(t *testing.T) {
+	var decided sync.Map
+	p := newPair(t, Config{Decide: func(_ context.Context, dst netip.AddrPort) (Decision, error) {
+		decided.Store(dst, true)
+		return Decision{}, errors.New("refused by policy")
+	}})
+	l, err := p.node.ListenTCP(53)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	pc, err := p.node.ListenUDP(53)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- c
+	}()
+	c, err := p.dial(ctx, netip.AddrPortFrom(gateway, 53))
+	if err != nil {
+		t.Fatalf("TCP to the gateway's bound port: %v", err)
+	}
+	defer c.Close()
+	sc, ok := <-accepted
+	if !ok {
+		t.Fatal("the listener accepted nothing")
+	}
+	sc.Write([]byte("tcp53"))
+	sc.Close()
+	if got, err := io.ReadAll(c); err != nil || string(got) != "tcp53" {
+		t.Fatalf("read from the gateway's listener: %q, %v", got, err)
+	}
+	if _, ok := decided.Load(netip.AddrPortFrom(gateway, 53)); ok {
+		t.Fatal("a SYN to the bound port was given to Decide")
+	}
+	if _, err := p.dial(ctx, netip.AddrPortFrom(gateway, 54)); !isRefused(err) {
+		t.Fatalf("TCP to an unbound gateway port: %v, want refused", err)
+	}
+	if _, ok := decided.Load(netip.AddrPortFrom(gateway, 54)); !ok {
+		t.Fatal("a SYN to an unbound gateway port was not decided")
+	}
+
+	udpTo := func(port uint16) *gonet.UDPConn {
+		uc, err := gonet.DialUDP(p.ws, nil, &tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFromSlice(gateway.AsSlice()), Port: port}, p.proto)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { uc.Close() })
+		return uc
+	}
+	other := udpTo(54)
+	other.Write([]byte("dropped"))
+	uc := udpTo(53)
+	if _, err := uc.Write([]byte("udp53")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	pc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, from, err := pc.ReadFrom(buf)
+	if err != nil || string(buf[:n]) != "udp53" {
+		t.Fatalf("datagram at the bound port: %q, %v", buf[:n], err)
+	}
+	if _, err := pc.WriteTo([]byte("answer"), from); err != nil {
+		t.Fatal(err)
+	}
+	uc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := uc.Read(buf); err != nil || string(buf[:n]) != "answer" {
+		t.Fatalf("answer from the bound port: %q, %v", buf[:n], err)
+	}
+	if _, ok := decided.Load(netip.AddrPortFrom(gateway, 53)); ok {
+		t.Fatal("UDP reached Decide")
+	}
 }
 
 func isTimeout(err error) bool {
