@@ -31,6 +31,10 @@ type Resource struct {
 	LabelsRevision      uint64
 	Annotations         map[string]string
 	AnnotationsRevision uint64
+	// DrainSeconds is the drain_seconds of the update that produced
+	// Revision (Egresses: UpdateEgress's). Internal: never part of the
+	// public object.
+	DrainSeconds uint32
 }
 
 // Cursor positions a keyset page: the (CreatedAt, ID) of the last item
@@ -94,4 +98,7 @@ type ReferenceTx interface {
 	SetReferences(ctx context.Context, workspaceID string, refs []Reference) error
 	// CountReferences counts the Workspaces that reference target with kind.
 	CountReferences(ctx context.Context, kind RefKind, targetID string) (int, error)
+	// ReferencingWorkspaces returns the IDs of the Workspaces that reference
+	// target with kind, in ID order (nil when none).
+	ReferencingWorkspaces(ctx context.Context, kind RefKind, targetID string) ([]string, error)
 }

@@ -73,6 +73,14 @@ type Workspace struct {
 	ObservedState      ExecState
 	HoldsExecution     bool
 	ObservedAt         time.Time
+
+	// Network (issue 12). PolicyDrainSeconds is the drain_seconds of the
+	// policy change that produced the current policy revision, sent to the
+	// node with the policy. ExecDNSVersion is the DNS configuration version
+	// the node last reported for the execution, 0 when none was (an
+	// execution started by an earlier release).
+	PolicyDrainSeconds uint32
+	ExecDNSVersion     uint32
 }
 
 // WorkspaceQuery selects a page of Workspaces.

@@ -60,6 +60,7 @@ var Changes = []Change{
 	{Name: "pending_without_failed_placements", SQLite: 4, Postgres: 3},
 	{Name: "node_cert_key", SQLite: 5, Postgres: 4},
 	{Name: "denied_node_keys", SQLite: 6, Postgres: 5},
+	{Name: "network", SQLite: 7, Postgres: 6},
 }
 
 // LoadDialect is Load, checking that the files are those Changes lists for

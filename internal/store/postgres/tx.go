@@ -230,10 +230,10 @@ func (t *txn) InsertResource(ctx context.Context, r *store.Resource) error {
 		return err
 	}
 	inserts := []stmt{{`INSERT INTO resources (kind, id, created_at, updated_at, revision, spec,
-			labels_revision, annotations, annotations_revision)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+			labels_revision, annotations, annotations_revision, drain_seconds)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
 		[]any{string(r.Kind), r.ID, rowcodec.Micros(r.CreatedAt), rowcodec.Micros(r.UpdatedAt), rev, rowcodec.NonNil(r.Spec),
-			labelsRev, annotations, annotationsRev}}}
+			labelsRev, annotations, annotationsRev, int64(r.DrainSeconds)}}}
 	if len(r.Labels) > 0 {
 		inserts = append(inserts, insertLabels(r.Kind, r.ID, rowcodec.Micros(r.CreatedAt), r.Labels))
 	}
@@ -272,10 +272,12 @@ func (t *txn) UpdateResource(ctx context.Context, r *store.Resource) error {
 	}
 	var created int64
 	err = t.queryRow(ctx, `UPDATE resources
-		SET updated_at = $1, revision = $2, spec = $3, labels_revision = $4, annotations = $5, annotations_revision = $6
-		WHERE kind = $7 AND id = $8
+		SET updated_at = $1, revision = $2, spec = $3, labels_revision = $4, annotations = $5, annotations_revision = $6,
+			drain_seconds = $7
+		WHERE kind = $8 AND id = $9
 		RETURNING created_at`,
-		[]any{rowcodec.Micros(r.UpdatedAt), rev, rowcodec.NonNil(r.Spec), labelsRev, annotations, annotationsRev, string(r.Kind), r.ID},
+		[]any{rowcodec.Micros(r.UpdatedAt), rev, rowcodec.NonNil(r.Spec), labelsRev, annotations, annotationsRev,
+			int64(r.DrainSeconds), string(r.Kind), r.ID},
 		&created)
 	if err != nil {
 		return err
@@ -421,4 +423,23 @@ func (t *txn) CountReferences(ctx context.Context, kind store.RefKind, targetID 
 		return 0, err
 	}
 	return int(n), nil
+}
+
+// ReferencingWorkspaces implements store.Tx: a range scan of the refs
+// primary key, in workspace ID order.
+func (t *txn) ReferencingWorkspaces(ctx context.Context, kind store.RefKind, targetID string) ([]string, error) {
+	var ids []string
+	err := t.query(ctx, `SELECT workspace_id FROM refs WHERE ref_kind = $1 AND target_id = $2 ORDER BY workspace_id`,
+		[]any{string(kind), targetID}, func(rows pgx.Rows) error {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				return err
+			}
+			ids = append(ids, id)
+			return nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	return ids, nil
 }

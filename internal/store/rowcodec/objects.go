@@ -47,9 +47,9 @@ func CommandUpdateArgs(c *store.Command) []any {
 // reads them.
 const (
 	ResourceColumns = `r.kind, r.id, r.created_at, r.updated_at, r.revision, r.spec,
-	r.labels_revision, r.annotations, r.annotations_revision`
+	r.labels_revision, r.annotations, r.annotations_revision, r.drain_seconds`
 	ResourceColumnsWithLabels = `r.kind, r.id, r.created_at, r.updated_at, r.revision, r.spec,
-	r.labels, r.labels_revision, r.annotations, r.annotations_revision`
+	r.labels, r.labels_revision, r.annotations, r.annotations_revision, r.drain_seconds`
 )
 
 // ScanResource scans ResourceColumns; Labels is left empty, for the caller
@@ -65,8 +65,9 @@ func scanResource(row Scanner, withLabels bool) (*store.Resource, error) {
 		kind, labels, annotations      string
 		created, updated               int64
 		rev, labelsRev, annotationsRev int64
+		drain                          int64
 	)
-	dest := []any{&kind, &r.ID, &created, &updated, &rev, &r.Spec, &labels, &labelsRev, &annotations, &annotationsRev}
+	dest := []any{&kind, &r.ID, &created, &updated, &rev, &r.Spec, &labels, &labelsRev, &annotations, &annotationsRev, &drain}
 	if !withLabels {
 		dest = append(dest[:6], dest[7:]...)
 	}
@@ -76,6 +77,7 @@ func scanResource(row Scanner, withLabels bool) (*store.Resource, error) {
 	r.Kind = store.ResourceKind(kind)
 	r.CreatedAt, r.UpdatedAt = FromMicros(created), FromMicros(updated)
 	r.Revision, r.LabelsRevision, r.AnnotationsRevision = uint64(rev), uint64(labelsRev), uint64(annotationsRev)
+	r.DrainSeconds = uint32(drain)
 	r.Spec = EmptyNil(r.Spec)
 	var err error
 	if !withLabels {
@@ -110,13 +112,15 @@ func ResourceArgs(r *store.Resource) (rev, labelsRev, annotationsRev int64, anno
 // reads, in order.
 const WorkspaceColumns = `w.id, w.created_at, w.updated_at, w.deleted_at, w.doc, w.state, w.guest_condition,
 	w.node_id, w.power, w.force_stop, w.generation, w.command_id,
-	w.observed_generation, w.observed_state, w.holds_execution, w.observed_at`
+	w.observed_generation, w.observed_state, w.holds_execution, w.observed_at,
+	w.policy_drain_seconds, w.exec_dns_version`
 
 // WorkspaceMutable lists the mutable columns of workspaces, in the order
 // WorkspaceArgs returns their values.
 var WorkspaceMutable = []string{"updated_at", "deleted_at", "doc", "state", "guest_condition",
 	"node_id", "power", "force_stop", "generation", "command_id",
-	"observed_generation", "observed_state", "holds_execution", "observed_at"}
+	"observed_generation", "observed_state", "holds_execution", "observed_at",
+	"policy_drain_seconds", "exec_dns_version"}
 
 // ScanWorkspace scans WorkspaceColumns; N is the driver's nullable BIGINT.
 // Labels is left empty, for the caller to fill from the labels table.
@@ -129,10 +133,11 @@ func ScanWorkspace[N NullInt64](row Scanner) (*store.Workspace, error) {
 		deleted, observed                  N
 		state, guest, power, observedState int64
 		gen, observedGen                   int64
+		drain, dnsVersion                  int64
 	)
 	if err := row.Scan(&w.ID, &created, &updated, &deleted, &w.Doc, &state, &guest,
 		&w.NodeID, &power, &w.ForceStop, &gen, &w.CommandID,
-		&observedGen, &observedState, &w.HoldsExecution, &observed); err != nil {
+		&observedGen, &observedState, &w.HoldsExecution, &observed, &drain, &dnsVersion); err != nil {
 		return nil, err
 	}
 	w.CreatedAt, w.UpdatedAt = FromMicros(created), FromMicros(updated)
@@ -142,6 +147,7 @@ func ScanWorkspace[N NullInt64](row Scanner) (*store.Workspace, error) {
 	w.State, w.GuestCondition, w.Power = int32(state), int32(guest), store.Power(power)
 	w.Generation, w.ObservedGeneration = uint64(gen), uint64(observedGen)
 	w.ObservedState = store.ExecState(observedState)
+	w.PolicyDrainSeconds, w.ExecDNSVersion = uint32(drain), uint32(dnsVersion)
 	return &w, nil
 }
 
@@ -158,7 +164,8 @@ func WorkspaceArgs(w *store.Workspace) ([]any, error) {
 	}
 	return []any{Micros(w.UpdatedAt), OptMicros(w.DeletedAt), NonNil(w.Doc), int64(w.State), int64(w.GuestCondition),
 		w.NodeID, int64(w.Power), w.ForceStop, gen, w.CommandID,
-		observedGen, int64(w.ObservedState), w.HoldsExecution, OptMicros(w.ObservedAt)}, nil
+		observedGen, int64(w.ObservedState), w.HoldsExecution, OptMicros(w.ObservedAt),
+		int64(w.PolicyDrainSeconds), int64(w.ExecDNSVersion)}, nil
 }
 
 // NodeColumns are the columns of nodes, in the order ScanNode reads them and

@@ -221,3 +221,38 @@ func TestMigrationVersions(t *testing.T) {
 		t.Errorf("schema_migrations = %s, want %s", got, strings.Join(want, ", "))
 	}
 }
+
+// TestMigrateNetwork opens a database created at schema version 6 with a
+// Workspace and an Egress in it: migration 7 gives them the defaults of the
+// network columns (drains of 600 seconds, no DNS configuration version).
+func TestMigrateNetwork(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "ctrl.db")
+	createAtVersion(t, path, 6,
+		`INSERT INTO workspaces VALUES ('w1', 7, 7, NULL, x'', 1, 0, 'node-a', 1, 0, 1, '', 0, 0, 0, NULL)`,
+		`INSERT INTO resources VALUES ('egress', 'eg-1', 10, 11, 3, x'0a01', '{}', 1, '{}', 1)`)
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.View(ctx, func(tx store.Tx) error {
+		w, err := tx.GetWorkspace(ctx, "w1")
+		if err != nil {
+			return err
+		}
+		if w.PolicyDrainSeconds != 600 || w.ExecDNSVersion != 0 {
+			t.Errorf("workspace after migrating: policy drain %d, DNS version %d; want 600 and 0", w.PolicyDrainSeconds, w.ExecDNSVersion)
+		}
+		r, err := tx.GetResource(ctx, store.KindEgress, "eg-1")
+		if err != nil {
+			return err
+		}
+		if r.DrainSeconds != 600 || r.Revision != 3 {
+			t.Errorf("egress after migrating: drain %d revision %d; want 600 and 3", r.DrainSeconds, r.Revision)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}

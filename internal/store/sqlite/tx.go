@@ -208,11 +208,11 @@ func (t *txn) InsertResource(ctx context.Context, r *store.Resource) error {
 	// Any conflict is a duplicate (kind, id): resources_id, or the
 	// primary key, which holds it.
 	n, err := t.execN(ctx, `INSERT INTO resources (kind, id, created_at, updated_at, revision, spec,
-			labels, labels_revision, annotations, annotations_revision)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			labels, labels_revision, annotations, annotations_revision, drain_seconds)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT DO NOTHING`,
 		string(r.Kind), r.ID, rowcodec.Micros(r.CreatedAt), rowcodec.Micros(r.UpdatedAt), rev, rowcodec.NonNil(r.Spec),
-		labels, labelsRev, annotations, annotationsRev)
+		labels, labelsRev, annotations, annotationsRev, int64(r.DrainSeconds))
 	if err != nil {
 		return err
 	}
@@ -247,10 +247,12 @@ func (t *txn) UpdateResource(ctx context.Context, r *store.Resource) error {
 	}
 	var created int64
 	err = t.queryRow(ctx, `UPDATE resources
-		SET updated_at = ?, revision = ?, spec = ?, labels = ?, labels_revision = ?, annotations = ?, annotations_revision = ?
+		SET updated_at = ?, revision = ?, spec = ?, labels = ?, labels_revision = ?, annotations = ?, annotations_revision = ?,
+			drain_seconds = ?
 		WHERE kind = ? AND id = ?
 		RETURNING created_at`,
-		[]any{rowcodec.Micros(r.UpdatedAt), rev, rowcodec.NonNil(r.Spec), labels, labelsRev, annotations, annotationsRev, string(r.Kind), r.ID},
+		[]any{rowcodec.Micros(r.UpdatedAt), rev, rowcodec.NonNil(r.Spec), labels, labelsRev, annotations, annotationsRev,
+			int64(r.DrainSeconds), string(r.Kind), r.ID},
 		&created)
 	if err != nil {
 		return err
@@ -370,4 +372,23 @@ func (t *txn) CountReferences(ctx context.Context, kind store.RefKind, targetID 
 		return 0, err
 	}
 	return n, nil
+}
+
+// ReferencingWorkspaces implements store.Tx: a range scan of the refs
+// primary key, in workspace ID order.
+func (t *txn) ReferencingWorkspaces(ctx context.Context, kind store.RefKind, targetID string) ([]string, error) {
+	var ids []string
+	err := t.query(ctx, `SELECT workspace_id FROM refs WHERE ref_kind = ? AND target_id = ? ORDER BY workspace_id`,
+		[]any{string(kind), targetID}, func(rows *sql.Rows) error {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				return err
+			}
+			ids = append(ids, id)
+			return nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	return ids, nil
 }

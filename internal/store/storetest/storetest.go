@@ -26,6 +26,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -325,6 +326,7 @@ func testResources(t *testing.T, s store.Store) {
 	r := egress("eg-1", base, map[string]string{"app": "web", "tier": "front"})
 	r.Annotations = map[string]string{"note": "hello", "json": `{"a":[1,2]}`}
 	r.Revision, r.LabelsRevision, r.AnnotationsRevision = 3, 5, 7
+	r.DrainSeconds = 600
 	inTx(t, s, func(ctx context.Context, tx store.Tx) error { return tx.InsertResource(ctx, r) })
 
 	got, err := getResource(t, s, store.KindEgress, "eg-1")
@@ -362,6 +364,7 @@ func testResources(t *testing.T, s store.Store) {
 	upd.CreatedAt = base.Add(time.Hour)
 	upd.UpdatedAt = base.Add(2 * time.Second)
 	upd.Revision, upd.LabelsRevision, upd.AnnotationsRevision = 4, 6, 8
+	upd.DrainSeconds = 0
 	upd.Spec = []byte("spec v2")
 	upd.Labels = map[string]string{"app": "api"}
 	upd.Annotations = map[string]string{"note": "changed"}
@@ -410,6 +413,22 @@ func testResources(t *testing.T, s store.Store) {
 	})
 	if got, err := getResource(t, s, store.KindEgress, "eg-1"); err != nil || len(got.Labels) != 0 {
 		t.Errorf("re-inserted resource: %+v, %v; want no labels", got, err)
+	}
+
+	// DrainSeconds round-trips through insert, update and listings, the
+	// extremes included.
+	d := egress("eg-drain", base.Add(time.Minute), nil)
+	d.DrainSeconds = math.MaxUint32
+	inTx(t, s, func(ctx context.Context, tx store.Tx) error { return tx.InsertResource(ctx, d) })
+	if got, err := getResource(t, s, store.KindEgress, "eg-drain"); err != nil || got.DrainSeconds != math.MaxUint32 {
+		t.Errorf("DrainSeconds after insert: %+v, %v; want %d", got, err, uint32(math.MaxUint32))
+	}
+	d.Revision, d.DrainSeconds = 2, 3600
+	inTx(t, s, func(ctx context.Context, tx store.Tx) error { return tx.UpdateResource(ctx, d) })
+	for _, r := range listAll(t, s, store.ListQuery{Kind: store.KindEgress, Limit: 10}) {
+		if r.ID == "eg-drain" && (r.DrainSeconds != 3600 || r.Revision != 2) {
+			t.Errorf("listed after update: revision %d drain %d, want 2 and 3600", r.Revision, r.DrainSeconds)
+		}
 	}
 }
 
@@ -775,11 +794,28 @@ func testReferences(t *testing.T, s store.Store) {
 		})
 		return n
 	}
+	referencing := func(kind store.RefKind, target string) []string {
+		t.Helper()
+		var ids []string
+		view(t, s, func(ctx context.Context, tx store.Tx) (err error) {
+			ids, err = tx.ReferencingWorkspaces(ctx, kind, target)
+			return err
+		})
+		return ids
+	}
 	checkCounts := func(stage string, want map[store.Reference]int) {
 		t.Helper()
 		for ref, w := range want {
 			if got := count(ref.Kind, ref.TargetID); got != w {
 				t.Errorf("%s: CountReferences(%s, %s) = %d, want %d", stage, ref.Kind, ref.TargetID, got, w)
+			}
+		}
+	}
+	checkReferencing := func(stage string, want map[store.Reference][]string) {
+		t.Helper()
+		for ref, w := range want {
+			if got := referencing(ref.Kind, ref.TargetID); !slices.Equal(got, w) {
+				t.Errorf("%s: ReferencingWorkspaces(%s, %s) = %q, want %q", stage, ref.Kind, ref.TargetID, got, w)
 			}
 		}
 	}
@@ -805,6 +841,33 @@ func testReferences(t *testing.T, s store.Store) {
 		{Kind: store.RefResolver, TargetID: "e1"}:  0,
 		{Kind: store.RefEgress, TargetID: "r1"}:    0,
 	})
+	checkReferencing("set", map[store.Reference][]string{
+		{Kind: store.RefEgress, TargetID: "e1"}:    {"ws-1", "ws-2"},
+		{Kind: store.RefEgressUDP, TargetID: "e1"}: {"ws-1"},
+		{Kind: store.RefResolver, TargetID: "r1"}:  {"ws-1"},
+		{Kind: store.RefEgress, TargetID: "e2"}:    {"ws-2"},
+		{Kind: store.RefResolver, TargetID: "e1"}:  nil,
+		{Kind: store.RefEgress, TargetID: "r1"}:    nil,
+	})
+	// In ID order (bytewise), whatever the order of the writes, and inside a
+	// write transaction too.
+	inTx(t, s, func(ctx context.Context, tx store.Tx) error {
+		for _, id := range []string{"ws-Z", "ws-0", "ws-a"} {
+			if err := tx.SetReferences(ctx, id, []store.Reference{{Kind: store.RefResolver, TargetID: "r9"}}); err != nil {
+				return err
+			}
+		}
+		got, err := tx.ReferencingWorkspaces(ctx, store.RefResolver, "r9")
+		if want := []string{"ws-0", "ws-Z", "ws-a"}; !slices.Equal(got, want) {
+			t.Errorf("ReferencingWorkspaces in InTx = %q, %v; want %q", got, err, want)
+		}
+		for _, id := range []string{"ws-Z", "ws-0", "ws-a"} {
+			if err := tx.SetReferences(ctx, id, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	inTx(t, s, func(ctx context.Context, tx store.Tx) error {
 		return tx.SetReferences(ctx, "ws-1", []store.Reference{{Kind: store.RefEgress, TargetID: "e2"}})
 	})
@@ -813,6 +876,11 @@ func testReferences(t *testing.T, s store.Store) {
 		{Kind: store.RefEgressUDP, TargetID: "e1"}: 0,
 		{Kind: store.RefResolver, TargetID: "r1"}:  0,
 		{Kind: store.RefEgress, TargetID: "e2"}:    2,
+	})
+	checkReferencing("replaced", map[store.Reference][]string{
+		{Kind: store.RefEgress, TargetID: "e1"}:    {"ws-2"},
+		{Kind: store.RefEgressUDP, TargetID: "e1"}: nil,
+		{Kind: store.RefEgress, TargetID: "e2"}:    {"ws-1", "ws-2"},
 	})
 	inTx(t, s, func(ctx context.Context, tx store.Tx) error {
 		if err := tx.SetReferences(ctx, "ws-1", nil); err != nil {
@@ -823,6 +891,10 @@ func testReferences(t *testing.T, s store.Store) {
 	checkCounts("cleared", map[store.Reference]int{
 		{Kind: store.RefEgress, TargetID: "e1"}: 0,
 		{Kind: store.RefEgress, TargetID: "e2"}: 0,
+	})
+	checkReferencing("cleared", map[store.Reference][]string{
+		{Kind: store.RefEgress, TargetID: "e1"}: nil,
+		{Kind: store.RefEgress, TargetID: "e2"}: nil,
 	})
 }
 

@@ -170,6 +170,8 @@ func testWorkspaces(t *testing.T, s store.Store) {
 		ObservedGeneration: 7,
 		ObservedState:      store.ExecRunning,
 		HoldsExecution:     true,
+		PolicyDrainSeconds: 600,
+		ExecDNSVersion:     1,
 	}
 	insertWorkspaces(t, s, w)
 	got, err := getWorkspace(t, s, "ws-1")
@@ -211,6 +213,8 @@ func testWorkspaces(t *testing.T, s store.Store) {
 		ObservedGeneration: math.MaxInt64 - 1,
 		ObservedState:      store.ExecStarting,
 		ObservedAt:         time.Date(1969, 7, 20, 20, 17, 40, 123_456_789, time.UTC),
+		PolicyDrainSeconds: math.MaxUint32,
+		ExecDNSVersion:     math.MaxUint32,
 	}
 	insertWorkspaces(t, s, full)
 	got, err = getWorkspace(t, s, "ws-full")
@@ -265,6 +269,8 @@ func testWorkspaces(t *testing.T, s store.Store) {
 		ObservedState:      store.ExecDeleted,
 		HoldsExecution:     false,
 		ObservedAt:         base.Add(7*time.Second + 1),
+		PolicyDrainSeconds: 0,
+		ExecDNSVersion:     2,
 	}
 	inTx(t, s, func(ctx context.Context, tx store.Tx) error { return tx.UpdateWorkspace(ctx, upd) })
 	want := storedWorkspace(upd)
@@ -283,6 +289,7 @@ func testWorkspaces(t *testing.T, s store.Store) {
 	back.DeletedAt, back.ObservedAt = time.Time{}, time.Time{}
 	back.Doc, back.Labels = nil, nil
 	back.State, back.ForceStop, back.HoldsExecution = 5, true, true
+	back.PolicyDrainSeconds, back.ExecDNSVersion = 3600, 0
 	inTx(t, s, func(ctx context.Context, tx store.Tx) error { return tx.UpdateWorkspace(ctx, &back) })
 	want = storedWorkspace(&back)
 	want.CreatedAt = micro(w.CreatedAt)
