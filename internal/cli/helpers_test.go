@@ -364,3 +364,22 @@ func (f *fakeWorkspaces) command(id string, st ctrlv1.WorkspaceCommandStatus) *c
 	}
 	return c
 }
+
+// UpdateWorkspaceNetworkPolicy records the request and answers with the
+// Workspace holding the policy at expected_revision+1, APPLIED, and a
+// completed command.
+func (f *fakeWorkspaces) UpdateWorkspaceNetworkPolicy(_ context.Context, req *connect.Request[ctrlv1.UpdateWorkspaceNetworkPolicyRequest]) (*connect.Response[ctrlv1.UpdateWorkspaceNetworkPolicyResponse], error) {
+	if err := f.record("UpdateWorkspaceNetworkPolicy", req.Msg); err != nil {
+		return nil, err
+	}
+	ws := f.workspace()
+	ws.NetworkPolicy = proto.CloneOf(req.Msg.GetNetworkPolicy())
+	ws.NetworkPolicy.Revision = req.Msg.GetExpectedRevision() + 1
+	ws.NetworkPolicyStatus = &ctrlv1.NetworkPolicyStatus{AppliedRevision: ws.NetworkPolicy.Revision, State: ctrlv1.NetworkPolicyState_NETWORK_POLICY_STATE_APPLIED}
+	for _, r := range req.Msg.GetNetworkPolicy().GetEgresses() {
+		ws.NetworkPolicyStatus.Egresses = append(ws.NetworkPolicyStatus.Egresses, &ctrlv1.EgressStatus{EgressId: r.GetEgressId(), AppliedRevision: 1})
+	}
+	c := f.command(req.Msg.GetMetadata().GetCommandId(), completed)
+	c.Kind = ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_UPDATE_NETWORK_POLICY
+	return connect.NewResponse(&ctrlv1.UpdateWorkspaceNetworkPolicyResponse{Workspace: ws, Command: c}), nil
+}

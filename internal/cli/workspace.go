@@ -11,7 +11,6 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -23,8 +22,9 @@ import (
 func (a *app) workspaceCommand() *cobra.Command {
 	cmd := group("workspace", "Manage Workspaces",
 		`Manage Workspaces. Each command needs the capability of its procedure
-(workspace.create for create, get, list, command, labels and annotations;
-workspace.start, workspace.stop and workspace.delete for the others;
+(workspace.create for create, get, list, command, labels, annotations and
+network-policy get; workspace.start, workspace.stop and workspace.delete for
+the others; workspace.network_policy for network-policy set;
 workspace.data_plane.revoke for revoke-data-plane; workspace.exec for exec,
 shell, port-forward and logs; workspace.filesystem for cp;
 session create needs the capability of each scope); a server that does not list it makes the command
@@ -33,6 +33,7 @@ exit 14 without sending anything.`)
 		a.workspaceCreate(), a.workspaceGet(), a.workspaceList(),
 		a.workspaceStart(), a.workspaceStop(), a.workspaceDelete(),
 		a.workspaceLabels(), a.workspaceAnnotations(),
+		a.workspaceNetworkPolicy(),
 		a.workspaceCommandGet(),
 		a.workspaceRevokeDataPlane(), a.workspaceSessionCommand(),
 		a.workspaceExec(),
@@ -126,7 +127,7 @@ server offers.`,
 	f.StringVar(&mountPath, "mount-path", "", "with --volume or --new-volume-mib: absolute mount path in the guest")
 	f.BoolVar(&deleteVolume, "delete-volume-with-workspace", false, "with --volume or --new-volume-mib: delete the Volume with the Workspace instead of releasing it")
 	f.StringVar(&mode, "network-mode", "", "network mode: none or public-internet (default none)")
-	f.StringVar(&policyFile, "network-policy-file", "", "file holding the complete NetworkPolicy as the API's JSON (its revision is ignored)")
+	f.StringVar(&policyFile, "network-policy-file", "", "file holding the complete NetworkPolicy as the API's JSON or YAML, as for network-policy set --file (- reads standard input; its revision is ignored)")
 	f.StringVar(&expPolicy, "expiration", "", "what happens at the expiration deadline: stop or delete (needs --expire-at or --expire-in)")
 	f.StringVar(&expireAt, "expire-at", "", "expiration deadline, RFC 3339")
 	f.DurationVar(&expireIn, "expire-in", 0, "expiration deadline, from now")
@@ -144,7 +145,7 @@ server offers.`,
 	cmd.MarkFlagsMutuallyExclusive("volume", "new-volume-mib")
 	cmd.MarkFlagsMutuallyExclusive("network-mode", "network-policy-file")
 	cmd.MarkFlagsMutuallyExclusive("expire-at", "expire-in")
-	_ = cmd.MarkFlagFilename("network-policy-file", "json")
+	_ = cmd.MarkFlagFilename("network-policy-file", "json", "yaml", "yml")
 	_ = cmd.RegisterFlagCompletionFunc("network-mode", enumCompletion(ctrlv1.NetworkMode_value, "NETWORK_MODE_"))
 	_ = cmd.RegisterFlagCompletionFunc("expiration", enumCompletion(ctrlv1.ExpirationPolicy_value, "EXPIRATION_POLICY_"))
 	return a.writeCommand(cmd, ctrlv1connect.WorkspaceServiceCreateWorkspaceProcedure, func(ctx context.Context, wr *writing, _ []string) error {
@@ -172,13 +173,9 @@ server offers.`,
 			}
 			req.NetworkPolicy = &ctrlv1.NetworkPolicy{Mode: ctrlv1.NetworkMode(m)}
 		case policyFile != "":
-			data, err := readFile("network-policy-file", policyFile)
+			np, err := readPolicyFile("network-policy-file", policyFile, a.stdin)
 			if err != nil {
 				return err
-			}
-			np := &ctrlv1.NetworkPolicy{}
-			if err := protojson.Unmarshal(data, np); err != nil {
-				return usagef("--network-policy-file %s: %v", policyFile, err)
 			}
 			req.NetworkPolicy = np
 		}
@@ -583,7 +580,13 @@ func workspaceDetail(w io.Writer, ws *ctrlv1.Workspace) {
 	np := ws.GetNetworkPolicy()
 	row(w, "Network policy:", fmt.Sprintf("%s (revision %d)", enumName(np.GetMode().String(), "NETWORK_MODE_"), np.GetRevision()))
 	st := ws.GetNetworkPolicyStatus()
-	row(w, "Policy status:", fmt.Sprintf("%s (applied revision %d)", enumName(st.GetState().String(), "NETWORK_POLICY_STATE_"), st.GetAppliedRevision()))
+	row(w, "Policy status:", policyStatus(st))
+	if revs := egressRevisions(st); len(revs) > 0 {
+		rows(w, "Policy egresses:", revs, "")
+	}
+	if m := st.GetMessage(); m != "" {
+		row(w, "Policy message:", oneLine(m))
+	}
 	exp := ws.GetExpiration()
 	expiry := "none"
 	if exp.GetPolicy() != ctrlv1.ExpirationPolicy_EXPIRATION_POLICY_UNSPECIFIED {
