@@ -265,7 +265,7 @@ func parseEgressRoute(s string) (*ctrlv1.EgressRoute, error) {
 }
 
 // parseDestination parses CIDR[:PORT[-PORT]]: an IPv4 or IPv6 prefix
-// without host bits ("[2001:db8::/32]:443" brackets one that takes a port,
+// without host bits, not IPv4-mapped ("[2001:db8::/32]:443" brackets one that takes a port,
 // though "2001:db8::/32:443" is not ambiguous either), then optionally a
 // port or an inclusive range, 1 to 65535. No port: every port (0-0 on the
 // wire).
@@ -298,6 +298,13 @@ func parseDestination(s string) (*ctrlv1.Destination, error) {
 	prefix, err := netip.ParsePrefix(cidr)
 	if err != nil {
 		return nil, fmt.Errorf("CIDR %q: %s", cidr, prefixProblem(err))
+	}
+	if prefix.Addr().Is4In6() {
+		hint := ""
+		if prefix.Bits() >= 96 {
+			hint = fmt.Sprintf(": write %s", netip.PrefixFrom(prefix.Addr().Unmap(), prefix.Bits()-96).Masked())
+		}
+		return nil, fmt.Errorf("CIDR %s is an IPv4-mapped IPv6 prefix, which never matches (IPv4 destinations are matched by IPv4 prefixes)%s", cidr, hint)
 	}
 	if m := prefix.Masked(); m != prefix {
 		return nil, fmt.Errorf("CIDR %s has host bits set: the prefix is %s", cidr, m)

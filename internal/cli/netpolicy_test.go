@@ -62,6 +62,8 @@ func TestParseDestination(t *testing.T) {
 		{"300.0.0.0/8", `CIDR "300.0.0.0/8": `},
 		{"example.com/24", `CIDR "example.com/24": `},
 		{"fe80::/10%eth0", `CIDR "fe80::/10%eth0": `},
+		{"::ffff:203.0.113.0/120", "CIDR ::ffff:203.0.113.0/120 is an IPv4-mapped IPv6 prefix, which never matches (IPv4 destinations are matched by IPv4 prefixes): write 203.0.113.0/24"},
+		{"[::ffff:0:0/96]:443", "is an IPv4-mapped IPv6 prefix, which never matches (IPv4 destinations are matched by IPv4 prefixes): write 0.0.0.0/0"},
 		{"10.0.0.0/8:", "no port after ':': want PORT or PORT-PORT, or no ':' for every port"},
 		{"10.0.0.0/8:0", "port 0: leave the port out to cover every port"},
 		{"10.0.0.0/8:0-0", "port 0: leave the port out to cover every port"},

@@ -118,7 +118,7 @@ func TestWorkspaceLifecycleAgainstServer(t *testing.T) {
 		t.Fatalf("workspace create -q printed %q", r.stdout)
 	}
 	// A flag whose capability the server does not list sends nothing.
-	kibo(t, args(c, "workspace", "create", "--memory-mib", "256", "--cpu-millis", "500", "--network-mode", "public-internet")...).want(t, ExitUnavailable)
+	kibo(t, args(c, "workspace", "create", "--memory-mib", "256", "--cpu-millis", "500", "--expiration", "delete", "--expire-in", "1h")...).want(t, ExitUnavailable)
 	if r := kibo(t, args(c, "workspace", "list", "-o", "name", "--include-deleted")...).want(t, ExitOK); r.stdout != id+"\n" {
 		t.Errorf("workspaces after the refused create: %q, want only %s", r.stdout, id)
 	}
