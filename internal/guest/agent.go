@@ -9,7 +9,8 @@
 // of its limit), flushes the writable layer when the node asks for writeback,
 // serves the data plane's ProcessService (process.go, ring.go, serve.go:
 // connect-go over HTTP/2 on the node's connections) and powers the
-// workspace off on request.
+// workspace off on request. At boot it writes /etc/resolv.conf
+// (resolvconf.go), naming the node's DNS server.
 //
 // PID 1 is not dumpable (Main sets it before anything else): the
 // workspace's root, which has no CAP_SYS_PTRACE, can neither ptrace it nor
@@ -206,6 +207,12 @@ func Main(args []string) int {
 		cfg.Log = slog.New(slog.NewTextHandler(dropWriter{fd: 2}, nil))
 	}
 	a := New(cfg)
+	if ch != nil && a.pid1 {
+		// PID 1 of a workspace: its DNS goes to the node.
+		if err := writeResolvConf("/"); err != nil {
+			a.log.Warn("/etc/resolv.conf not written", "err", err)
+		}
+	}
 	if err := a.Run(context.Background()); err != nil {
 		a.log.Error("guest agent failed", "err", err)
 		return 1
