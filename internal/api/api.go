@@ -38,6 +38,9 @@ type ServerInfo struct {
 	Enrollment bool
 	// DataPlaneForTests: see capability.Features.
 	DataPlaneForTests bool
+	// Network reports whether a node that serves workspace networks has
+	// registered (capability.Features.Network).
+	Network func() bool
 }
 
 var _ ctrlv1connect.ServerInfoServiceHandler = (*ServerInfo)(nil)
@@ -45,7 +48,7 @@ var _ ctrlv1connect.ServerInfoServiceHandler = (*ServerInfo)(nil)
 // Capabilities returns the capabilities the deployment serves now, sorted.
 func (s *ServerInfo) Capabilities() []string {
 	return capability.Served(capability.Features{Nodes: s.HasNodes != nil && s.HasNodes(), Enrollment: s.Enrollment,
-		DataPlaneForTests: s.DataPlaneForTests})
+		DataPlaneForTests: s.DataPlaneForTests, Network: s.Network != nil && s.Network()})
 }
 
 // GetServerInfo returns the source revision and the served capabilities.

@@ -10,17 +10,31 @@ import (
 	"github.com/kibotos/kibotos/internal/catalog"
 	"github.com/kibotos/kibotos/internal/egress"
 	"github.com/kibotos/kibotos/internal/netguard"
+	"github.com/kibotos/kibotos/internal/reconciler"
 	"github.com/kibotos/kibotos/internal/store"
 )
 
 // Egresses serves EgressService.
 type Egresses struct {
 	svc *catalog.Service[*ctrlv1.EgressSpec]
+	// OnUpdate, when set, runs after an UpdateEgress succeeded: the
+	// reconciler's Kick, which pushes the new revision to the running
+	// Workspaces that reference it (their generations moved in the update's
+	// transaction).
+	OnUpdate func()
+	// OnDelete, when set, runs after a DeleteEgress succeeded, with its ID:
+	// the reconciler's EgressDeleted, which makes every node close the
+	// connections still draining through it.
+	OnDelete func(id string)
 }
 
 var _ ctrlv1connect.EgressServiceHandler = (*Egresses)(nil)
 
-// EgressType describes Egresses to the catalog.
+// EgressType describes Egresses to the catalog. An update that changes the
+// spec moves the generation of every running Workspace whose policy
+// references the Egress (reconciler.Repush), so that its node switches new
+// connections to the new revision; the revision of those policies does not
+// change.
 func EgressType(checker *netguard.Checker) catalog.ObjectType[*ctrlv1.EgressSpec] {
 	return catalog.ObjectType[*ctrlv1.EgressSpec]{
 		ResourceKind: store.KindEgress, Noun: "egress", IDPrefix: "eg-", IDField: "egress_id",
@@ -38,6 +52,10 @@ func EgressType(checker *netguard.Checker) catalog.ObjectType[*ctrlv1.EgressSpec
 				return err
 			}
 			return egress.UDPInUse(id, n)
+		},
+		AfterUpdate: func(ctx context.Context, tx store.Tx, id string, _ *store.Resource) error {
+			_, err := reconciler.Repush(ctx, tx, id, store.RefEgress, store.RefEgressUDP)
+			return err
 		},
 		DeleteRefs: []store.RefKind{store.RefEgress, store.RefEgressUDP},
 	}
@@ -91,13 +109,17 @@ func (h *Egresses) ListEgresses(ctx context.Context, req *connect.Request[ctrlv1
 // UpdateEgress replaces an Egress's spec under CAS.
 func (h *Egresses) UpdateEgress(ctx context.Context, req *connect.Request[ctrlv1.UpdateEgressRequest]) (*connect.Response[ctrlv1.UpdateEgressResponse], error) {
 	m := req.Msg
-	if _, err := egress.ValidateDrainSeconds("drain_seconds", m.DrainSeconds); err != nil {
+	drain, err := egress.ValidateDrainSeconds("drain_seconds", m.DrainSeconds)
+	if err != nil {
 		return nil, err
 	}
-	out, err := catalog.Update(ctx, h.svc, ctrlv1connect.EgressServiceUpdateEgressProcedure, m, m.GetEgressId(), m.GetExpectedRevision(), m.GetSpec(), egress.SameContent,
+	out, err := catalog.Update(ctx, h.svc, ctrlv1connect.EgressServiceUpdateEgressProcedure, m, m.GetEgressId(), m.GetExpectedRevision(), m.GetSpec(), drain, egress.SameContent,
 		func(o *catalog.Object[*ctrlv1.EgressSpec]) *ctrlv1.UpdateEgressResponse {
 			return &ctrlv1.UpdateEgressResponse{Egress: egressMessage(o)}
 		}, func() *ctrlv1.UpdateEgressResponse { return &ctrlv1.UpdateEgressResponse{} })
+	if err == nil && h.OnUpdate != nil {
+		h.OnUpdate()
+	}
 	return respond(out, err)
 }
 
@@ -105,6 +127,9 @@ func (h *Egresses) UpdateEgress(ctx context.Context, req *connect.Request[ctrlv1
 func (h *Egresses) DeleteEgress(ctx context.Context, req *connect.Request[ctrlv1.DeleteEgressRequest]) (*connect.Response[ctrlv1.DeleteEgressResponse], error) {
 	out, err := catalog.Delete(ctx, h.svc, ctrlv1connect.EgressServiceDeleteEgressProcedure, req.Msg, req.Msg.GetEgressId(),
 		func() *ctrlv1.DeleteEgressResponse { return &ctrlv1.DeleteEgressResponse{} })
+	if err == nil && h.OnDelete != nil {
+		h.OnDelete(req.Msg.GetEgressId())
+	}
 	return respond(out, err)
 }
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/google/go-cmp/cmp"
@@ -18,6 +19,7 @@ import (
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/internal/ctrltest"
 	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/workspace"
 )
 
 func md(id string) *ctrlv1.CommandMetadata { return &ctrlv1.CommandMetadata{CommandId: id} }
@@ -424,4 +426,102 @@ func TestDeleteEgressReferenced(t *testing.T) {
 	wantErr(t, err, connect.CodeNotFound, ctrlv1.FailureReason_FAILURE_REASON_NOT_FOUND, true)
 	_, err = c.Egress.DeleteEgress(ctx, connect.NewRequest(&ctrlv1.DeleteEgressRequest{Metadata: md("r-del-4"), EgressId: eg.GetEgressId()}))
 	wantErr(t, err, connect.CodeNotFound, ctrlv1.FailureReason_FAILURE_REASON_NOT_FOUND, true)
+}
+
+// TestUpdateEgressRepushes: an UpdateEgress that changes the spec stores
+// its drain_seconds with the new revision (absent: 600) and, in the same
+// transaction, moves the generation of the running Workspaces that
+// reference the Egress, without touching their command or their policy;
+// an equal update moves nothing. UpdateResolver likewise. Nothing logged
+// holds the password.
+func TestUpdateEgressRepushes(t *testing.T) {
+	t.Parallel()
+	e, c := newEnv(t)
+	ctx := t.Context()
+	const pw = "pw-never-shown-7731"
+	eg := createEgress(t, c, "rp-create", socksAuth("127.0.0.1:1080", "user", pw), nil)
+	rs, err := c.Resolver.CreateResolver(ctx, connect.NewRequest(&ctrlv1.CreateResolverRequest{Metadata: md("rp-rs"), Spec: udpResolver("127.0.0.1:53")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsID := rs.Msg.GetResolver().GetResolverId()
+	// A running Workspace on a node this ctrl does not know, referencing
+	// both, and a stopped one.
+	put := func(id string, power store.Power, exec store.ExecState) {
+		t.Helper()
+		now := time.Now().UTC().Truncate(time.Microsecond)
+		w := &store.Workspace{ID: id, CreatedAt: now, NodeID: "n-elsewhere", Power: power, Generation: 5, ObservedGeneration: 5,
+			ObservedState: exec, CommandID: ""}
+		pub := &ctrlv1.Workspace{WorkspaceId: id, State: ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE,
+			NetworkPolicy: &ctrlv1.NetworkPolicy{Revision: 2, Mode: ctrlv1.NetworkMode_NETWORK_MODE_PUBLIC_INTERNET,
+				Egresses: []*ctrlv1.EgressRoute{{EgressId: eg.GetEgressId(), Destinations: []*ctrlv1.Destination{{Cidr: "192.0.2.0/24"}}}},
+				Dns:      &ctrlv1.DnsConfig{ResolverId: rsID}}}
+		if err := workspace.Save(w, pub, now); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Store.InTx(ctx, func(tx store.Tx) error {
+			if err := tx.InsertWorkspace(ctx, w); err != nil {
+				return err
+			}
+			return tx.SetReferences(ctx, id, []store.Reference{{Kind: store.RefEgress, TargetID: eg.GetEgressId()},
+				{Kind: store.RefResolver, TargetID: rsID}})
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("ws-running", store.PowerRunning, store.ExecRunning)
+	put("ws-stopped", store.PowerStopped, store.ExecStopped)
+	check := func(stage string, wantGen uint64, wantDrain uint32) {
+		t.Helper()
+		if err := e.Store.View(ctx, func(tx store.Tx) error {
+			for id, gen := range map[string]uint64{"ws-running": wantGen, "ws-stopped": 5} {
+				w, err := tx.GetWorkspace(ctx, id)
+				if err != nil {
+					return err
+				}
+				pub, err := workspace.Decode(w)
+				if err != nil {
+					return err
+				}
+				if w.Generation != gen || w.CommandID != "" || pub.GetNetworkPolicy().GetRevision() != 2 {
+					t.Errorf("%s: %s generation %d, command %q, policy revision %d; want %d, none, 2", stage, id, w.Generation, w.CommandID,
+						pub.GetNetworkPolicy().GetRevision(), gen)
+				}
+			}
+			r, err := tx.GetResource(ctx, store.KindEgress, eg.GetEgressId())
+			if err != nil {
+				return err
+			}
+			if r.DrainSeconds != wantDrain {
+				t.Errorf("%s: stored drain %d, want %d", stage, r.DrainSeconds, wantDrain)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	update := func(cid string, rev uint64, spec *ctrlv1.EgressSpec, drain *uint32) uint64 {
+		t.Helper()
+		r, err := c.Egress.UpdateEgress(ctx, connect.NewRequest(&ctrlv1.UpdateEgressRequest{Metadata: md(cid), EgressId: eg.GetEgressId(),
+			ExpectedRevision: rev, Spec: spec, DrainSeconds: drain}))
+		if err != nil {
+			t.Fatalf("UpdateEgress %s: %v", cid, err)
+		}
+		return r.Msg.GetEgress().GetRevision()
+	}
+	thirty := uint32(30)
+	rev := update("rp-1", 1, socksAuth("127.0.0.1:1081", "user", pw), &thirty)
+	check("changed with drain 30", 6, 30)
+	rev = update("rp-2", rev, socksAuth("127.0.0.1:1081", "user", pw), nil)
+	check("equal content", 6, 30)
+	update("rp-3", rev, socksAuth("127.0.0.1:1082", "user", pw), nil)
+	check("changed, drain absent", 7, 600)
+	if _, err := c.Resolver.UpdateResolver(ctx, connect.NewRequest(&ctrlv1.UpdateResolverRequest{Metadata: md("rp-rs-1"), ResolverId: rsID,
+		ExpectedRevision: 1, Spec: tcpResolver("127.0.0.1:53")})); err != nil {
+		t.Fatal(err)
+	}
+	check("resolver changed", 8, 600)
+	if strings.Contains(e.Log.String(), pw) {
+		t.Error("ctrl's logs contain the Egress password")
+	}
 }

@@ -11,17 +11,23 @@ import (
 	"github.com/kibotos/kibotos/internal/catalog"
 	"github.com/kibotos/kibotos/internal/egress"
 	"github.com/kibotos/kibotos/internal/netguard"
+	"github.com/kibotos/kibotos/internal/reconciler"
 	"github.com/kibotos/kibotos/internal/store"
 )
 
 // Resolvers serves ResolverService.
 type Resolvers struct {
 	svc *catalog.Service[*ctrlv1.ResolverSpec]
+	// OnUpdate, when set, runs after an UpdateResolver succeeded: the
+	// reconciler's Kick (see Egresses.OnUpdate).
+	OnUpdate func()
 }
 
 var _ ctrlv1connect.ResolverServiceHandler = (*Resolvers)(nil)
 
-// ResolverType describes Resolvers to the catalog.
+// ResolverType describes Resolvers to the catalog. An update that changes
+// the spec moves the generation of every running Workspace whose policy
+// uses the Resolver (reconciler.Repush); the switch has no drain.
 func ResolverType(checker *netguard.Checker) catalog.ObjectType[*ctrlv1.ResolverSpec] {
 	return catalog.ObjectType[*ctrlv1.ResolverSpec]{
 		ResourceKind: store.KindResolver, Noun: "resolver", IDPrefix: "rs-", IDField: "resolver_id",
@@ -29,6 +35,10 @@ func ResolverType(checker *netguard.Checker) catalog.ObjectType[*ctrlv1.Resolver
 		Validate: egress.ValidateResolverSpec,
 		Check: func(ctx context.Context, field string, s *ctrlv1.ResolverSpec) error {
 			return egress.CheckResolverEndpoint(ctx, checker, field, s)
+		},
+		AfterUpdate: func(ctx context.Context, tx store.Tx, id string, _ *store.Resource) error {
+			_, err := reconciler.Repush(ctx, tx, id, store.RefResolver)
+			return err
 		},
 		DeleteRefs: []store.RefKind{store.RefResolver},
 	}
@@ -84,10 +94,13 @@ func (h *Resolvers) ListResolvers(ctx context.Context, req *connect.Request[ctrl
 // UpdateResolver replaces a Resolver's spec under CAS.
 func (h *Resolvers) UpdateResolver(ctx context.Context, req *connect.Request[ctrlv1.UpdateResolverRequest]) (*connect.Response[ctrlv1.UpdateResolverResponse], error) {
 	m := req.Msg
-	out, err := catalog.Update(ctx, h.svc, ctrlv1connect.ResolverServiceUpdateResolverProcedure, m, m.GetResolverId(), m.GetExpectedRevision(), m.GetSpec(), sameResolver,
+	out, err := catalog.Update(ctx, h.svc, ctrlv1connect.ResolverServiceUpdateResolverProcedure, m, m.GetResolverId(), m.GetExpectedRevision(), m.GetSpec(), 0, sameResolver,
 		func(o *catalog.Object[*ctrlv1.ResolverSpec]) *ctrlv1.UpdateResolverResponse {
 			return &ctrlv1.UpdateResolverResponse{Resolver: resolverMessage(o)}
 		}, func() *ctrlv1.UpdateResolverResponse { return &ctrlv1.UpdateResolverResponse{} })
+	if err == nil && h.OnUpdate != nil {
+		h.OnUpdate()
+	}
 	return respond(out, err)
 }
 

@@ -51,6 +51,18 @@ var served = []string{
 	ResolverManage,
 }
 
+// withNetwork are served once a node that serves workspace networks (its
+// Hello lists the "network" feature) is known: the network data path runs
+// on the nodes.
+var withNetwork = []string{
+	WorkspaceNetworkPolicy,
+	EgressSOCKS5,
+	EgressSOCKS5TLS,
+	EgressUDP,
+	ResolverUDP,
+	ResolverTCP,
+}
+
 // withNodes are served once at least one node has registered: without a
 // node no workspace can run, so they would not work end to end.
 var withNodes = []string{
@@ -71,6 +83,9 @@ type Features struct {
 	// Enrollment: ctrl can sign node certificates (it holds the client CA's
 	// key).
 	Enrollment bool
+	// Network: a node that serves workspace networks (policies, SOCKS5
+	// Egresses with TLS and UDP, Resolvers) has registered.
+	Network bool
 	// DataPlaneForTests serves workspace.exec and workspace.filesystem
 	// without a node: tests only (ctrl.Config and ctrltest set it; no flag
 	// does), so that the issuing of data-plane credentials is exercised
@@ -86,6 +101,9 @@ func Served(f Features) []string {
 	}
 	if f.Enrollment {
 		out = append(out, NodeEnrollment)
+	}
+	if f.Network {
+		out = append(out, withNetwork...)
 	}
 	if f.DataPlaneForTests {
 		out = append(out, WorkspaceExec, WorkspaceFilesystem)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -69,7 +70,7 @@ func TestDocsListEveryCapability(t *testing.T) {
 			t.Errorf("capability %q is not in the capability table of %s", n, apiDoc)
 		}
 	}
-	for _, n := range Served(Features{Nodes: true, Enrollment: true}) {
+	for _, n := range Served(Features{Nodes: true, Enrollment: true, Network: true}) {
 		if !documented[n] {
 			t.Errorf("served capability %q is not in the capability table of %s", n, apiDoc)
 		}
@@ -136,4 +137,37 @@ func constants(t *testing.T) []string {
 		}
 	}
 	return out
+}
+
+// TestServed is the table of what each feature of a deployment adds: the
+// network data path's names appear only with a node that serves networks.
+func TestServed(t *testing.T) {
+	network := []string{WorkspaceNetworkPolicy, EgressSOCKS5, EgressSOCKS5TLS, EgressUDP, ResolverUDP, ResolverTCP}
+	for _, tc := range []struct {
+		name     string
+		f        Features
+		has, not []string
+	}{
+		{"nothing", Features{}, []string{EgressManage, ResolverManage}, append([]string{WorkspaceCreate, NodeEnrollment}, network...)},
+		{"nodes without networks", Features{Nodes: true}, []string{WorkspaceCreate, WorkspaceExec}, network},
+		{"a node with networks", Features{Nodes: true, Network: true}, append([]string{WorkspaceCreate}, network...), nil},
+		{"enrollment", Features{Enrollment: true}, []string{NodeEnrollment}, network},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Served(tc.f)
+			if !slices.IsSorted(got) || len(slices.Compact(slices.Clone(got))) != len(got) {
+				t.Errorf("Served(%+v) = %v, not sorted and unique", tc.f, got)
+			}
+			for _, n := range tc.has {
+				if !slices.Contains(got, n) {
+					t.Errorf("Served(%+v) lacks %q", tc.f, n)
+				}
+			}
+			for _, n := range tc.not {
+				if slices.Contains(got, n) {
+					t.Errorf("Served(%+v) has %q", tc.f, n)
+				}
+			}
+		})
+	}
 }

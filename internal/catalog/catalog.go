@@ -41,6 +41,10 @@ type ObjectType[S proto.Message] struct {
 	Check func(ctx context.Context, field string, s S) error
 	// GuardUpdate refuses a spec change that a reference depends on.
 	GuardUpdate func(ctx context.Context, tx store.Tx, id string, old, new S) error
+	// AfterUpdate, when set, runs in the transaction of an Update that
+	// changed the spec (a new revision), after the row r was written: the
+	// referencing Workspaces' generations move there (reconciler.Repush).
+	AfterUpdate func(ctx context.Context, tx store.Tx, id string, r *store.Resource) error
 	// DeleteRefs are the reference kinds that block a delete.
 	DeleteRefs []store.RefKind
 }
@@ -206,9 +210,12 @@ func ListPage(ctx context.Context, st store.Store, pages *paging.Codec, kind sto
 }
 
 // Update replaces an object's spec under CAS on its revision. Equal content
-// keeps the revision.
+// keeps the revision (and drainSeconds is then not used). A new revision is
+// stored with drainSeconds (store.Resource.DrainSeconds: for Egresses, how
+// long connections through the previous revision keep running) and then
+// runs ObjectType.AfterUpdate in the same transaction.
 func Update[S proto.Message, Req command.Input, Resp proto.Message](ctx context.Context, s *Service[S], method string, req Req,
-	id string, expected uint64, spec S, same func(a, b S) bool, respond Respond[S, Resp], newResp func() Resp) (Resp, error) {
+	id string, expected uint64, spec S, drainSeconds uint32, same func(a, b S) bool, respond Respond[S, Resp], newResp func() Resp) (Resp, error) {
 	var zero Resp
 	if err := s.validateID(id); err != nil {
 		return zero, err
@@ -248,9 +255,15 @@ func Update[S proto.Message, Req command.Input, Resp proto.Message](ctx context.
 			}
 			r.Spec = b
 			r.Revision++
+			r.DrainSeconds = drainSeconds
 			r.UpdatedAt = s.now()
 			if err := tx.UpdateResource(ctx, r); err != nil {
 				return zero, err
+			}
+			if s.Type.AfterUpdate != nil {
+				if err := s.Type.AfterUpdate(ctx, tx, id, r); err != nil {
+					return zero, err
+				}
 			}
 			o, err := s.decode(r)
 			if err != nil {

@@ -153,7 +153,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.dplane = &dataplane.Service{Engine: engine, Store: cfg.Store, Key: dpKey, Endpoint: cfg.DataPlaneURL, Now: cfg.Now}
 	info := &api.ServerInfo{SourceRevision: cfg.SourceRevision,
 		HasNodes: func() bool { return s.recon.MaxCapacity().MemoryMiB > 0 }, Enrollment: s.enroll.Available(),
-		DataPlaneForTests: cfg.DataPlaneForTests}
+		DataPlaneForTests: cfg.DataPlaneForTests, Network: func() bool { return s.recon.ServesNetwork() }}
 	opts := connect.WithHandlerOptions(append(codecs(),
 		connect.WithInterceptors(s.metrics.interceptor(log), apierr.NewInterceptor(log), decodeInterceptor(),
 			api.RefuseUnservedFields(info.Capabilities)),
@@ -165,12 +165,18 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.recon = reconciler.New(reconciler.Config{Store: cfg.Store, Log: log, Now: cfg.Now, NodeGrace: cfg.NodeGrace,
 		OnDenyNodeKey: s.tunnels.CloseKey})
 	mux.Handle(ctrlv1connect.NewServerInfoServiceHandler(info, opts))
-	mux.Handle(ctrlv1connect.NewEgressServiceHandler(api.NewEgresses(&catalog.Service[*ctrlv1.EgressSpec]{
+	// Updates of Egresses and Resolvers reach the running Workspaces that
+	// use them through the reconciler; deleted Egresses reach every node.
+	egresses := api.NewEgresses(&catalog.Service[*ctrlv1.EgressSpec]{
 		Type: api.EgressType(cfg.Checker), Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
-	}), opts))
-	mux.Handle(ctrlv1connect.NewResolverServiceHandler(api.NewResolvers(&catalog.Service[*ctrlv1.ResolverSpec]{
+	})
+	egresses.OnUpdate, egresses.OnDelete = s.recon.Kick, s.recon.EgressDeleted
+	mux.Handle(ctrlv1connect.NewEgressServiceHandler(egresses, opts))
+	resolvers := api.NewResolvers(&catalog.Service[*ctrlv1.ResolverSpec]{
 		Type: api.ResolverType(cfg.Checker), Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
-	}), opts))
+	})
+	resolvers.OnUpdate = s.recon.Kick
+	mux.Handle(ctrlv1connect.NewResolverServiceHandler(resolvers, opts))
 	mux.Handle(ctrlv1connect.NewWorkspaceServiceHandler(api.NewWorkspaces(&workspace.Service{
 		Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 		Templates:   s.recon.Template,

@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -47,6 +48,7 @@ func (r *Reconciler) loadNodes(ctx context.Context) error {
 			hello := &nodev1.Hello{}
 			if err := proto.Unmarshal(n.Doc, hello); err == nil {
 				r.templates[n.ID] = templateMap(hello.GetTemplates())
+				r.features[n.ID] = featureSet(hello.GetFeatures())
 			}
 		}
 		return nil
@@ -64,47 +66,93 @@ func (r *Reconciler) pass(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	var placed []*store.Workspace
 	for _, w := range pending {
 		if w.CommandID == "" && w.NodeID == "" {
 			continue // a failed placement waits for a new command
 		}
 		if w.NodeID == "" {
-			placed, done, err := r.place(ctx, w.ID)
+			p, done, err := r.place(ctx, w.ID)
 			if err != nil {
 				return err
 			}
 			if done {
 				r.store.Notify(store.WorkspaceTopic(w.ID))
 			}
-			if placed == nil {
+			if p == nil {
 				continue
 			}
-			w = placed
+			w = p
 		}
-		r.push(w)
+		placed = append(placed, w)
 	}
+	if err := r.push(ctx, placed); err != nil && ctx.Err() == nil {
+		r.log.Warn("push desired state", "error", err.Error())
+	}
+	r.flushDeleted()
 	// Turning UNKNOWN completes no command: nobody to wake.
 	_, err := r.markSilent(ctx)
 	return err
 }
 
-// push sends a Workspace's desired state to its node if connected and not
-// sent yet.
-func (r *Reconciler) push(w *store.Workspace) {
+// push sends the desired state of each Workspace of ws to its node, when
+// connected and not sent yet. The states are built in one store view (the
+// network configurations read the Egresses and Resolvers they reference,
+// each once); when the view fails, none counts as sent and the next pass
+// retries.
+func (r *Reconciler) push(ctx context.Context, ws []*store.Workspace) error {
+	type job struct {
+		nc *nodeConn
+		w  *store.Workspace
+	}
+	var jobs []job
 	r.mu.Lock()
-	nc := r.nodes[w.NodeID]
-	if nc == nil || nc.sent[w.ID] >= w.Generation {
-		r.mu.Unlock()
-		return
+	for _, w := range ws {
+		nc := r.nodes[w.NodeID]
+		if nc == nil || nc.sent[w.ID] >= w.Generation {
+			continue
+		}
+		nc.sent[w.ID] = w.Generation
+		jobs = append(jobs, job{nc, w})
 	}
-	nc.sent[w.ID] = w.Generation
 	r.mu.Unlock()
-	d, err := desired(w)
-	if err != nil {
-		r.log.Error("encode desired state", "workspace_id", w.ID, "error", err.Error())
-		return
+	if len(jobs) == 0 {
+		return nil
 	}
-	r.offer(nc, w.ID, &nodev1.ConnectResponse{Desired: &nodev1.DesiredState{Workspaces: []*nodev1.DesiredWorkspace{d}}})
+	msgs := make([]*nodev1.DesiredWorkspace, len(jobs))
+	err := r.store.View(ctx, func(tx store.Tx) error {
+		nr := newNetReader(ctx, tx, r.log)
+		for i, j := range jobs {
+			d, err := nr.desired(j.w)
+			var de *decodeError
+			switch {
+			case errors.As(err, &de):
+				// A row that does not decode stays counted as sent: pushing
+				// it again would fail the same way.
+				r.log.Error("encode desired state", "workspace_id", j.w.ID, "error", err.Error())
+			case err != nil:
+				return err
+			}
+			msgs[i] = d
+		}
+		return nil
+	})
+	if err != nil {
+		r.mu.Lock()
+		for _, j := range jobs {
+			if j.nc.sent[j.w.ID] == j.w.Generation {
+				delete(j.nc.sent, j.w.ID)
+			}
+		}
+		r.mu.Unlock()
+		return err
+	}
+	for i, j := range jobs {
+		if msgs[i] != nil {
+			r.offer(j.nc, j.w.ID, &nodev1.ConnectResponse{Desired: &nodev1.DesiredState{Workspaces: []*nodev1.DesiredWorkspace{msgs[i]}}})
+		}
+	}
+	return nil
 }
 
 // offer queues msg, the desired state of workspace id, on nc's stream. A
@@ -121,9 +169,21 @@ func (r *Reconciler) offer(nc *nodeConn, id string, msg *nodev1.ConnectResponse)
 	}
 }
 
-// desired is the desired state of a Workspace as its node receives it.
-func desired(w *store.Workspace) (*nodev1.DesiredWorkspace, error) {
+// decodeError is a Workspace row whose document does not decode.
+type decodeError struct{ err error }
+
+func (e *decodeError) Error() string { return e.err.Error() }
+func (e *decodeError) Unwrap() error { return e.err }
+
+// desired is the desired state of a Workspace as its node receives it, its
+// network configuration included (networkConfig). A row that does not
+// decode is a *decodeError; any other error is the store's.
+func (n *netReader) desired(w *store.Workspace) (*nodev1.DesiredWorkspace, error) {
 	pub, err := workspace.Decode(w)
+	if err != nil {
+		return nil, &decodeError{err}
+	}
+	network, err := n.networkConfig(w, pub)
 	if err != nil {
 		return nil, err
 	}
@@ -139,6 +199,7 @@ func desired(w *store.Workspace) (*nodev1.DesiredWorkspace, error) {
 		TemplateId: pub.GetTemplate().GetTemplateId(),
 		MemoryMib:  pub.GetResources().GetMemoryMib(), CpuMillis: pub.GetResources().GetCpuMillis(),
 		CapacityBytes: pub.GetWritableLayer().GetCapacityBytes(),
+		Network:       network,
 	}, nil
 }
 
@@ -150,8 +211,9 @@ func (r *Reconciler) silent(id string, now time.Time) bool {
 	return nc == nil || now.Sub(nc.lastSeen) > r.nodeGrace
 }
 
-// markSilent turns the Workspaces of nodes silent beyond the grace UNKNOWN.
-// It returns how many Workspaces it turned.
+// markSilent turns the Workspaces of nodes silent beyond the grace UNKNOWN,
+// and the network_policy_status of those desired RUNNING UNKNOWN too. It
+// returns how many Workspaces it turned.
 func (r *Reconciler) markSilent(ctx context.Context) (int, error) {
 	now := r.now()
 	r.mu.Lock()
@@ -188,6 +250,11 @@ func (r *Reconciler) markSilent(ctx context.Context) (int, error) {
 					return err
 				}
 				pub.State = ctrlv1.WorkspaceState_WORKSPACE_STATE_UNKNOWN
+				// Nobody confirms the running execution's network either,
+				// until the node reports again.
+				if w.Power == store.PowerRunning && pub.GetNetworkPolicyStatus() != nil {
+					pub.NetworkPolicyStatus.State = ctrlv1.NetworkPolicyState_NETWORK_POLICY_STATE_UNKNOWN
+				}
 				if err := saveRow(ctx, tx, w, pub, now); err != nil {
 					return err
 				}

@@ -8,6 +8,7 @@ import (
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/nodewire"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
@@ -19,6 +20,7 @@ type candidate struct {
 	templates map[string]string // template → version
 	pool      string            // the storage pool its Workspaces go to
 	usedMiB   uint64            // memory of its Workspaces desired RUNNING
+	network   bool              // it serves workspace networks
 }
 
 // demand is what a Workspace asks of its node.
@@ -26,6 +28,7 @@ type demand struct {
 	template  string
 	memoryMiB uint64
 	cpuMillis uint64
+	network   bool // its policy is PUBLIC_INTERNET: only a node that serves networks
 }
 
 func demandOf(pub *ctrlv1.Workspace) demand {
@@ -33,6 +36,7 @@ func demandOf(pub *ctrlv1.Workspace) demand {
 		template:  pub.GetTemplate().GetTemplateId(),
 		memoryMiB: uint64(pub.GetResources().GetMemoryMib()),
 		cpuMillis: uint64(pub.GetResources().GetCpuMillis()),
+		network:   pub.GetNetworkPolicy().GetMode() == ctrlv1.NetworkMode_NETWORK_MODE_PUBLIC_INTERNET,
 	}
 }
 
@@ -41,8 +45,14 @@ func (c *candidate) holds(template string) bool {
 	return ok
 }
 
+// serves reports whether c can run what d asks for, capacity aside.
+func (c *candidate) serves(d demand) bool {
+	return c.holds(d.template) && (c.network || !d.network)
+}
+
 // pick chooses among the connected nodes the one that holds the template,
-// fits the demand (its memory on top of what the node's running Workspaces
+// serves networks when the Workspace's policy is PUBLIC_INTERNET, fits the
+// demand (its memory on top of what the node's running Workspaces
 // use; its CPU within the node's) and has the most free memory; ties go to
 // the first in nodes. It returns nil with the reason when nodes exist but
 // none fits, nil and "" when nodes is empty.
@@ -51,13 +61,17 @@ func pick(nodes []candidate, d demand) (*candidate, string) {
 		return nil, ""
 	}
 	var best *candidate
-	holders := 0
+	holders, networked := 0, 0
 	for i := range nodes {
 		c := &nodes[i]
 		if !c.holds(d.template) {
 			continue
 		}
 		holders++
+		if !c.serves(d) {
+			continue
+		}
+		networked++
 		if c.usedMiB+d.memoryMiB > c.capacity.MemoryMiB || d.cpuMillis > c.capacity.CPUMillis {
 			continue
 		}
@@ -68,6 +82,9 @@ func pick(nodes []candidate, d demand) (*candidate, string) {
 	switch {
 	case holders == 0:
 		return nil, "no connected node holds template " + strconv.Quote(d.template)
+	case networked == 0:
+		return nil, "no connected node that holds template " + strconv.Quote(d.template) +
+			" serves workspace networks, which this workspace's PUBLIC_INTERNET policy needs"
 	case best == nil:
 		return nil, "no connected node has the memory and CPU this workspace requests"
 	}
@@ -91,7 +108,8 @@ func (r *Reconciler) connected() []candidate {
 	defer r.mu.Unlock()
 	out := make([]candidate, 0, len(r.nodes))
 	for id, nc := range r.nodes {
-		out = append(out, candidate{id: id, capacity: r.caps[id], templates: r.templates[id], pool: nc.pool})
+		out = append(out, candidate{id: id, capacity: r.caps[id], templates: r.templates[id], pool: nc.pool,
+			network: r.features[id][nodewire.FeatureNetwork]})
 	}
 	slices.SortFunc(out, func(a, b candidate) int { return strings.Compare(a.id, b.id) })
 	return out
@@ -103,7 +121,7 @@ func (r *Reconciler) choose(ctx context.Context, tx store.Tx, pub *ctrlv1.Worksp
 	nodes, d := r.connected(), demandOf(pub)
 	for i := range nodes {
 		c := &nodes[i]
-		if !c.holds(d.template) {
+		if !c.serves(d) {
 			continue
 		}
 		on, err := tx.WorkspacesOnNode(ctx, c.id)

@@ -30,6 +30,9 @@ func TestPick(t *testing.T) {
 	ask := func(memMiB, cpuMillis uint64) demand {
 		return demand{template: "default", memoryMiB: memMiB, cpuMillis: cpuMillis}
 	}
+	networked := func(c candidate) candidate { c.network = true; return c }
+	withNetwork := func(d demand) demand { d.network = true; return d }
+	const noNetwork = `no connected node that holds template "default" serves workspace networks, which this workspace's PUBLIC_INTERNET policy needs`
 	for _, tc := range []struct {
 		name   string
 		nodes  []candidate
@@ -60,6 +63,16 @@ func TestPick(t *testing.T) {
 			ask(256, 500), "b", ""},
 		{"none fits among several", []candidate{node("a", 1024, 4000, 1000, "default"), node("b", 512, 4000, 0, "default")},
 			ask(1024, 500), "", noFit},
+		// A PUBLIC_INTERNET policy needs a node that serves networks.
+		{"network: only the node that serves it", []candidate{node("a", 8192, 4000, 0, "default"), networked(node("b", 1024, 4000, 0, "default"))},
+			withNetwork(ask(256, 500)), "b", ""},
+		{"network: none serves it", []candidate{node("a", 8192, 4000, 0, "default")}, withNetwork(ask(256, 500)), "", noNetwork},
+		{"network: the template first", []candidate{networked(node("a", 8192, 4000, 0, "python"))}, withNetwork(ask(256, 500)), "",
+			`no connected node holds template "default"`},
+		{"network: serving nodes, none fits", []candidate{networked(node("a", 512, 4000, 0, "default")), node("b", 8192, 4000, 0, "default")},
+			withNetwork(ask(1024, 500)), "", noFit},
+		{"no network asked: any node", []candidate{networked(node("a", 1024, 4000, 0, "default")), node("b", 8192, 4000, 0, "default")},
+			ask(256, 500), "b", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, reason := pick(tc.nodes, tc.demand)

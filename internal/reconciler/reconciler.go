@@ -18,7 +18,11 @@
 // sets the public state, completes or fails the in-flight command (with its
 // reason, stage and retryability), records the guest's condition and the
 // network policy status, and records a guest that powered itself off as a
-// stop.
+// stop. network.go is the network side: the NetworkConfig of a desired
+// state (policy, Egresses and Resolver, read from the store when the state
+// is built), network_policy_status, the end of a policy change's command,
+// Repush after an Egress or Resolver update, and the broadcast of deleted
+// Egresses.
 //
 // Everything it knows lives in the store, so a restarted ctrl continues from
 // the rows: nothing is lost and nothing runs twice. One clock (Config.Now)
@@ -71,6 +75,10 @@ type Reconciler struct {
 	nodes     map[string]*nodeConn          // connected nodes
 	caps      map[string]workspace.Capacity // known nodes, connected or not
 	templates map[string]map[string]string  // node → template → version
+	features  map[string]map[string]bool    // node → its Hello.features
+	// deleted are the Egresses deleted recently (EgressDeleted), named in
+	// every full state.
+	deleted []deletedEgress
 	// quiet holds the silent nodes whose Workspaces are all marked UNKNOWN,
 	// so that later passes skip them until the node connects again.
 	quiet map[string]bool
@@ -91,7 +99,9 @@ type nodeConn struct {
 	pool     string
 	stored   time.Time // when lastSeen was last written to the store
 	keyHash  []byte    // the key of the certificate the stream came with
-	endOnce  sync.Once
+	// deletedEgresses are deleted Egresses not sent on this stream yet.
+	deletedEgresses []string
+	endOnce         sync.Once
 }
 
 // end makes the stream's Connect return err: nil when a newer stream
@@ -119,6 +129,7 @@ func New(cfg Config) *Reconciler {
 		nodes:            map[string]*nodeConn{},
 		caps:             map[string]workspace.Capacity{},
 		templates:        map[string]map[string]string{},
+		features:         map[string]map[string]bool{},
 		quiet:            map[string]bool{},
 	}
 	if r.log == nil {

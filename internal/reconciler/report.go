@@ -19,8 +19,8 @@ import (
 
 // bounded returns rep with its texts within their bounds (a copy when one
 // had to be cut), its failure reason one the API knows (else none: the
-// default of the stage applies) and its guest condition a known one (else
-// none).
+// default of the stage applies), its guest condition a known one (else
+// none) and its network within its bounds (boundedNetwork).
 func bounded(rep *nodev1.ExecutionReport) *nodev1.ExecutionReport {
 	gm := nodewire.Cut(rep.GetGuestMessage(), nodewire.MaxGuestMessageBytes)
 	fm := nodewire.Cut(rep.GetFailureMessage(), nodewire.MaxFailureMessageBytes)
@@ -32,11 +32,14 @@ func bounded(rep *nodev1.ExecutionReport) *nodev1.ExecutionReport {
 	if _, ok := ctrlv1.GuestCondition_name[cond]; !ok {
 		cond = 0
 	}
-	if gm == rep.GetGuestMessage() && fm == rep.GetFailureMessage() && reason == rep.GetFailureReason() && cond == rep.GetGuestCondition() {
+	net := boundedNetwork(rep.GetNetwork())
+	if gm == rep.GetGuestMessage() && fm == rep.GetFailureMessage() && reason == rep.GetFailureReason() && cond == rep.GetGuestCondition() &&
+		net == rep.GetNetwork() {
 		return rep
 	}
 	out := proto.CloneOf(rep)
 	out.GuestMessage, out.FailureMessage, out.FailureReason, out.GuestCondition = gm, fm, reason, cond
+	out.Network = net
 	return out
 }
 
@@ -48,8 +51,10 @@ type outcome struct {
 
 // derive sets the public state of a Workspace from its desired state and a
 // report that answers the current generation, and says whether the in-flight
-// command is done.
-func derive(w *store.Workspace, pub *ctrlv1.Workspace, rep *nodev1.ExecutionReport) outcome {
+// command is done. policyChange says that command is a change of the
+// network policy (UpdateWorkspaceNetworkPolicy on an AVAILABLE Workspace),
+// which the running execution must confirm (policyChangeOutcome).
+func derive(w *store.Workspace, pub *ctrlv1.Workspace, rep *nodev1.ExecutionReport, policyChange bool) outcome {
 	st := rep.GetState()
 	fail := func(state ctrlv1.WorkspaceState, fe *fault.Error) outcome {
 		pub.State = state
@@ -67,11 +72,9 @@ func derive(w *store.Workspace, pub *ctrlv1.Workspace, rep *nodev1.ExecutionRepo
 		switch st {
 		case nodev1.ExecState_EXEC_STATE_RUNNING:
 			pub.State, pub.HoldsExecution = ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE, true
-			// The only policy served so far is NONE (loopback only), which
-			// every execution has from its start.
-			if pub.GetNetworkPolicy().GetMode() != ctrlv1.NetworkMode_NETWORK_MODE_PUBLIC_INTERNET {
-				pub.NetworkPolicyStatus = &ctrlv1.NetworkPolicyStatus{AppliedRevision: pub.GetNetworkPolicy().GetRevision(),
-					State: ctrlv1.NetworkPolicyState_NETWORK_POLICY_STATE_APPLIED}
+			pub.NetworkPolicyStatus = networkStatus(pub.GetNetworkPolicy(), rep.GetNetwork())
+			if policyChange {
+				return policyChangeOutcome(pub.GetNetworkPolicy(), rep.GetNetwork(), pub.GetNetworkPolicyStatus())
 			}
 			return outcome{done: true}
 		case nodev1.ExecState_EXEC_STATE_FAILED, nodev1.ExecState_EXEC_STATE_STOPPED:
@@ -141,6 +144,19 @@ func (r *Reconciler) applyReport(ctx context.Context, nodeID string, rep *nodev1
 		}
 		now := r.now()
 		w.ObservedAt = now
+		// The DNS configuration of the execution the report describes; none
+		// reported (0) is an execution an earlier release started, or none.
+		w.ExecDNSVersion = rep.GetNetwork().GetDnsConfigVersion()
+		if m := rep.GetNetwork().GetMessage(); m != "" {
+			red, err := redactSecrets(ctx, tx, pub.GetNetworkPolicy(), m)
+			if err != nil {
+				return err
+			}
+			if red != m {
+				rep = proto.CloneOf(rep)
+				rep.Network.Message = red
+			}
+		}
 		if pub.GetWritableLayer() != nil {
 			pub.WritableLayer.Exists = rep.GetLayerExists()
 		}
@@ -155,7 +171,11 @@ func (r *Reconciler) applyReport(ctx context.Context, nodeID string, rep *nodev1
 		case rep.GetGeneration() == w.Generation:
 			w.ObservedGeneration = rep.GetGeneration()
 			w.ObservedState = execState(rep.GetState())
-			out := derive(w, pub, rep)
+			policyChange, err := changesPolicy(ctx, tx, w)
+			if err != nil {
+				return err
+			}
+			out := derive(w, pub, rep, policyChange)
 			if out.err != nil {
 				pub.Failure = out.err.Detail()
 			}
@@ -181,6 +201,23 @@ func (r *Reconciler) applyReport(ctx context.Context, nodeID string, rep *nodev1
 		return tx.UpdateWorkspace(ctx, w)
 	})
 	return completed, err
+}
+
+// changesPolicy reports whether w's in-flight command is a change of its
+// network policy.
+func changesPolicy(ctx context.Context, tx store.Tx, w *store.Workspace) (bool, error) {
+	if w.CommandID == "" {
+		return false, nil
+	}
+	rec, err := tx.GetCommand(ctx, w.CommandID)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return ctrlv1.WorkspaceCommandKind(rec.Kind) == ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_UPDATE_NETWORK_POLICY &&
+		rec.Status == store.CommandProcessing, nil
 }
 
 // observe records the guest's condition a report carries; an execution

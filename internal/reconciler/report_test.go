@@ -95,7 +95,7 @@ func TestDerive(t *testing.T) {
 				// "reported" differ.
 				pub := &ctrlv1.Workspace{WorkspaceId: "ws-1", HoldsExecution: !repHolds}
 				out := derive(w, pub, &nodev1.ExecutionReport{WorkspaceId: "ws-1", Generation: tc.generation,
-					State: tc.exec, HoldsExecution: repHolds, FailureMessage: "boom"})
+					State: tc.exec, HoldsExecution: repHolds, FailureMessage: "boom"}, false)
 				if pub.GetState() != tc.state {
 					t.Errorf("state = %v, want %v", pub.GetState(), tc.state)
 				}
@@ -150,7 +150,7 @@ func TestDeriveFailure(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w := &store.Workspace{ID: "ws-1", Power: tc.power, Generation: 2}
 			out := derive(w, &ctrlv1.Workspace{}, &nodev1.ExecutionReport{WorkspaceId: "ws-1", Generation: 2, State: tc.exec,
-				FailureReason: tc.reason, FailureMessage: "boom", Permanent: tc.permanent})
+				FailureReason: tc.reason, FailureMessage: "boom", Permanent: tc.permanent}, false)
 			if !out.done {
 				t.Errorf("done = false, want true")
 			}
@@ -161,9 +161,10 @@ func TestDeriveFailure(t *testing.T) {
 	}
 }
 
-// TestDeriveNetworkPolicyStatus: a running execution has applied the
-// policy — every policy but PUBLIC_INTERNET, which is not served yet;
-// nothing else changes the status.
+// TestDeriveNetworkPolicyStatus: a running execution has applied a NONE
+// policy; a PUBLIC_INTERNET one waits for a report of the node's network
+// (TestNetworkStatus has the whole table); no other report changes the
+// status.
 func TestDeriveNetworkPolicyStatus(t *testing.T) {
 	pending := &ctrlv1.NetworkPolicyStatus{State: ctrlv1.NetworkPolicyState_NETWORK_POLICY_STATE_PENDING}
 	applied := func(rev uint64) *ctrlv1.NetworkPolicyStatus {
@@ -178,7 +179,7 @@ func TestDeriveNetworkPolicyStatus(t *testing.T) {
 	}{
 		{"none applied when running", running, exRun, &ctrlv1.NetworkPolicy{Revision: 3, Mode: ctrlv1.NetworkMode_NETWORK_MODE_NONE}, applied(3)},
 		{"no policy applied when running", running, exRun, nil, applied(0)},
-		{"public internet stays pending", running, exRun, &ctrlv1.NetworkPolicy{Revision: 2, Mode: ctrlv1.NetworkMode_NETWORK_MODE_PUBLIC_INTERNET}, pending},
+		{"public internet without a network report stays pending", running, exRun, &ctrlv1.NetworkPolicy{Revision: 2, Mode: ctrlv1.NetworkMode_NETWORK_MODE_PUBLIC_INTERNET}, pending},
 		{"starting stays pending", running, exStart, &ctrlv1.NetworkPolicy{Revision: 3, Mode: ctrlv1.NetworkMode_NETWORK_MODE_NONE}, pending},
 		{"failed start stays pending", running, exFail, &ctrlv1.NetworkPolicy{Revision: 3, Mode: ctrlv1.NetworkMode_NETWORK_MODE_NONE}, pending},
 		{"stopped untouched", stopped, exStop, &ctrlv1.NetworkPolicy{Revision: 3, Mode: ctrlv1.NetworkMode_NETWORK_MODE_NONE}, pending},
@@ -186,7 +187,7 @@ func TestDeriveNetworkPolicyStatus(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pub := &ctrlv1.Workspace{NetworkPolicy: tc.policy, NetworkPolicyStatus: proto.Clone(pending).(*ctrlv1.NetworkPolicyStatus)}
-			derive(&store.Workspace{Power: tc.power, Generation: 2}, pub, &nodev1.ExecutionReport{Generation: 2, State: tc.exec})
+			derive(&store.Workspace{Power: tc.power, Generation: 2}, pub, &nodev1.ExecutionReport{Generation: 2, State: tc.exec}, false)
 			if diff := cmp.Diff(tc.want, pub.GetNetworkPolicyStatus(), protocmp.Transform()); diff != "" {
 				t.Errorf("network_policy_status (-want +got):\n%s", diff)
 			}

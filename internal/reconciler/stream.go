@@ -125,7 +125,8 @@ func (r *Reconciler) register(ctx context.Context, hello *nodev1.Hello, mayConne
 			return err
 		}
 		n.LastSeen, n.MemoryMiB, n.CPUMillis, n.StorageBytes = now, c.GetMemoryMib(), c.GetCpuMillis(), c.GetStorageBytes()
-		if n.Doc, err = proto.Marshal(&nodev1.Hello{NodeId: id, Capacity: c, Templates: hello.GetTemplates()}); err != nil {
+		if n.Doc, err = proto.Marshal(&nodev1.Hello{NodeId: id, Capacity: c, Templates: hello.GetTemplates(),
+			Features: hello.GetFeatures()}); err != nil {
 			return err
 		}
 		return tx.UpsertNode(ctx, n)
@@ -147,6 +148,7 @@ func (r *Reconciler) attach(hello *nodev1.Hello, keyHash []byte) *nodeConn {
 	r.nodes[id] = nc
 	r.caps[id] = workspace.Capacity{MemoryMiB: c.GetMemoryMib(), CPUMillis: c.GetCpuMillis(), StorageBytes: c.GetStorageBytes()}
 	r.templates[id] = templateMap(hello.GetTemplates())
+	r.features[id] = featureSet(hello.GetFeatures())
 	delete(r.quiet, id)
 	return nc
 }
@@ -246,28 +248,37 @@ func (r *Reconciler) heartbeat(ctx context.Context, node string) {
 	}
 }
 
-// fullState is the desired state of every Workspace on nc's node, which
-// it then counts as sent.
+// fullState is the desired state of every Workspace on nc's node, read in
+// one store view, which it then counts as sent, with the Egresses deleted
+// within the last hour.
 func (r *Reconciler) fullState(ctx context.Context, nc *nodeConn) (*nodev1.ConnectResponse, error) {
 	var on []*store.Workspace
+	var out *nodev1.DesiredState
 	if err := r.store.View(ctx, func(tx store.Tx) error {
+		out = &nodev1.DesiredState{Full: true}
 		var err error
-		on, err = tx.WorkspacesOnNode(ctx, nc.id)
-		return err
+		if on, err = tx.WorkspacesOnNode(ctx, nc.id); err != nil {
+			return err
+		}
+		nr := newNetReader(ctx, tx, r.log)
+		for _, w := range on {
+			d, err := nr.desired(w)
+			if err != nil {
+				return err
+			}
+			out.Workspaces = append(out.Workspaces, d)
+		}
+		return nil
 	}); err != nil {
 		return nil, err
 	}
-	out := &nodev1.DesiredState{Full: true}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, w := range on {
-		d, err := desired(w)
-		if err != nil {
-			return nil, err
-		}
-		out.Workspaces = append(out.Workspaces, d)
 		nc.sent[w.ID] = w.Generation
 	}
+	out.DeletedEgressIds = r.recentDeleted(r.now())
+	nc.deletedEgresses = nil
 	return &nodev1.ConnectResponse{Desired: out}, nil
 }
 
