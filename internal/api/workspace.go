@@ -10,10 +10,10 @@ import (
 	"github.com/kibotos/kibotos/internal/workspace"
 )
 
-// Workspaces serves WorkspaceService. The lifecycle methods are served; the
-// configuration methods (expiration, network policy, memory, CPU, writable
-// layer resize, Volume binding) answer unimplemented
-// with an ErrorDetail until their capabilities are served.
+// Workspaces serves WorkspaceService. The lifecycle methods and the network
+// policy are served; the other configuration methods (expiration, memory,
+// CPU, writable layer resize, Volume binding) answer unimplemented with an
+// ErrorDetail until their capabilities are served.
 type Workspaces struct {
 	ctrlv1connect.UnimplementedWorkspaceServiceHandler
 	svc *workspace.Service
@@ -90,4 +90,10 @@ func (h *Workspaces) UpdateWorkspaceAnnotations(ctx context.Context, req *connec
 // Workspace; it returns completed.
 func (h *Workspaces) RevokeWorkspaceDataPlane(ctx context.Context, req *connect.Request[ctrlv1.RevokeWorkspaceDataPlaneRequest]) (*connect.Response[ctrlv1.RevokeWorkspaceDataPlaneResponse], error) {
 	return respond(h.svc.RevokeDataPlane(ctx, req.Msg))
+}
+
+// UpdateWorkspaceNetworkPolicy replaces the expected network policy; on an
+// AVAILABLE Workspace it waits (bounded) for the node to apply it.
+func (h *Workspaces) UpdateWorkspaceNetworkPolicy(ctx context.Context, req *connect.Request[ctrlv1.UpdateWorkspaceNetworkPolicyRequest]) (*connect.Response[ctrlv1.UpdateWorkspaceNetworkPolicyResponse], error) {
+	return respond(h.svc.UpdateNetworkPolicy(ctx, req.Msg))
 }

@@ -148,13 +148,18 @@ func armsExpiration(e *ctrlv1.ExpirationSpec) bool {
 	return e != nil && (e.GetPolicy() != ctrlv1.ExpirationPolicy_EXPIRATION_POLICY_UNSPECIFIED || e.GetDeadline() != nil)
 }
 
-// beyondNone: the policy asks for anything other than no network at all.
+// beyondNone: the policy says anything other than no network at all (a
+// mode other than NONE, or an entry in allow, deny, egresses or dns; an
+// empty dns says nothing). Its revision is ignored, as the server ignores
+// it. (internal/netpolicy.Equal(np, nil) says the same, but the SDK must not
+// depend on it.)
 func beyondNone(np *ctrlv1.NetworkPolicy) bool {
 	if np == nil {
 		return false
 	}
 	return (np.GetMode() != ctrlv1.NetworkMode_NETWORK_MODE_UNSPECIFIED && np.GetMode() != ctrlv1.NetworkMode_NETWORK_MODE_NONE) ||
-		len(np.GetAllow()) > 0 || len(np.GetDeny()) > 0 || len(np.GetEgresses()) > 0 || np.GetDns() != nil
+		len(np.GetAllow()) > 0 || len(np.GetDeny()) > 0 || len(np.GetEgresses()) > 0 ||
+		np.GetDns().GetResolverId() != "" || np.GetDns().GetViaEgressId() != ""
 }
 
 // bindsVolume: the binding is BOUND or NEW.

@@ -10,11 +10,12 @@ import (
 // ones: they are part of recorded fingerprints.
 func TestMethods(t *testing.T) {
 	for got, want := range map[string]string{
-		createMethod: ctrlv1connect.WorkspaceServiceCreateWorkspaceProcedure,
-		startMethod:  ctrlv1connect.WorkspaceServiceStartWorkspaceProcedure,
-		stopMethod:   ctrlv1connect.WorkspaceServiceStopWorkspaceProcedure,
-		deleteMethod: ctrlv1connect.WorkspaceServiceDeleteWorkspaceProcedure,
-		revokeMethod: ctrlv1connect.WorkspaceServiceRevokeWorkspaceDataPlaneProcedure,
+		createMethod:              ctrlv1connect.WorkspaceServiceCreateWorkspaceProcedure,
+		startMethod:               ctrlv1connect.WorkspaceServiceStartWorkspaceProcedure,
+		stopMethod:                ctrlv1connect.WorkspaceServiceStopWorkspaceProcedure,
+		deleteMethod:              ctrlv1connect.WorkspaceServiceDeleteWorkspaceProcedure,
+		revokeMethod:              ctrlv1connect.WorkspaceServiceRevokeWorkspaceDataPlaneProcedure,
+		updateNetworkPolicyMethod: ctrlv1connect.WorkspaceServiceUpdateWorkspaceNetworkPolicyProcedure,
 	} {
 		if got != want {
 			t.Errorf("method %q, want %q", got, want)

@@ -120,6 +120,9 @@ func TestUnderlying(t *testing.T) {
 		want ctrlv1.WorkspaceState
 	}{
 		{store.Workspace{Power: store.PowerRunning, Generation: 2, ObservedGeneration: 2, ObservedState: store.ExecRunning}, ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE},
+		// A policy update in flight on a running execution.
+		{store.Workspace{Power: store.PowerRunning, Generation: 3, ObservedGeneration: 2, ObservedState: store.ExecRunning}, ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE},
+		{store.Workspace{Power: store.PowerRunning, Generation: 3, ObservedGeneration: 2, ObservedState: store.ExecStopped}, ctrlv1.WorkspaceState_WORKSPACE_STATE_STARTING},
 		{store.Workspace{Power: store.PowerRunning, Generation: 1}, ctrlv1.WorkspaceState_WORKSPACE_STATE_CREATING},
 		{store.Workspace{Power: store.PowerRunning, Generation: 3, ObservedGeneration: 2}, ctrlv1.WorkspaceState_WORKSPACE_STATE_STARTING},
 		{store.Workspace{Power: store.PowerStopped, Generation: 2, ObservedGeneration: 2, ObservedState: store.ExecStopped}, ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED},

@@ -17,6 +17,7 @@ import (
 	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/ids"
 	"github.com/kibotos/kibotos/internal/labels"
+	"github.com/kibotos/kibotos/internal/netpolicy"
 	"github.com/kibotos/kibotos/internal/paging"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/workspace/limits"
@@ -183,8 +184,11 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 		return nil, fault.Invalid("template_id", "unknown template %q", tmpl)
 	}
 	// Fields whose capability the deployment does not serve (volume binding,
-	// network policy, expiration) never reach here: the server refuses them
-	// by capability.FieldNeeds before any handler runs.
+	// a network policy beyond NONE, expiration) never reach here: the server
+	// refuses them by capability.FieldNeeds before any handler runs.
+	if err := netpolicy.Validate("network_policy", req.GetNetworkPolicy()); err != nil {
+		return nil, err
+	}
 	if err := CheckExpirationSpec("expiration", req.GetExpiration(), now); err != nil {
 		return nil, err
 	}
@@ -194,11 +198,7 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 	if err := labels.ValidateAnnotations("annotations", req.GetAnnotations()); err != nil {
 		return nil, err
 	}
-	normalize := func(r *ctrlv1.CreateWorkspaceRequest) {
-		if r.GetNetworkPolicy() != nil {
-			r.GetNetworkPolicy().Revision = 0
-		}
-	}
+	normalize := func(r *ctrlv1.CreateWorkspaceRequest) { normalizePolicyInput(r.GetNetworkPolicy()) }
 	defer s.kick()
 	return command.Execute(ctx, s.Engine, command.Spec[*ctrlv1.CreateWorkspaceRequest, *ctrlv1.CreateWorkspaceResponse]{
 		Method: createMethod, ObjectKind: ObjectKind,
@@ -210,6 +210,12 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 				return nil, &fault.Error{Kind: fault.KindResourceExhausted, Reason: fault.ReasonCapacityExhausted, Field: "resources",
 					Message: "the request exceeds the capacity of every node (" + strconv.FormatUint(c.MemoryMiB, 10) + " MiB, " + strconv.FormatUint(c.CPUMillis, 10) + " millicores at most)"}
 			}
+			policy := netpolicy.Normalize(req.GetNetworkPolicy())
+			refs, err := checkReferences(ctx, tx, "network_policy", policy)
+			if err != nil {
+				return nil, err
+			}
+			policy.Revision = 1
 			id := ids.New(idPrefix)
 			exp := &ctrlv1.Expiration{Revision: 1}
 			if e := req.GetExpiration(); e != nil && e.GetPolicy() != ctrlv1.ExpirationPolicy_EXPIRATION_POLICY_UNSPECIFIED {
@@ -223,7 +229,7 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 				WritableLayer:       &ctrlv1.WritableLayer{CapacityBytes: capacity},
 				VolumeBinding:       &ctrlv1.VolumeBinding{Mode: ctrlv1.VolumeBindingMode_VOLUME_BINDING_MODE_NONE},
 				BindingRevision:     1,
-				NetworkPolicy:       &ctrlv1.NetworkPolicy{Revision: 1, Mode: ctrlv1.NetworkMode_NETWORK_MODE_NONE},
+				NetworkPolicy:       policy,
 				NetworkPolicyStatus: &ctrlv1.NetworkPolicyStatus{State: ctrlv1.NetworkPolicyState_NETWORK_POLICY_STATE_PENDING},
 				Expiration:          exp,
 				DataPlaneGeneration: 1,
@@ -237,6 +243,11 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 			}
 			if err := tx.InsertWorkspace(ctx, w); err != nil {
 				return nil, err
+			}
+			if len(refs) > 0 {
+				if err := tx.SetReferences(ctx, id, refs); err != nil {
+					return nil, err
+				}
 			}
 			rec.ObjectID, rec.Status = id, store.CommandProcessing
 			return &ctrlv1.CreateWorkspaceResponse{Workspace: pub, Command: acceptance(rec)}, nil
@@ -671,10 +682,7 @@ func (s *Service) RevokeDataPlane(ctx context.Context, req *ctrlv1.RevokeWorkspa
 // failure is returned as its recorded error; past the bound the answer is a
 // retryable unavailable (TIMED_OUT) while the command goes on.
 func (s *Service) wait(ctx context.Context, id, workspaceID string) (*store.Command, error) {
-	bound := s.WaitBound
-	if bound <= 0 {
-		bound = time.Minute
-	}
+	bound := s.bound()
 	rec, done, err := s.await(ctx, id, workspaceID, bound)
 	switch {
 	case err != nil:
@@ -759,7 +767,9 @@ func observed(err error, pub *ctrlv1.Workspace) error {
 func Underlying(w *store.Workspace) ctrlv1.WorkspaceState {
 	settled := w.ObservedGeneration == w.Generation
 	switch {
-	case w.Power == store.PowerRunning && settled && w.ObservedState == store.ExecRunning:
+	case w.Power == store.PowerRunning && w.ObservedState == store.ExecRunning:
+		// Settled, or a policy update the running execution has not
+		// confirmed yet (a start never follows a running execution).
 		return ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE
 	case w.Power == store.PowerRunning && settled && w.ObservedState == store.ExecFailed:
 		return ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED
