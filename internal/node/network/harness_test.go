@@ -2,6 +2,7 @@ package network
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -256,10 +257,18 @@ type fakeSOCKS struct {
 }
 
 func newFakeSOCKS(tb testing.TB, user, pass string) *fakeSOCKS {
+	return newFakeSOCKSOn(tb, user, pass, nil)
+}
+
+// newFakeSOCKSOn is a fakeSOCKS inside TLS when tc is not nil.
+func newFakeSOCKSOn(tb testing.TB, user, pass string, tc *tls.Config) *fakeSOCKS {
 	tb.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
+	}
+	if tc != nil {
+		l = tls.NewListener(l, tc)
 	}
 	f := &fakeSOCKS{addr: l.Addr().String(), user: user, pass: pass}
 	var wg sync.WaitGroup
@@ -304,7 +313,7 @@ func newFakeSOCKS(tb testing.TB, user, pass string) *fakeSOCKS {
 					close(done)
 				}()
 				io.Copy(c, up)
-				c.(*net.TCPConn).CloseWrite()
+				c.(interface{ CloseWrite() error }).CloseWrite()
 				<-done
 			}()
 		}

@@ -37,6 +37,7 @@ package network
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -275,6 +276,11 @@ type upConn struct {
 }
 
 func (u *upConn) Close() error {
+	if tc, ok := u.Conn.(*tls.Conn); ok {
+		// At once: tls.Conn's Close may wait seconds to send its alert to a peer that
+		// reads nothing (after a normal end the splice has sent it already).
+		tc.NetConn().Close()
+	}
 	err := u.Conn.Close()
 	u.once.Do(func() {
 		u.n.mu.Lock()

@@ -462,3 +462,39 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 	}
 	settled(t, before)
 }
+
+func TestEgressTLS(t *testing.T) {
+	echo := echoServer(t)
+	dst := standIn(t, echo)
+	pki := newTestPKI(t)
+	fake := newFakeSOCKSOn(t, "u", "p", pki.serverConfig(t))
+	p := public(1)
+	p.Egresses = []*ctrlv1.EgressRoute{route("eg-a", dest("198.51.100.0/24"))}
+	nc := func(rev uint64, serverName string, ca []byte) *nodev1.NetworkConfig {
+		return &nodev1.NetworkConfig{Policy: p, Egresses: []*nodev1.NetworkEgress{
+			tlsEgress(withAuth(socksEgress("eg-a", rev, fake.addr, 0), "u", "p"), serverName, string(ca)),
+		}}
+	}
+	w := newWS(t, testConfig(&dialLog{}), nc(1, "socks.test", pki.caPEM))
+	w.mustDial(t, dst)
+	// No server_name: the endpoint's host (an IP in the certificate) is verified.
+	if err := w.n.Apply(nc(2, "", pki.caPEM)); err != nil {
+		t.Fatal(err)
+	}
+	w.mustDial(t, dst)
+	// A CA that did not sign the endpoint's certificate, or a name it does not
+	// carry: a RST, no CONNECT.
+	before := fake.connects()
+	for rev, tc := range []struct {
+		name string
+		ca   []byte
+	}{{"socks.test", newTestPKI(t).caPEM}, {"other.test", pki.caPEM}} {
+		if err := w.n.Apply(nc(uint64(3+rev), tc.name, tc.ca)); err != nil {
+			t.Fatal(err)
+		}
+		w.mustRefuse(t, dst)
+	}
+	if fake.connects() != before {
+		t.Fatal("a CONNECT went through an unverified TLS endpoint")
+	}
+}
