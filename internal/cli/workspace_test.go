@@ -142,6 +142,23 @@ func TestWorkspaceLifecycleAgainstServer(t *testing.T) {
 	if !strings.Contains(r.stderr, "error: failed_precondition STATE_CONFLICT") || !strings.Contains(r.stderr, "is already STOPPED; nothing to do") {
 		t.Errorf("second stop: stderr:\n%s", r.stderr)
 	}
+	// The policy: NONE at revision 1 from the creation. A STOPPED Workspace
+	// records a new one when the server serves policies (its node runs
+	// Workspace networks); otherwise set sends nothing.
+	r = kibo(t, args(c, "workspace", "network-policy", "get", id)...).want(t, ExitOK)
+	if !regexp.MustCompile(`Mode:\s+none\n`).MatchString(r.stdout) || !regexp.MustCompile(`Revision:\s+1\n`).MatchString(r.stdout) {
+		t.Errorf("workspace network-policy get:\n%s", r.stdout)
+	}
+	set := args(c, "workspace", "network-policy", "set", id, "--mode", "public-internet", "--deny", "198.51.100.0/24", "--expected-revision", "current")
+	if strings.Contains(kibo(t, args(c, "server", "info")...).stdout, capability.WorkspaceNetworkPolicy+"\n") {
+		r = kibo(t, set...).want(t, ExitOK)
+		if !regexp.MustCompile(`Revision:\s+2\n`).MatchString(r.stdout) || !strings.Contains(r.stdout, "198.51.100.0/24") {
+			t.Errorf("workspace network-policy set on a STOPPED workspace:\n%s", r.stdout)
+		}
+		kibo(t, args(set[:len(set)-1], "1")...).want(t, 10)
+	} else {
+		kibo(t, set...).want(t, ExitUnavailable)
+	}
 	r = kibo(t, args(c, "workspace", "start", id, "--expected-expiration-revision", "current", "--wait")...).want(t, ExitOK)
 	if !regexp.MustCompile(`State:\s+available\n`).MatchString(r.stdout) {
 		t.Errorf("workspace start --wait:\n%s", r.stdout)
