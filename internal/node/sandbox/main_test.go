@@ -43,6 +43,11 @@ func runTests(m *testing.M) int {
 		skipReason = "the sandbox runtime needs root; run the tests as root"
 		return m.Run()
 	}
+	if os.Getenv(helperEnv) != "" {
+		// A helper process of a test (helperNode): the parent's binaries.
+		testGuest, testTemplate = os.Getenv("KIBOTOS_TEST_GUEST"), os.Getenv("KIBOTOS_TEST_TEMPLATE")
+		return m.Run()
+	}
 	cleanupDeadRuns()
 	self, _ := procStartTime(os.Getpid())
 	testBase = filepath.Join(testRuns, fmt.Sprintf("run-%d-%d", os.Getpid(), self))

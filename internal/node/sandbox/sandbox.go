@@ -21,7 +21,9 @@
 //   - Namespaces: user (IDs 0–65535 are a range of host IDs of the
 //     execution's own, from Config.IDBase, recorded with the execution;
 //     userns.go), and owned by it mount, PID, UTS (hostname = workspace
-//     id), IPC, network (lo only, up) and cgroup. An init shim (package
+//     id), IPC, network (lo only, up; in mode PUBLIC_INTERNET also a TAP
+//     eth0 attached before the guest starts, see network.go) and cgroup.
+//     An init shim (package
 //     initshim; by default kibotos-guest itself, see Config.InitBinary)
 //     moves the overlay root into its new mount namespace, does the other
 //     mounts there, pivots into the overlay root and execs
@@ -41,7 +43,8 @@
 //     reads no path the guest can write.
 //   - State: Root/exec/<ws>.json (atomic writes) records PID 1's pid and
 //     start time, the loop device, the cgroup, the generation and the
-//     inodes of the channel and the log pipe, and the ID range. The processes do not depend
+//     inodes of the channel and the log pipe, the ID range and the DNS
+//     configuration version the execution started with. The processes do not depend
 //     on the node (own session, no parent-death signal), so a restarted node
 //     re-adopts them with Adopt.
 //
@@ -77,6 +80,8 @@
 //   - health.go: guest conditions and the health pings
 //   - events.go: Event and the event queue behind Events
 //   - status.go: Status, Executions and Stats
+//   - network.go: the executions' networks (TAP and Network), ApplyNetwork
+//     and CloseEgress
 //   - adopt.go: Adopt (re-adoption after a node restart)
 //   - state.go: the execution record (Root/exec/<ws>.json)
 //   - paths.go: every path under Root, and the cgroup path
@@ -153,6 +158,10 @@ type Config struct {
 	// many ranges there are (4096), the most executions at once.
 	IDBase   uint32
 	IDRanges int
+	// Network gives executions whose configuration is mode
+	// PUBLIC_INTERNET a network (network.go); nil: lo only, and such a
+	// configuration is an invalid spec.
+	Network *Networking
 }
 
 // Runtime runs sandbox executions on this host.
@@ -207,6 +216,10 @@ type execution struct {
 	logR     *os.File
 	logDone  chan struct{}
 	poweroff string
+
+	// The execution's network (network.go).
+	netMu sync.Mutex
+	net   execNet
 }
 
 // New prepares a Runtime. It does not touch running executions: call Adopt.
@@ -390,6 +403,7 @@ func (r *Runtime) Close() error {
 	}
 	r.mu.Unlock()
 	for _, e := range execs {
+		e.closeNet() // its TAP goes; a new Runtime attaches again
 		if e.pidf != nil {
 			e.pidf.Close() // also wakes the watcher of an adopted execution
 		}

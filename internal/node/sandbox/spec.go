@@ -3,6 +3,8 @@ package sandbox
 import (
 	"fmt"
 	"regexp"
+
+	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 )
 
 // Spec is what one execution is started with.
@@ -25,6 +27,10 @@ type Spec struct {
 	CPUMillis uint32
 	// PidsMax limits the number of tasks; 0 selects Config.DefaultPidsMax.
 	PidsMax int
+	// Network is the network configuration from the start: mode
+	// PUBLIC_INTERNET attaches a TAP before the guest starts (it needs
+	// Config.Network); anything else, nil included, is lo only.
+	Network *nodev1.NetworkConfig
 }
 
 var workspaceIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -61,5 +67,5 @@ func (r *Runtime) validate(s *Spec) error {
 	if s.PidsMax == 0 {
 		s.PidsMax = r.cfg.DefaultPidsMax
 	}
-	return nil
+	return r.checkNetwork(s.Network)
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kibotos/kibotos/internal/guest/protocol"
 	"github.com/kibotos/kibotos/internal/node/sandbox/initshim"
+	"github.com/kibotos/kibotos/internal/nodewire"
 	"github.com/kibotos/kibotos/internal/workspace/limits"
 )
 
@@ -72,12 +73,14 @@ func (r *Runtime) Start(ctx context.Context, s Spec) error {
 //     when the host allows it, with the guest's channel and log pipe;
 //  7. track, attachGuest: the shim is the execution now (pidfd, watcher,
 //     channel, log copy); a shim not born in the cgroup is moved there;
-//  8. makeRoot, configureShim, waitShimSetup: the overlay root, its
+//  8. applyNet: in mode PUBLIC_INTERNET, the TAP in the shim's network
+//     namespace and the Network on it (network.go);
+//  9. makeRoot, configureShim, waitShimSetup: the overlay root, its
 //     layers idmapped through the shim's user namespace, goes to the shim
 //     with its configuration; the shim moves it into place, mounts,
 //     pivots and execs the guest;
-//  9. waitGuest: the guest's first answer;
-//  10. markRunning: the record, phase running; health pings start.
+//  10. waitGuest: the guest's first answer;
+//  11. markRunning: the record, phase running; health pings start.
 //
 // On any error what was set up is released again (the layer stays).
 func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
@@ -175,6 +178,10 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 			r.log.Warn("workspaces' PID 1 keeps an OOM score of 0 (the node lacks CAP_SYS_RESOURCE?)", "error", err)
 		})
 	}
+	// The network before the guest: a workspace is available only with it.
+	if err := r.applyNet(e, s.Network); err != nil {
+		return fmt.Errorf("%w: network: %v", ErrStart, err)
+	}
 	rootMnt, err := r.makeRoot(st, layerMnt)
 	if err != nil {
 		return fmt.Errorf("%w: root: %v", ErrStart, err)
@@ -251,6 +258,7 @@ func (r *Runtime) newExecState(s Spec) *execState {
 		PidsMax:       s.PidsMax,
 		StartedAt:     time.Now().UTC(),
 		BootID:        bootID,
+		DNSVersion:    nodewire.DNSConfigVersion,
 	}
 }
 

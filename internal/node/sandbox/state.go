@@ -57,6 +57,11 @@ type execState struct {
 	// IDBase is the first host ID of the execution's uid and gid range
 	// (userns.go), held until the record is removed.
 	IDBase uint32 `json:"id_base,omitempty"`
+	// DNSVersion is the DNS configuration the execution started with
+	// (nodewire.DNSConfigVersion: the guest writes /etc/resolv.conf naming
+	// the node's DNS server); 0, absent, is an execution an earlier release
+	// started.
+	DNSVersion uint32 `json:"dns_version,omitempty"`
 }
 
 // writeState replaces the state file atomically. Which crash does each

@@ -4,6 +4,8 @@ import (
 	"os"
 	"sort"
 	"time"
+
+	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 )
 
 // Status describes one execution.
@@ -20,6 +22,10 @@ type Status struct {
 	StartedAt    time.Time
 	// LayerBytes is the writable layer's size.
 	LayerBytes uint64
+	// Network is what the execution's network applies, with the DNS
+	// configuration version it started with; nil when the runtime has no
+	// networking or holds no execution.
+	Network *nodev1.NetworkStatus
 }
 
 // Executions lists the executions this runtime holds (after Adopt, also the
@@ -65,6 +71,7 @@ func (r *Runtime) status(e *execution) Status {
 		StartedAt:    e.st.StartedAt,
 	}
 	e.mu.Unlock()
+	s.Network = r.netStatus(e)
 	if fi, err := os.Stat(r.layerPath(e.ws)); err == nil {
 		s.LayerExists, s.LayerBytes = true, uint64(fi.Size())
 	}

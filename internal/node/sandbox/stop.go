@@ -232,6 +232,7 @@ func (r *Runtime) onExit(e *execution) {
 
 // releaseLocked releases an ended execution and forgets it.
 func (r *Runtime) releaseLocked(e *execution) error {
+	e.closeNet() // PID 1 is gone: so is its network namespace
 	if err := r.releaseResources(&e.st); err != nil {
 		return err
 	}
