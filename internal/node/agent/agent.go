@@ -23,6 +23,7 @@ import (
 
 	"connectrpc.com/connect"
 	"golang.org/x/net/http2"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
@@ -40,6 +41,9 @@ type Spec struct {
 	CapacityBytes uint64
 	MemoryMiB     uint32
 	CPUMillis     uint32
+	// Network is the network the execution has from its start (nil: mode
+	// NONE, loopback only).
+	Network *nodev1.NetworkConfig
 }
 
 // Status is one execution or writable layer the runtime holds.
@@ -50,6 +54,10 @@ type Status struct {
 	LayerExists  bool
 	Guest        ctrlv1.GuestCondition
 	GuestMessage string
+	// Network is what the execution's network applies (with the DNS
+	// configuration version it started with); nil without execution or
+	// when the runtime serves no networks.
+	Network *nodev1.NetworkStatus
 }
 
 // Event is something the runtime observed on its own.
@@ -94,6 +102,14 @@ type Runtime interface {
 	Status(workspaceID string) Status
 	Executions() []Status
 	Events() <-chan Event
+	// ApplyNetwork makes nc the network of the workspace's running
+	// execution (nil: mode NONE) and returns what it then applies; on
+	// error the previous configuration stays, and the status says which
+	// (nil when unknown).
+	ApplyNetwork(ctx context.Context, workspaceID string, nc *nodev1.NetworkConfig) (*nodev1.NetworkStatus, error)
+	// CloseEgress ends at once every connection through the Egress, in
+	// every execution (it was deleted).
+	CloseEgress(egressID string)
 }
 
 // Config configures an Agent.
@@ -115,6 +131,10 @@ type Config struct {
 	// DataTunnels is how many data tunnels the node keeps open to ctrl;
 	// zero is one.
 	DataTunnels int
+	// Features are the optional parts the node serves, advertised in
+	// Hello.features (nodewire.FeatureNetwork when the runtime runs
+	// networks).
+	Features []string
 }
 
 // Agent is a running node agent.
@@ -214,7 +234,7 @@ func (a *Agent) session(parent context.Context) error {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	stream := a.client.Connect(ctx)
-	hello := &nodev1.Hello{NodeId: a.cfg.NodeID, Capacity: a.cfg.Capacity}
+	hello := &nodev1.Hello{NodeId: a.cfg.NodeID, Capacity: a.cfg.Capacity, Features: a.cfg.Features}
 	if a.cfg.Templates != nil {
 		hello.Templates = a.cfg.Templates()
 	}
@@ -267,6 +287,10 @@ func (a *Agent) session(parent context.Context) error {
 func (a *Agent) apply(ctx context.Context, d *nodev1.DesiredState) {
 	if d == nil {
 		return
+	}
+	// Deleted Egresses: their draining connections end now, everywhere.
+	for _, id := range d.GetDeletedEgressIds() {
+		a.cfg.Runtime.CloseEgress(id)
 	}
 	a.mu.Lock()
 	listed := map[string]bool{}
@@ -334,12 +358,15 @@ func (a *Agent) act(ctx context.Context, d *nodev1.DesiredWorkspace) {
 	switch d.GetPower() {
 	case nodev1.Power_POWER_RUNNING:
 		if st := rt.Status(id); st.Running {
-			a.report(a.statusReport(st, gen))
+			// The desired network (a new policy or Egress revision) is
+			// applied before the report that carries its status.
+			a.report(a.runningReport(ctx, d))
 			return
 		}
 		a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_STARTING, ObservedAt: timestamppb.Now()})
 		err := rt.Start(ctx, Spec{WorkspaceID: id, Generation: gen, TemplateID: d.GetTemplateId(),
-			CapacityBytes: d.GetCapacityBytes(), MemoryMiB: d.GetMemoryMib(), CPUMillis: d.GetCpuMillis()})
+			CapacityBytes: d.GetCapacityBytes(), MemoryMiB: d.GetMemoryMib(), CPUMillis: d.GetCpuMillis(),
+			Network: d.GetNetwork()})
 		if err != nil {
 			// A permanent failure (errors.Is ErrPermanent) is reported as
 			// such: ctrl then calls it not retryable.
@@ -350,7 +377,14 @@ func (a *Agent) act(ctx context.Context, d *nodev1.DesiredWorkspace) {
 				FailureMessage: failureMessage(err), Permanent: errors.Is(err, ErrPermanent), ObservedAt: timestamppb.Now()})
 			return
 		}
-		a.report(a.statusReport(rt.Status(id), gen))
+		st := rt.Status(id)
+		if st.Running && st.Network != nil && st.Network.GetAppliedRevision() != d.GetNetwork().GetPolicy().GetRevision() {
+			// Start found the execution running already (re-adopted
+			// meanwhile): it holds another network, or none yet.
+			a.report(a.runningReport(ctx, d))
+			return
+		}
+		a.report(a.statusReport(st, gen))
 	case nodev1.Power_POWER_STOPPED:
 		err := rt.Stop(ctx, id, d.GetForce())
 		st := rt.Status(id)
@@ -380,10 +414,36 @@ func (a *Agent) act(ctx context.Context, d *nodev1.DesiredWorkspace) {
 	}
 }
 
+// runningReport applies d's network to the workspace's running execution
+// and reports it: the status the network then applies, or, when applying
+// failed, the one still in effect marked failed with why.
+func (a *Agent) runningReport(ctx context.Context, d *nodev1.DesiredWorkspace) *nodev1.ExecutionReport {
+	id, gen := d.GetWorkspaceId(), d.GetGeneration()
+	nst, err := a.cfg.Runtime.ApplyNetwork(ctx, id, d.GetNetwork())
+	st := a.cfg.Runtime.Status(id)
+	rep := a.statusReport(st, gen)
+	if err != nil && st.Running {
+		a.cfg.Log.Warn("network configuration not applied", "workspace_id", id, "generation", gen,
+			"revision", d.GetNetwork().GetPolicy().GetRevision(), "error", failureMessage(err))
+		failed := &nodev1.NetworkStatus{}
+		if nst != nil {
+			failed = proto.Clone(nst).(*nodev1.NetworkStatus)
+		}
+		failed.Failed = true
+		failed.Message = nodewire.Cut(errString(err), nodewire.MaxNetworkMessageBytes)
+		rep.Network = failed
+	}
+	return rep
+}
+
 func (a *Agent) statusReport(st Status, gen uint64) *nodev1.ExecutionReport {
 	rep := &nodev1.ExecutionReport{WorkspaceId: st.WorkspaceID, Generation: gen, LayerExists: st.LayerExists,
 		HoldsExecution: st.Running, GuestCondition: int32(st.Guest), GuestMessage: nodewire.Cut(st.GuestMessage, nodewire.MaxGuestMessageBytes),
 		ObservedAt: timestamppb.Now()}
+	if st.Running && st.Network != nil {
+		rep.Network = proto.Clone(st.Network).(*nodev1.NetworkStatus)
+		rep.Network.Message = nodewire.Cut(rep.Network.GetMessage(), nodewire.MaxNetworkMessageBytes)
+	}
 	switch {
 	case st.Running && st.Guest == ctrlv1.GuestCondition_GUEST_CONDITION_BOOTING:
 		rep.State = nodev1.ExecState_EXEC_STATE_STARTING

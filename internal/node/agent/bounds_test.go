@@ -32,9 +32,14 @@ func (r *talkative) Stop(context.Context, string, bool) error {
 }
 func (r *talkative) Delete(context.Context, string) error { return errors.New(r.msg) }
 func (r *talkative) Status(id string) Status {
-	return Status{WorkspaceID: id, Running: r.running, Guest: ctrlv1.GuestCondition_GUEST_CONDITION_DISK_PRESSURE, GuestMessage: r.msg}
+	return Status{WorkspaceID: id, Running: r.running, Guest: ctrlv1.GuestCondition_GUEST_CONDITION_DISK_PRESSURE, GuestMessage: r.msg,
+		Network: &nodev1.NetworkStatus{Message: r.msg}}
 }
 func (r *talkative) Executions() []Status { return nil }
+func (r *talkative) ApplyNetwork(context.Context, string, *nodev1.NetworkConfig) (*nodev1.NetworkStatus, error) {
+	return &nodev1.NetworkStatus{AppliedRevision: 1, Message: r.msg}, errors.New("network: " + r.msg)
+}
+func (r *talkative) CloseEgress(string)   {}
 func (r *talkative) Events() <-chan Event { return r.events }
 
 // TestReportsAreBounded: whatever the runtime hands over, every report the
@@ -55,6 +60,7 @@ func TestReportsAreBounded(t *testing.T) {
 			}{
 				"guest_message":   {rep.GetGuestMessage(), nodewire.MaxGuestMessageBytes},
 				"failure_message": {rep.GetFailureMessage(), nodewire.MaxFailureMessageBytes},
+				"network.message": {rep.GetNetwork().GetMessage(), nodewire.MaxNetworkMessageBytes},
 			} {
 				if len(pair.s) > pair.max || !utf8.ValidString(pair.s) {
 					t.Errorf("%s: %s of %d bytes (bound %d), valid UTF-8 %v", what, field, len(pair.s), pair.max, utf8.ValidString(pair.s))

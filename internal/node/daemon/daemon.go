@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -24,6 +25,7 @@ import (
 	"github.com/kibotos/kibotos/internal/node/agent"
 	"github.com/kibotos/kibotos/internal/node/sandbox"
 	"github.com/kibotos/kibotos/internal/node/template"
+	"github.com/kibotos/kibotos/internal/nodewire"
 )
 
 // Config configures a node.
@@ -45,12 +47,21 @@ type Config struct {
 	// sandbox.DefaultIOLimits.
 	IO  *sandbox.IOLimits
 	Log *slog.Logger
+	// AllowEndpointRanges is the operator allow-list of special-purpose
+	// ranges workspaces may reach directly and Egress and Resolver
+	// endpoints may be in (netguard.ParseAllowList); the kernel backstop
+	// lets marked packets into them too.
+	AllowEndpointRanges []netip.Prefix
+	// Resolver is the DNS server the node resolves Egress and Resolver
+	// host names with; invalid (zero) is the system's resolver.
+	Resolver netip.AddrPort
 }
 
 // Run runs the node until ctx is done. Executions keep running when it
 // returns; the next Run re-adopts them. It first runs Preflight and checks
 // the templates, so that a node that could not run workspaces from them
-// fails here instead of reporting ready.
+// fails here instead of reporting ready, and installs the kernel backstop of
+// workspace networks (network.go), which stays when the node ends.
 func Run(ctx context.Context, cfg Config) error {
 	cfg, err := Preflight(cfg)
 	if err != nil {
@@ -64,7 +75,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := sandbox.CheckTemplateDir(rootfs); err != nil {
 		return fmt.Errorf("default template: %w", err)
 	}
-	rt, err := sandbox.New(sandbox.Config{Root: cfg.StateDir, GuestBinary: cfg.GuestBinary, IO: cfg.IO, Log: cfg.Log})
+	if err := installBackstop(cfg); err != nil {
+		return err
+	}
+	rt, err := sandbox.New(sandbox.Config{Root: cfg.StateDir, GuestBinary: cfg.GuestBinary, IO: cfg.IO, Log: cfg.Log,
+		Network: networking(cfg)})
 	if err != nil {
 		return err
 	}
@@ -91,7 +106,7 @@ func Run(ctx context.Context, cfg Config) error {
 		"executions", len(rt.Executions()), "cgroup_version", rt.CgroupVersion(), "templates", len(templates()))
 	a := agent.New(agent.Config{
 		NodeID: cfg.NodeID, Endpoint: cfg.Endpoint, HTTP: cfg.HTTP, Log: cfg.Log, Capacity: capacity,
-		Runtime: NewRuntime(rt, tmplDir), Templates: templates,
+		Runtime: NewRuntime(rt, tmplDir), Templates: templates, Features: []string{nodewire.FeatureNetwork},
 	})
 	return a.Run(ctx)
 }
@@ -205,7 +220,7 @@ func (r *Runtime) Start(ctx context.Context, s agent.Spec) error {
 		return agent.Permanent(fmt.Errorf("template %q is not on this node", s.TemplateID))
 	}
 	err = r.rt.Start(ctx, sandbox.Spec{WorkspaceID: s.WorkspaceID, Generation: s.Generation, TemplateDir: dir,
-		CapacityBytes: s.CapacityBytes, MemoryMiB: s.MemoryMiB, CPUMillis: s.CPUMillis})
+		CapacityBytes: s.CapacityBytes, MemoryMiB: s.MemoryMiB, CPUMillis: s.CPUMillis, Network: s.Network})
 	if sandbox.Permanent(err) {
 		return agent.Permanent(err)
 	}
@@ -239,8 +254,20 @@ func (r *Runtime) Status(id string) agent.Status {
 
 func convert(st sandbox.Status) agent.Status {
 	return agent.Status{WorkspaceID: st.WorkspaceID, Generation: st.Generation, Running: st.Running,
-		LayerExists: st.LayerExists, Guest: condition(st.Guest), GuestMessage: st.GuestMessage}
+		LayerExists: st.LayerExists, Guest: condition(st.Guest), GuestMessage: st.GuestMessage, Network: st.Network}
 }
+
+// ApplyNetwork applies a network configuration to a running execution.
+func (r *Runtime) ApplyNetwork(ctx context.Context, id string, nc *nodev1.NetworkConfig) (*nodev1.NetworkStatus, error) {
+	st, err := r.rt.ApplyNetwork(ctx, id, nc)
+	if errors.Is(err, sandbox.ErrNotRunning) {
+		return nil, fmt.Errorf("%w: %s", agent.ErrNotRunning, id)
+	}
+	return st, err
+}
+
+// CloseEgress ends every connection through a deleted Egress.
+func (r *Runtime) CloseEgress(id string) { r.rt.CloseEgress(id) }
 
 // Executions lists the executions.
 func (r *Runtime) Executions() []agent.Status {

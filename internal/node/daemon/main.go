@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/kibotos/kibotos/internal/netguard"
 	"github.com/kibotos/kibotos/internal/node/enroll"
 )
 
@@ -26,6 +27,7 @@ func Main(args []string, stderr io.Writer) int {
 		cfg                Config
 		ca, cert, key, lvl string
 		token, tokenFile   string
+		allow, resolver    string
 	)
 	fs.StringVar(&cfg.Endpoint, "ctrl", "", "ctrl's URL, e.g. https://ctrl.example:7443 (required)")
 	fs.StringVar(&ca, "ca", "", "CA that signed ctrl's server certificate (PEM)")
@@ -45,6 +47,8 @@ func Main(args []string, stderr io.Writer) int {
 	fs.Uint64Var(&io.WriteBytesPerSec, "workspace-io-write-bps", io.WriteBytesPerSec, "each workspace's cap on writes to its writable layer, bytes per second (0: none; buffered writes are not throttled on cgroup v1)")
 	fs.Uint64Var(&io.ReadIOPS, "workspace-io-read-iops", io.ReadIOPS, "each workspace's cap on read operations per second on its writable layer (0: none)")
 	fs.Uint64Var(&io.WriteIOPS, "workspace-io-write-iops", io.WriteIOPS, "each workspace's cap on write operations per second on its writable layer (0: none)")
+	fs.StringVar(&allow, "allow-endpoint-ranges", "", "comma-separated CIDR prefixes (or addresses) of special-purpose ranges workspaces may reach directly and Egress/Resolver endpoints may be in, e.g. 10.20.0.0/16 for an internal proxy; the kernel backstop admits them too (loopback and this host's own addresses never)")
+	fs.StringVar(&resolver, "resolver", "", "IP:port of the DNS server the node resolves Egress and Resolver host names with (default: the system's resolver)")
 	fs.StringVar(&lvl, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -58,6 +62,15 @@ func Main(args []string, stderr io.Writer) int {
 		return 2
 	}
 	cfg.Log = slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	var err error
+	if cfg.AllowEndpointRanges, err = netguard.ParseAllowList(allow); err != nil {
+		fmt.Fprintf(stderr, "kibotos-node: --allow-endpoint-ranges: %v\n", err)
+		return 2
+	}
+	if cfg.Resolver, err = ParseResolver(resolver); err != nil {
+		fmt.Fprintf(stderr, "kibotos-node: %v\n", err)
+		return 2
+	}
 	if cfg.Endpoint == "" || ca == "" {
 		fmt.Fprintln(stderr, "kibotos-node: --ctrl and --ca are required")
 		return 2

@@ -13,7 +13,8 @@ import (
 // Preflight checks, before anything starts, that this machine can run
 // workspaces with cfg, and returns cfg with every path made absolute: the
 // state directory (usable in overlayfs options), the static guest binary,
-// a static busybox for the default template, mkfs.ext4, and root. Each error
+// a static busybox for the default template, mkfs.ext4, /dev/net/tun (the
+// workspaces' TAP devices), and root. Each error
 // says what to do. Run calls it; kibotos-ctrl --dev calls it before serving
 // so that a machine that cannot run workspaces is refused at start-up.
 func Preflight(cfg Config) (Config, error) {
@@ -36,6 +37,9 @@ func Preflight(cfg Config) (Config, error) {
 		return cfg, err
 	}
 	if err := sandbox.CheckTools(); err != nil {
+		return cfg, err
+	}
+	if err := checkTUN(); err != nil {
 		return cfg, err
 	}
 	if os.Geteuid() != 0 {

@@ -20,7 +20,9 @@ import (
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/guest/v1/guestv1connect"
+	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/internal/node/agent"
+	"github.com/kibotos/kibotos/internal/nodewire"
 )
 
 // Runtime records executions in memory.
@@ -50,6 +52,17 @@ type Runtime struct {
 	// LogDir, when set, holds the workspaces' logs as <ws>.log and
 	// <ws>.log.1 (OpenLog), whether they run or not.
 	LogDir string
+	// FailNetwork, when it has an entry for a workspace, is the error its
+	// ApplyNetwork fails with (the network in effect stays).
+	FailNetwork map[string]error
+	// NetworkGate, when set, blocks ApplyNetwork until it is closed (a node
+	// that does not confirm a policy change).
+	NetworkGate chan struct{}
+	// ClosedEgresses lists the Egresses CloseEgress was called for, in order.
+	ClosedEgresses []string
+
+	// networks holds the network configuration each execution applies.
+	networks map[string]*nodev1.NetworkConfig
 
 	guestOnce sync.Once
 	guestSrv  *httptest.Server
@@ -59,7 +72,8 @@ type Runtime struct {
 // New returns an empty Runtime.
 func New() *Runtime {
 	return &Runtime{execs: map[string]*agent.Status{}, events: make(chan agent.Event, 64),
-		FailStart: map[string]bool{}, StartError: map[string]error{}, FailWriteback: map[string]bool{}, Starts: map[string]int{}}
+		FailStart: map[string]bool{}, StartError: map[string]error{}, FailWriteback: map[string]bool{}, Starts: map[string]int{},
+		FailNetwork: map[string]error{}, networks: map[string]*nodev1.NetworkConfig{}}
 }
 
 func (r *Runtime) get(id string) *agent.Status {
@@ -95,6 +109,7 @@ func (r *Runtime) Start(ctx context.Context, s agent.Spec) error {
 	st := r.get(s.WorkspaceID)
 	st.Running, st.LayerExists, st.Generation = true, true, s.Generation
 	st.Guest = ctrlv1.GuestCondition_GUEST_CONDITION_READY
+	r.networks[s.WorkspaceID] = s.Network
 	return nil
 }
 
@@ -107,6 +122,7 @@ func (r *Runtime) Stop(_ context.Context, id string, force bool) error {
 		return agent.ErrWritebackFailed
 	}
 	st.Running, st.Guest = false, 0
+	delete(r.networks, id)
 	return nil
 }
 
@@ -115,6 +131,7 @@ func (r *Runtime) Delete(_ context.Context, id string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.execs, id)
+	delete(r.networks, id)
 	return nil
 }
 
@@ -123,9 +140,64 @@ func (r *Runtime) Status(id string) agent.Status {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if s := r.execs[id]; s != nil {
-		return *s
+		return r.withNetwork(*s)
 	}
 	return agent.Status{WorkspaceID: id}
+}
+
+// withNetwork adds the network status of a running execution; r.mu held.
+func (r *Runtime) withNetwork(st agent.Status) agent.Status {
+	if !st.Running {
+		return st
+	}
+	nc := r.networks[st.WorkspaceID]
+	ns := &nodev1.NetworkStatus{AppliedRevision: nc.GetPolicy().GetRevision(), DnsConfigVersion: nodewire.DNSConfigVersion}
+	for _, e := range nc.GetEgresses() {
+		ns.Egresses = append(ns.Egresses, &ctrlv1.EgressStatus{EgressId: e.GetEgressId(), AppliedRevision: e.GetRevision()})
+	}
+	st.Network = ns
+	return st
+}
+
+// ApplyNetwork makes nc the network of a running execution, unless
+// FailNetwork says otherwise; NetworkGate holds it.
+func (r *Runtime) ApplyNetwork(ctx context.Context, id string, nc *nodev1.NetworkConfig) (*nodev1.NetworkStatus, error) {
+	r.mu.Lock()
+	gate := r.NetworkGate
+	r.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.execs[id]
+	if s == nil || !s.Running {
+		return nil, agent.ErrNotRunning
+	}
+	if err := r.FailNetwork[id]; err != nil {
+		return r.withNetwork(*s).Network, err
+	}
+	r.networks[id] = nc
+	return r.withNetwork(*s).Network, nil
+}
+
+// Network returns the network configuration the workspace's execution
+// applies (nil: none, or mode NONE from the start).
+func (r *Runtime) Network(id string) *nodev1.NetworkConfig {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.networks[id]
+}
+
+// CloseEgress records the call.
+func (r *Runtime) CloseEgress(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ClosedEgresses = append(r.ClosedEgresses, id)
 }
 
 // Executions lists running executions.
@@ -135,7 +207,7 @@ func (r *Runtime) Executions() []agent.Status {
 	var out []agent.Status
 	for _, s := range r.execs {
 		if s.Running {
-			out = append(out, *s)
+			out = append(out, r.withNetwork(*s))
 		}
 	}
 	return out
