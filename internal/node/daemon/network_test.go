@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -92,6 +93,7 @@ func TestNetworking(t *testing.T) {
 	})
 	r := NewRuntime(rt, tmplDir)
 	ctx := context.Background()
+	before := runtime.NumGoroutine()
 	const ws = "ws-daemon-net"
 	policy := &ctrlv1.NetworkPolicy{Mode: ctrlv1.NetworkMode_NETWORK_MODE_PUBLIC_INTERNET, Revision: 1}
 	if err := r.Start(ctx, agent.Spec{WorkspaceID: ws, Generation: 1, TemplateID: "default", CapacityBytes: 64 << 20,
@@ -147,5 +149,13 @@ func TestNetworking(t *testing.T) {
 	leaks, err := sandbox.Leaks(root)
 	if err != nil || len(leaks) > 0 {
 		t.Errorf("leaks: %v, %v", leaks, err)
+	}
+	// The workspace's network (stack, DNS server, drain timer, TAP reader)
+	// is gone with it.
+	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > before; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines, %d before the start:\n%s", runtime.NumGoroutine(), before, buf[:runtime.Stack(buf, true)])
+		}
 	}
 }

@@ -51,7 +51,10 @@ func scopeOf(root string) (*leakScope, error) {
 // design: execution mounts live in their own mount namespaces), loop devices
 // backed by files under root, execution records and run directories. Network
 // namespaces are never pinned by a bind mount, so they live exactly as long
-// as an execution's processes. Writable layers are not leaks. Call it when
+// as an execution's processes, and a workspace's TAP device lives inside
+// its namespace and only while the node holds its descriptor (network.go).
+// Writable layers are not leaks, nor is the kernel backstop's nftables
+// table, which outlives every node process on purpose. Call it when
 // no execution should exist (tests after Delete); a running execution is
 // listed too.
 func Leaks(root string) ([]string, error) {
