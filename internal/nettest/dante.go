@@ -123,6 +123,7 @@ func (d *Dante) Log() string {
 // DanteConnect is a CONNECT danted passed, from its log.
 type DanteConnect struct {
 	Client netip.AddrPort // who asked (the node, for a workspace's connection)
+	User   string         // the RFC 1929 user, if any
 	Dest   netip.AddrPort // the destination it connected to
 }
 
@@ -144,7 +145,11 @@ func (d *Dante) Connects() []DanteConnect {
 		client, err1 := danteAddr(f[0])
 		dest, err2 := danteAddr(f[4])
 		if err1 == nil && err2 == nil {
-			out = append(out, DanteConnect{Client: client, Dest: dest})
+			user := ""
+			if u, _, ok := strings.Cut(f[0], "@"); ok {
+				user = strings.TrimPrefix(u, "username%")
+			}
+			out = append(out, DanteConnect{Client: client, Dest: dest, User: user})
 		}
 	}
 	return out
@@ -167,8 +172,12 @@ func (d *Dante) WaitConnect(ctx context.Context, dest netip.AddrPort) (DanteConn
 	}
 }
 
-// danteAddr parses danted's ADDR.PORT notation.
+// danteAddr parses danted's ADDR.PORT notation (a client authenticated
+// with RFC 1929 is written username%USER@ADDR.PORT).
 func danteAddr(s string) (netip.AddrPort, error) {
+	if i := strings.LastIndexByte(s, '@'); i >= 0 {
+		s = s[i+1:]
+	}
 	i := strings.LastIndexByte(s, '.')
 	if i < 0 {
 		return netip.AddrPort{}, fmt.Errorf("no port in %q", s)

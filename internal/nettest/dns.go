@@ -70,7 +70,8 @@ func (p *Peer) DNS() (*DNSServer, error) {
 }
 
 // Set answers name with addrs: its IPv4 addresses to A queries, its IPv6
-// addresses to AAAA queries (none of a family: an empty NOERROR answer).
+// addresses (IPv4-mapped ones included) to AAAA queries (none of a family:
+// an empty NOERROR answer).
 func (d *DNSServer) Set(name string, addrs ...netip.Addr) { d.SetSequence(name, addrs) }
 
 // SetSequence answers name's successive A queries with successive steps,
@@ -158,7 +159,9 @@ func (d *DNSServer) serve(network string) func(w dns.ResponseWriter, r *dns.Msg)
 			case q.Qtype == dns.TypeA && a.Is4():
 				hdr.Rrtype = dns.TypeA
 				m.Answer = append(m.Answer, &dns.A{Hdr: hdr, A: a.AsSlice()})
-			case q.Qtype == dns.TypeAAAA && a.Is6() && !a.Is4In6():
+			case q.Qtype == dns.TypeAAAA && a.Is6():
+				// IPv4-mapped addresses too: an AAAA record can carry
+				// ::ffff:a.b.c.d, and SSRF tests need it to.
 				hdr.Rrtype = dns.TypeAAAA
 				m.Answer = append(m.Answer, &dns.AAAA{Hdr: hdr, AAAA: a.AsSlice()})
 			}

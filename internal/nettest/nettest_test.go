@@ -205,6 +205,7 @@ func TestDNS(t *testing.T) {
 	pub, lo := netip.MustParseAddr("198.51.100.7"), netip.MustParseAddr("127.0.0.1")
 	six := netip.MustParseAddr("2001:db8::1")
 	d.Set("multi.test", pub, netip.MustParseAddr("10.0.0.1"), six)
+	d.Set("mapped.test", netip.MustParseAddr("::ffff:127.0.0.1"))
 	d.SetSequence("rebind.test", []netip.Addr{pub}, []netip.Addr{lo})
 
 	ask := func(network, name string, qtype uint16) *dns.Msg {
@@ -240,6 +241,12 @@ func TestDNS(t *testing.T) {
 		if got := addrs(ask(network, "multi.test", dns.TypeAAAA)); !slices.Equal(got, []string{"2001:db8::1"}) {
 			t.Errorf("%s multi AAAA = %v", network, got)
 		}
+		if got := addrs(ask(network, "mapped.test", dns.TypeAAAA)); !slices.Equal(got, []string{"127.0.0.1"}) { // miekg prints ::ffff:a.b.c.d as a.b.c.d
+			t.Errorf("%s mapped AAAA = %v", network, got)
+		}
+		if got := addrs(ask(network, "mapped.test", dns.TypeA)); len(got) != 0 {
+			t.Errorf("%s mapped A = %v, want none", network, got)
+		}
 		if r := ask(network, "nope.test", dns.TypeA); r.Rcode != dns.RcodeNameError {
 			t.Errorf("%s unknown name: rcode %d", network, r.Rcode)
 		}
@@ -254,8 +261,8 @@ func TestDNS(t *testing.T) {
 	if len(qs) != 3 || qs[0].Net != "udp" || qs[0].From.Addr() != p.HostAddr || qs[0].Type != dns.TypeA {
 		t.Errorf("queries %+v", qs)
 	}
-	if n := len(d.Queries()); n != 9 {
-		t.Errorf("%d queries recorded, want 9", n)
+	if n := len(d.Queries()); n != 13 {
+		t.Errorf("%d queries recorded, want 13", n)
 	}
 }
 
@@ -327,6 +334,10 @@ func TestDante(t *testing.T) {
 	}
 	if _, err := httpVia(auth, &socks5.Client{}); !errors.Is(err, socks5.ErrNoAcceptableMethod) {
 		t.Errorf("no credentials: %v", err)
+	}
+	// With RFC 1929 danted names the user in its log too.
+	if got, err := auth.WaitConnect(c, h.Addr); err != nil || got.Client.Addr() != proxy.HostAddr || got.User != auth.User {
+		t.Errorf("danted's record of the authenticated CONNECT: %+v, %v\n%s", got, err, auth.Log())
 	}
 	conn, err := net.Dial("tcp", open.Addr.String())
 	if err != nil {
