@@ -323,8 +323,12 @@ func runEmbeddedNode(ctx context.Context, o Options, node daemon.Config, srv *Se
 
 // embeddedNodeConfig is the machine side of the embedded node's
 // configuration: state under DIR/node, the guest next to this binary unless
-// --guest-binary says otherwise, and --busybox.
+// --guest-binary says otherwise, --busybox and --allow-endpoint-ranges.
 func embeddedNodeConfig(o Options) (daemon.Config, error) {
+	allow, err := netguard.ParseAllowList(o.AllowRanges)
+	if err != nil {
+		return daemon.Config{}, fmt.Errorf("--allow-endpoint-ranges: %w", err)
+	}
 	guest := o.GuestBinary
 	if guest == "" {
 		exe, err := os.Executable()
@@ -333,7 +337,10 @@ func embeddedNodeConfig(o Options) (daemon.Config, error) {
 		}
 		guest = filepath.Join(filepath.Dir(exe), "kibotos-guest")
 	}
-	return daemon.Config{StateDir: filepath.Join(o.DataDir, "node"), GuestBinary: guest, Busybox: o.Busybox}, nil
+	// The embedded node dials what ctrl lets Egresses and Resolvers name:
+	// one --allow-endpoint-ranges governs both (and the node's backstop).
+	return daemon.Config{StateDir: filepath.Join(o.DataDir, "node"), GuestBinary: guest, Busybox: o.Busybox,
+		AllowEndpointRanges: allow}, nil
 }
 
 // kiboPath returns " PATH=DIR:$PATH" for the export line when kibo is next

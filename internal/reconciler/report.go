@@ -273,8 +273,12 @@ func complete(ctx context.Context, tx store.Tx, w *store.Workspace, pub *ctrlv1.
 		}
 	} else {
 		switch ctrlv1.WorkspaceCommandKind(rec.Kind) {
-		case ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_STOP, ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_DELETE:
-			// StopWorkspaceResponse and DeleteWorkspaceResponse share this shape.
+		case ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_STOP, ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_DELETE,
+			ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_UPDATE_NETWORK_POLICY:
+			// StopWorkspaceResponse, DeleteWorkspaceResponse and
+			// UpdateWorkspaceNetworkPolicyResponse share this shape (workspace
+			// = 1, command = 2): a replay answers the Workspace as the command
+			// completed it.
 			final := proto.Clone(pub).(*ctrlv1.Workspace)
 			final.UpdatedAt = timestamppb.New(now)
 			rec.Result, err = proto.Marshal(&ctrlv1.StopWorkspaceResponse{Workspace: final, Command: workspace.CommandMessage(rec)})

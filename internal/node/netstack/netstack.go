@@ -29,8 +29,9 @@
 // their ctx ends. The link endpoint's resources beyond the stack (a TAP fd given to
 // fdbased) stay the caller's, to close after Close.
 //
-// The stack is not yet wired into the sandbox; in production the link endpoint is
-// gVisor's fdbased endpoint on a TAP device created in the workspace's netns.
+// In production the link endpoint is gVisor's fdbased endpoint on the TAP device
+// internal/node/netattach makes in the workspace's netns, and internal/node/network
+// runs the stack with a workspace's policy.
 package netstack
 
 import (

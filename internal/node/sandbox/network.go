@@ -85,6 +85,13 @@ func (r *Runtime) applyNet(e *execution, nc *nodev1.NetworkConfig) error {
 	e.netMu.Lock()
 	defer e.netMu.Unlock()
 	if !isPublic(nc) {
+		if e.net.nw != nil {
+			// Mode NONE admits nothing: applied first, it resets every
+			// connection toward the workspace while the link still
+			// carries the resets; closing the stack alone would remove
+			// the link first and leave the workspace's sockets waiting.
+			_ = e.net.nw.Apply(nc)
+		}
 		e.closeNetLocked()
 		e.net.revision, e.net.applied = nc.GetPolicy().GetRevision(), true
 		return nil
