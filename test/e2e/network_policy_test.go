@@ -219,8 +219,10 @@ func TestNetworkAllowDeny(t *testing.T) {
 // the SYN (RST at once), whatever allow says: the corpus's IPv4 literals,
 // every address of the host (the host end of a peer's link too, which the
 // allow-list admits for the user-space check: the kernel backstop refuses
-// it), metadata and the gateway's own ports. Nothing reaches a canary
-// listening on every host address.
+// it), metadata, the gateway's own ports, and the corpus's names whose
+// answers are all special-purpose IPv4 addresses (resolved through the
+// workspace's Resolver). Nothing reaches a canary listening on every host
+// address.
 func TestNetworkSpecialRanges(t *testing.T) {
 	e := newNetEnv(t)
 	peer := nettest.NewPeer(t)
@@ -240,6 +242,29 @@ func TestNetworkSpecialRanges(t *testing.T) {
 			targets = append(targets, netip.AddrPortFrom(a.Unmap(), entry.port).String())
 		}
 	}
+	// The corpus's names whose every answer is a special-purpose IPv4
+	// address, resolved in the workspace through its Resolver (never a
+	// rebinding name: its public answer would be a real address).
+	var names []string
+	for _, entry := range readSSRFCorpus(t) {
+		host, _, err := netguard.ParseHostPort("f", entry.dest)
+		if err != nil || entry.verdict != "forbidden" || len(entry.answers) == 0 {
+			continue
+		}
+		special := true
+		for _, step := range entry.answers {
+			for _, a := range step {
+				special = special && a.Is4() && !nettest.Range.Contains(a) && !localOnly.Contains(a) && !a.IsMulticast() &&
+					(&netguard.Checker{}).CheckAddr("f", a) != nil
+			}
+		}
+		if special {
+			e.dns.SetSequence(host, entry.answers...)
+			names = append(names, entry.dest)
+		}
+	}
+	rs := e.mustResolver(&ctrlv1.ResolverSpec{Protocol: &ctrlv1.ResolverSpec_Udp{Udp: &ctrlv1.UdpResolver{Address: e.dns.Addr.String()}}})
+	targets = append(targets, names...)
 	slices.Sort(targets)
 	targets = slices.Compact(targets)
 
@@ -249,6 +274,7 @@ func TestNetworkSpecialRanges(t *testing.T) {
 		publicPolicy([]*ctrlv1.Destination{dest("0.0.0.0/0"), dest("127.0.0.0/8"), dest("10.0.0.0/8"), dest("169.254.0.0/16"),
 			dest("100.64.0.0/10"), dest("192.168.0.0/16"), dest("172.16.0.0/12"), dest(peer.Prefix.String())}, nil),
 	} {
+		p.Dns = &ctrlv1.DnsConfig{ResolverId: rs.GetResolverId()}
 		w := e.workspace(p)
 		w.whoami(t, h, peer.HostAddr) // the network works
 		out, _ := w.probe(append([]string{"dial"}, targets...)...)
@@ -262,8 +288,10 @@ func TestNetworkSpecialRanges(t *testing.T) {
 			ms, _ := strconv.ParseFloat(f[2], 64)
 			// The workspace's own kernel may refuse to send to 0.0.0.0/8,
 			// broadcast and multicast before the node sees a SYN.
-			ap := netip.MustParseAddrPort(f[0])
-			local := localOnly.Contains(ap.Addr()) || ap.Addr().IsMulticast() || ap.Addr() == netip.AddrFrom4([4]byte{255, 255, 255, 255})
+			local := false
+			if ap, err := netip.ParseAddrPort(f[0]); err == nil {
+				local = localOnly.Contains(ap.Addr()) || ap.Addr().IsMulticast() || ap.Addr() == netip.AddrFrom4([4]byte{255, 255, 255, 255})
+			}
 			if f[1] == "ok" || f[1] == "timeout" || ms > 1000 || !local && f[1] != "refused" {
 				t.Errorf("policy %v: %s was %s after %.1f ms, want refused at once", p.GetAllow(), f[0], f[1], ms)
 			}
@@ -273,7 +301,7 @@ func TestNetworkSpecialRanges(t *testing.T) {
 		}
 	}
 	c.check(t)
-	t.Logf("%d special-purpose destinations refused from inside the workspace under two policies", len(targets))
+	t.Logf("%d special-purpose destinations (%d of them names of the SSRF corpus) refused from inside the workspace under two policies", len(targets), len(names))
 }
 
 // localOnly is 0.0.0.0/8, which a workspace's kernel may not send to.
