@@ -283,6 +283,8 @@ func (a *api) setPolicy(ctx context.Context, id string, p *ctrlv1.NetworkPolicy)
 
 // proc is a process in the workspace whose stdout is followed.
 type proc struct {
+	w       *workspace
+	id      string
 	mu      sync.Mutex
 	out     bytes.Buffer
 	changed chan struct{}
@@ -305,7 +307,7 @@ func (w *workspace) start(ctx context.Context, argv ...string) (*proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ProcessEvents: %w", err)
 	}
-	p := &proc{changed: make(chan struct{}), done: make(chan struct{})}
+	p := &proc{w: w, id: st.Msg.GetProcessId(), changed: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		defer s.Close()
@@ -324,6 +326,14 @@ func (w *workspace) start(ctx context.Context, argv ...string) (*proc, error) {
 		p.err = s.Err()
 	}()
 	return p, nil
+}
+
+// signal sends sig to the process.
+func (p *proc) signal(ctx context.Context, sig syscall.Signal) error {
+	req := connect.NewRequest(&ctrlv1.SignalProcessRequest{WorkspaceId: p.w.id, ProcessId: p.id, Signal: int32(sig)})
+	req.Header().Set("Authorization", "Bearer "+p.w.tok)
+	_, err := p.w.a.proc.SignalProcess(ctx, req)
+	return err
 }
 
 func (p *proc) output() string {

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
@@ -341,7 +342,7 @@ type followResult struct {
 func measureFollow(ctx context.Context, a *api, w *workspace, base *ctrlv1.NetworkPolicy, target netip.AddrPort, n int) *followResult {
 	r := &followResult{Toggles: n}
 	deny := cloneWithDeny(base, target)
-	secs := int(float64(n)*0.35) + 8
+	secs := 5*n + 60 // ended with SIGTERM once the updates are done
 	p, err := w.start(ctx, "/tmp/netprobe", "watch", target.String(), strconv.Itoa(secs))
 	if err != nil {
 		r.Err = err.Error()
@@ -372,9 +373,13 @@ func measureFollow(ctx context.Context, a *api, w *workspace, base *ctrlv1.Netwo
 		ts = append(ts, toggle{t0, want})
 		sleep(ctx, 150*time.Millisecond+rand.N(100*time.Millisecond))
 	}
-	// Leave the target admitted, and let the watcher end.
+	// Leave the target admitted, and end the watcher.
 	if len(ts)%2 == 1 {
 		a.setPolicy(ctx, w.id, base)
+	}
+	sleep(ctx, 200*time.Millisecond)
+	if err := p.signal(ctx, syscall.SIGTERM); err != nil && r.Err == "" {
+		r.Err = "SIGTERM to watch: " + err.Error()
 	}
 	out, err := p.wait(wctx)
 	if err != nil && r.Err == "" {

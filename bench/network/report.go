@@ -91,7 +91,7 @@ func (b *bench) report() string {
 	var sb strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&sb, format, args...) }
 	p("# Network data path, end to end (%s UTC)\n\n", b.started.UTC().Format("2006-01-02 15:04"))
-	p("- Command: `go run ./bench/network %s` (as root)\n", strings.Join(b.cfg.args, " "))
+	p("- Command: `%s` (as root)\n", strings.Join(append([]string{"go run ./bench/network"}, b.cfg.args...), " "))
 	p("- Host: %s/%s, nproc %s (%s), %s\n", runtime.GOOS, runtime.GOARCH, benchkit.NProc(), benchkit.CPUModel(), runtime.Version())
 	p("- Load average (1 5 15 min): start %s, end %s (the machine is shared: other engineers' builds and tests run on the same CPUs)\n", b.loadStart, b.loadEnd)
 	if len(b.phaseLoad) > 0 {

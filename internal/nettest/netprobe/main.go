@@ -12,10 +12,11 @@
 //	netprobe up ADDR BYTES             BYTES to a nettest Sink; JSON {"bytes","seconds"}
 //	netprobe down ADDR BYTES           BYTES from a nettest Source; JSON {"bytes","seconds"}
 //	netprobe connect ADDR N            N connects one after another; JSON {"micros":[...],"failed"}
-//	netprobe idle ADDR N SECONDS       N connections open at once, held SECONDS: "open N FAILED"
-//	                                   once all are tried, then "closed"
-//	netprobe watch ADDR SECONDS        connects every millisecond (100 ms timeout) and prints
-//	                                   "UNIXNANO CLASS" at each change of the outcome
+//	netprobe idle ADDR N SECONDS       N connections open at once, held SECONDS (or until SIGTERM):
+//	                                   "open N FAILED" once all are tried, then "closed"
+//	netprobe watch ADDR SECONDS        connects every millisecond (100 ms timeout) for SECONDS (or
+//	                                   until SIGTERM) and prints "UNIXNANO CLASS" at each change of
+//	                                   the outcome
 //
 // CLASS is ok, refused (ECONNREFUSED: a RST to the SYN), reset, timeout,
 // unreachable, eof or error.
@@ -32,6 +33,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
@@ -284,7 +286,12 @@ func idle(addr string, n int, d time.Duration) {
 	}
 	wg.Wait()
 	fmt.Printf("open %d %d %s\n", n-failed, failed, firstErr)
-	time.Sleep(d)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
 	for _, c := range conns {
 		if c != nil {
 			c.Close()
@@ -295,8 +302,10 @@ func idle(addr string, n int, d time.Duration) {
 
 // watch prints each change of the outcome of a connect to addr.
 func watch(addr string, d time.Duration) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
 	last := ""
-	for end := time.Now().Add(d); time.Now().Before(end); {
+	for end := time.Now().Add(d); time.Now().Before(end) && ctx.Err() == nil; {
 		t0 := time.Now()
 		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
 		if err == nil {
