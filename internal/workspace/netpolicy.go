@@ -123,10 +123,6 @@ func (s *Service) UpdateNetworkPolicy(ctx context.Context, req *ctrlv1.UpdateWor
 	if err != nil {
 		return nil, err
 	}
-	defer s.kick()
-	// The admission may have superseded the Workspace's previous command:
-	// wake its waiters.
-	defer s.Store.Notify(store.WorkspaceTopic(id))
 	out, err := command.Execute(ctx, s.Engine, command.Spec[*ctrlv1.UpdateWorkspaceNetworkPolicyRequest, *ctrlv1.UpdateWorkspaceNetworkPolicyResponse]{
 		Method: updateNetworkPolicyMethod, ObjectKind: ObjectKind, ObjectID: id,
 		CommandKind: int(ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_UPDATE_NETWORK_POLICY), Request: req,
@@ -138,6 +134,12 @@ func (s *Service) UpdateNetworkPolicy(ctx context.Context, req *ctrlv1.UpdateWor
 			return s.decidePolicy(ctx, tx, rec, req, drain)
 		},
 	})
+	// The reconciler pushes the new desired state now, not at its next
+	// tick: this call waits for the node (a deferred kick would run only
+	// after that wait, ~1 s later). The admission may also have superseded
+	// the Workspace's previous command: wake its waiters.
+	s.kick()
+	s.Store.Notify(store.WorkspaceTopic(id))
 	if err != nil {
 		return nil, err
 	}

@@ -674,3 +674,31 @@ func TestCreateWithNetworkPolicy(t *testing.T) {
 		t.Errorf("default policy = %v", w.GetNetworkPolicy())
 	}
 }
+
+// TestUpdateNetworkPolicyKicksBeforeWaiting: the call wakes the reconciler
+// as soon as the change is admitted, not after its own wait for the node —
+// otherwise the new desired state waits for the reconciler's next tick and
+// the call (and the workspace's new flows) with it. Here the node answers
+// only when kicked, so a kick that came after the wait would time out.
+func TestUpdateNetworkPolicyKicksBeforeWaiting(t *testing.T) {
+	t.Parallel()
+	s, st := newService(t)
+	addCatalog(t, st)
+	s.WaitBound = 5 * time.Second
+	ws := create(t, s, "kick-create").GetWorkspaceId()
+	running(t, st, ws)
+	kicked := make(chan struct{}, 8)
+	s.Kick = func() { kicked <- struct{}{} }
+	ch := updateAsync(s, updateReq("kick-1", ws, 1, webPolicy(), nil))
+	select {
+	case <-kicked:
+	case a := <-ch:
+		t.Fatalf("UpdateNetworkPolicy returned (%v, %v) before kicking the reconciler", a.res, a.err)
+	case <-time.After(4 * time.Second):
+		t.Fatal("the reconciler was not kicked while the call waited for the node")
+	}
+	play(t, st, ws, "kick-1", nil)
+	if a := answerOf(t, ch); a.err != nil {
+		t.Fatalf("UpdateNetworkPolicy = %v", a.err)
+	}
+}
