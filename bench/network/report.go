@@ -66,7 +66,7 @@ func num(v float64, prec int) string {
 	return fmt.Sprintf("%.*f", prec, v)
 }
 
-func pct(a, b float64) string { return num(100*a/b, 0) + " %" }
+func pct(a, b float64) string { return num(100*a/b, 1) + " %" }
 
 func yes(ok bool, measured bool) string {
 	switch {
