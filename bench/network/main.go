@@ -189,7 +189,8 @@ func (b *bench) runAll(ctx context.Context) error {
 	b.modRoot = filepath.Dir(gomod)
 	if rev, err := benchkit.Output(ctx, b.modRoot, "git", "rev-parse", "HEAD"); err == nil {
 		b.srcRev = rev
-		if st, err := benchkit.Output(ctx, b.modRoot, "git", "status", "--porcelain", "--untracked-files=no"); err == nil && st != "" {
+		// The results files are not the source (a rerun rewrites the day's).
+		if st, err := benchkit.Output(ctx, b.modRoot, "git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"); err == nil && st != "" {
 			b.srcRev += " (with uncommitted changes)"
 		}
 	}
