@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,6 +21,7 @@ import (
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
+	"github.com/kibotos/kibotos/internal/node/netattach"
 	"github.com/kibotos/kibotos/internal/pki"
 )
 
@@ -57,9 +59,25 @@ func freePort(t *testing.T) string {
 	return ln.Addr().String()
 }
 
+// removeBackstop removes, when t ends (after the cleanups registered later,
+// such as the kill of the node), the kernel backstop table of the node
+// with state directory stateDir: a node leaves its table installed when it
+// ends, and every test node has a state directory, and so a table, of its
+// own.
+func removeBackstop(t *testing.T, stateDir string) {
+	t.Cleanup(func() {
+		if err := netattach.BackstopOf(stateDir).Remove(); err != nil {
+			t.Logf("remove the node's backstop: %v", err)
+		}
+	})
+}
+
 // startCtrl starts kibotos-ctrl --dev and waits for its "serving" line.
 func startCtrl(t *testing.T, dataDir string, extra ...string) *ctrlProc {
 	t.Helper()
+	if !slices.Contains(extra, "--dev-no-node") {
+		removeBackstop(t, filepath.Join(dataDir, "node"))
+	}
 	args := append([]string{"--dev", "--data-dir", dataDir, "--listen", "127.0.0.1:0"}, extra...)
 	cmd := exec.Command(filepath.Join(binDir, "kibotos-ctrl"), args...)
 	stdout, err := cmd.StdoutPipe()

@@ -91,6 +91,7 @@ func TestNodeEnrollment(t *testing.T) {
 			t.Logf("sandbox.Cleanup: %v", err)
 		}
 	})
+	removeBackstop(t, stateDir)
 	startNode := func(extra ...string) (*exec.Cmd, *bytes.Buffer) {
 		args := append([]string{"--ctrl", p.url, "--ca", paths.CA, "--state-dir", stateDir,
 			"--guest-binary", filepath.Join(binDir, "kibotos-guest")}, extra...)

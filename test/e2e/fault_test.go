@@ -677,6 +677,7 @@ func TestFaultKillDuringCommands(t *testing.T) {
 			t.Logf("sandbox.Cleanup: %v", err)
 		}
 	})
+	removeBackstop(t, nodeRoot)
 	addr := freePort(t)
 	ctrlLog, err := os.Create(filepath.Join(logDir, "ctrl.log"))
 	if err != nil {

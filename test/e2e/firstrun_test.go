@@ -36,6 +36,7 @@ func TestFirstRunRelativeDataDir(t *testing.T) {
 			t.Logf("sandbox.Cleanup: %v", err)
 		}
 	})
+	removeBackstop(t, filepath.Join(dataDir, "node"))
 	cmd := exec.Command(filepath.Join(binDir, "kibotos-ctrl"), "--dev", "--data-dir", ".data", "--listen", "127.0.0.1:0")
 	cmd.Dir = work
 	stdout, err := cmd.StdoutPipe()

@@ -78,6 +78,7 @@ func newNetEnv(t *testing.T) *netEnv {
 			t.Logf("sandbox.Cleanup: %v", err)
 		}
 	})
+	removeBackstop(t, e.nodeRoot)
 	e.dnsPeer = nettest.NewPeer(t)
 	var err error
 	if e.dns, err = e.dnsPeer.DNS(); err != nil {

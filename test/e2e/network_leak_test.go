@@ -22,9 +22,9 @@ import (
 	"github.com/kibotos/kibotos/internal/node/sandbox"
 )
 
-// nftRuleset is every table, chain, rule, set and set element of the
-// host's network namespace, one line each, sorted.
-func nftRuleset(t *testing.T) []string {
+// nftTable is every chain, rule, set and set element of the host's inet
+// tables named name, one line each, sorted; nil when there is none.
+func nftTable(t *testing.T, name string) []string {
 	t.Helper()
 	c, err := nftables.New()
 	if err != nil {
@@ -36,6 +36,9 @@ func nftRuleset(t *testing.T) []string {
 	}
 	var out []string
 	for _, tb := range tables {
+		if tb.Family != nftables.TableFamilyINet || tb.Name != name {
+			continue
+		}
 		id := fmt.Sprintf("table %d %s", tb.Family, tb.Name)
 		out = append(out, id)
 		chains, err := c.ListChainsOfTableFamily(tb.Family)
@@ -207,10 +210,15 @@ func TestNetworkLeaks(t *testing.T) {
 	srv.Set("leak.kibotos.test", c.Addr)
 	rs := e.mustResolver(&ctrlv1.ResolverSpec{Protocol: &ctrlv1.ResolverSpec_Udp{Udp: &ctrlv1.UdpResolver{Address: srv.Addr.String()}}})
 
-	// The node is up and has set up what it sets up once (the backstop's
-	// table). Only what appears later counts: root tests of other packages
-	// running meanwhile may remove that shared table.
-	nftBefore, tapsBefore := nftRuleset(t), hostTaps(t)
+	// The node is up and has installed its backstop: the table of its own
+	// (named after its state directory), which no other node on the host
+	// touches. Of the TAP devices, only those that appear later count: root
+	// tests of other packages run meanwhile.
+	table := netattach.BackstopOf(e.nodeRoot).Table
+	nftBefore, tapsBefore := nftTable(t, table), hostTaps(t)
+	if len(nftBefore) == 0 {
+		t.Fatalf("the node's backstop table inet %s is not installed", table)
+	}
 
 	p := publicPolicy(nil, nil, route(eg.GetEgressId(), dest(netip.PrefixFrom(c.Addr, 32).String(), uint32(hs.Addr.Port()))))
 	p.Dns = &ctrlv1.DnsConfig{ResolverId: rs.GetResolverId(), ViaEgressId: eg.GetEgressId()}
@@ -283,14 +291,11 @@ func TestNetworkLeaks(t *testing.T) {
 	if got := added(tapsBefore, hostTaps(t)); len(got) > 0 {
 		t.Errorf("TAP devices on the host after the delete: %v", got)
 	}
-	var nftAdded []string
-	for _, l := range added(nftBefore, nftRuleset(t)) {
-		if strings.Contains(l, " "+netattach.TableName+" ") || strings.HasSuffix(l, " "+netattach.TableName) {
-			nftAdded = append(nftAdded, l)
-		}
-	}
-	if len(nftAdded) > 0 {
-		t.Errorf("nftables lines of table %s that were not there before the workspace:\n%s", netattach.TableName, strings.Join(nftAdded, "\n"))
+	// The node's restart replaced its table with the same one; the
+	// workspace added nothing to it.
+	if after := nftTable(t, table); !slices.Equal(after, nftBefore) {
+		t.Errorf("the node's backstop table inet %s changed over the workspace's life; added:\n%s\nremoved:\n%s",
+			table, strings.Join(added(nftBefore, after), "\n"), strings.Join(added(after, nftBefore), "\n"))
 	}
 	leaks, err := sandbox.Leaks(e.nodeRoot)
 	must(t, err)

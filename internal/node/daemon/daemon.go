@@ -61,7 +61,8 @@ type Config struct {
 // returns; the next Run re-adopts them. It first runs Preflight and checks
 // the templates, so that a node that could not run workspaces from them
 // fails here instead of reporting ready, and installs the kernel backstop of
-// workspace networks (network.go), which stays when the node ends.
+// workspace networks (network.go), the node's own table, which stays when
+// the node ends.
 func Run(ctx context.Context, cfg Config) error {
 	cfg, err := Preflight(cfg)
 	if err != nil {
@@ -75,11 +76,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := sandbox.CheckTemplateDir(rootfs); err != nil {
 		return fmt.Errorf("default template: %w", err)
 	}
-	if err := installBackstop(cfg); err != nil {
+	backstop, err := installBackstop(cfg)
+	if err != nil {
 		return err
 	}
 	rt, err := sandbox.New(sandbox.Config{Root: cfg.StateDir, GuestBinary: cfg.GuestBinary, IO: cfg.IO, Log: cfg.Log,
-		Network: networking(cfg)})
+		Network: networking(cfg, backstop.Mark)})
 	if err != nil {
 		return err
 	}

@@ -20,9 +20,10 @@ import (
 )
 
 // The node's side of workspace networks: the kernel backstop installed at
-// start, and the sandbox's Networking building internal/node/network's
+// start (the node's own nftables table and mark, derived from its state
+// directory), and the sandbox's Networking building internal/node/network's
 // Network on every attached TAP, with the operator's allow-list and
-// resolver in its Checker and every socket marked for the backstop.
+// resolver in its Checker and every socket marked for the node's backstop.
 
 // checkTUN is Preflight's check of /dev/net/tun.
 func checkTUN() error {
@@ -56,8 +57,9 @@ func resolverAt(addr netip.AddrPort) *net.Resolver {
 	}}
 }
 
-// networking is the sandbox's Networking of a node configured by cfg.
-func networking(cfg Config) *sandbox.Networking {
+// networking is the sandbox's Networking of a node configured by cfg whose
+// backstop judges mark.
+func networking(cfg Config, mark uint32) *sandbox.Networking {
 	checker := &netguard.Checker{Allow: cfg.AllowEndpointRanges}
 	if cfg.Resolver.IsValid() {
 		checker.Resolver = resolverAt(cfg.Resolver)
@@ -69,7 +71,7 @@ func networking(cfg Config) *sandbox.Networking {
 	return &sandbox.Networking{
 		Link: netattach.Options{Address: network.WorkspacePrefix, Gateway: network.Gateway, MTU: netstack.DefaultMTU},
 		New: func(ws string, ep stack.LinkEndpoint, nc *nodev1.NetworkConfig) (sandbox.Network, error) {
-			n, err := network.New(network.Config{Checker: checker, Mark: netattach.Mark, Log: log.With("workspace_id", ws)}, ep, nc)
+			n, err := network.New(network.Config{Checker: checker, Mark: mark, Log: log.With("workspace_id", ws)}, ep, nc)
 			if err != nil {
 				return nil, err
 			}
@@ -78,11 +80,13 @@ func networking(cfg Config) *sandbox.Networking {
 	}
 }
 
-// installBackstop installs the kernel backstop with the operator's
-// allow-list (it replaces an earlier node's).
-func installBackstop(cfg Config) error {
-	if _, err := netattach.InstallBackstop(cfg.AllowEndpointRanges); err != nil {
-		return fmt.Errorf("kernel backstop (nftables, needs nf_tables): %w", err)
+// installBackstop installs the kernel backstop of the node with state
+// directory cfg.StateDir, with the operator's allow-list (it replaces what
+// an earlier run of this node installed, and leaves other nodes' alone).
+func installBackstop(cfg Config) (*netattach.Backstop, error) {
+	b, err := netattach.InstallBackstop(cfg.StateDir, cfg.AllowEndpointRanges)
+	if err != nil {
+		return nil, fmt.Errorf("kernel backstop (nftables, needs nf_tables): %w", err)
 	}
-	return nil
+	return b, nil
 }

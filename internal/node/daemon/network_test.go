@@ -78,12 +78,21 @@ func TestNetworking(t *testing.T) {
 	go hostSrv.Serve(hostLn)
 	t.Cleanup(func() { hostSrv.Close() })
 
-	cfg := Config{AllowEndpointRanges: []netip.Prefix{nettest.Range}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	if err := installBackstop(cfg); err != nil {
+	root := filepath.Join(dir, "node")
+	if err := os.Mkdir(root, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	root := filepath.Join(dir, "node")
-	rt, err := sandbox.New(sandbox.Config{Root: root, GuestBinary: guestBin, Network: networking(cfg), Log: cfg.Log})
+	cfg := Config{StateDir: root, AllowEndpointRanges: []netip.Prefix{nettest.Range}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	backstop, err := installBackstop(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := backstop.Remove(); err != nil {
+			t.Error(err)
+		}
+	})
+	rt, err := sandbox.New(sandbox.Config{Root: root, GuestBinary: guestBin, Network: networking(cfg, backstop.Mark), Log: cfg.Log})
 	if err != nil {
 		t.Fatal(err)
 	}

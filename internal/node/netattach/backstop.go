@@ -4,10 +4,15 @@ package netattach
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/google/nftables"
@@ -18,20 +23,67 @@ import (
 	"github.com/kibotos/kibotos/internal/netguard"
 )
 
-// Mark is the SO_MARK of every socket the node opens on behalf of a
-// workspace (direct dials, Egress dials, DNS forwarding, UDP relays). The
-// backstop judges only packets with exactly this mark; the node's own
-// traffic (ctrl, name resolution of Egresses) carries none. The value spells
-// "kbot"; it shares no bit pattern with the masks that common
-// policy-routing users (Kubernetes, Tailscale, WireGuard tools) match.
-const Mark uint32 = 0x6b626f74
+// A node's backstop is an nftables table of its own, judging packets with a
+// mark of its own, both derived from the node's state directory: several
+// nodes on one host (tests running in parallel, a dev ctrl next to a real
+// node) each install theirs without touching the others'. Two tables
+// judging the same mark would conflict (an accept in one table's base chain
+// does not stop another's reject), so each table judges only its node's
+// mark, and an install refuses a mark another node's table already judges.
 
-// Control sets SO_MARK = Mark on a socket: the Control of a net.Dialer or
+// TablePrefix begins the name of every node's backstop table.
+const TablePrefix = "kibotos-"
+
+// markBase is the fixed part of every node's mark: its high half spells
+// "kb". The low half is 14 bits of the state directory's hash; bits 14 and
+// 15 stay clear, being those Kubernetes marks packets with for masquerade
+// (0x4000) and drop (0x8000).
+const (
+	markBase uint32 = 0x6b620000
+	markTag  uint32 = 0x3fff
+)
+
+// Backstop is a node's kernel backstop: the nftables table (family inet)
+// that rejects what a workspace must not reach, and the mark of the sockets
+// it judges.
+type Backstop struct {
+	// Table is the table's name: TablePrefix and 12 hex digits of the
+	// SHA-256 of the state directory, the same as the sandbox's root tag
+	// (the node's cgroup directory) for that directory.
+	Table string
+	// Mark is the SO_MARK of every socket the node opens on behalf of a
+	// workspace (direct dials, Egress dials, DNS forwarding, UDP relays); the
+	// table judges only packets with exactly this mark. The node's own
+	// traffic (ctrl, name resolution of Egresses) carries none.
+	Mark uint32
+	opts []nftables.ConnOption
+}
+
+// BackstopOf is the backstop of the node whose state directory is stateDir,
+// installed or not. It depends only on the directory (made absolute, and
+// with symlinks resolved when it exists), so that a restarting node finds
+// and replaces its own table.
+func BackstopOf(stateDir string) *Backstop {
+	dir, err := filepath.Abs(stateDir)
+	if err != nil {
+		dir = stateDir
+	}
+	if real, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = real
+	}
+	h := sha256.Sum256([]byte(filepath.Clean(dir)))
+	return &Backstop{
+		Table: TablePrefix + hex.EncodeToString(h[:6]),
+		Mark:  markBase | uint32(binary.BigEndian.Uint16(h[:2]))&markTag,
+	}
+}
+
+// Control sets SO_MARK = b.Mark on a socket: the Control of a net.Dialer or
 // net.ListenConfig whose sockets serve a workspace. It needs CAP_NET_ADMIN.
-func Control(_, _ string, c syscall.RawConn) error {
+func (b *Backstop) Control(_, _ string, c syscall.RawConn) error {
 	var serr error
 	if err := c.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(Mark))
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(b.Mark))
 	}); err != nil {
 		return err
 	}
@@ -41,17 +93,10 @@ func Control(_, _ string, c syscall.RawConn) error {
 	return nil
 }
 
-// TableName is the nftables table of the backstop (family inet).
-const TableName = "kibotos"
-
-// Backstop is the installed nftables table.
-type Backstop struct {
-	opts []nftables.ConnOption
-}
-
-// InstallBackstop installs, in the node's network namespace, the table inet
-// "kibotos" whose output chain (hook output, priority filter, policy
-// accept) judges packets marked with Mark, in this order:
+// InstallBackstop installs, in the node's network namespace, the backstop
+// of the node whose state directory is stateDir (BackstopOf): the table
+// inet b.Table whose output chain (hook output, priority filter, policy
+// accept) judges packets marked with b.Mark, in this order:
 //
 //  1. a destination of a local address type (fib daddr type local: any
 //     address of this host, loopback included) is rejected, whatever allow
@@ -64,18 +109,24 @@ type Backstop struct {
 // everything else passes. Rejection is a TCP reset for TCP and an ICMP port
 // unreachable otherwise, so the node's dial fails at once. The user-space
 // checks (netguard) come first; this is what still holds if they have a
-// bug. An existing table of that name (an earlier node's) is replaced in the
-// same transaction; the table outlives the node process on purpose (a
-// restarting node leaves no gap).
-func InstallBackstop(allow []netip.Prefix) (*Backstop, error) {
-	return installBackstop(allow)
+// bug. The node's existing table (an earlier run's) is replaced in the same
+// transaction; the table outlives the node process on purpose (a
+// restarting node leaves no gap). Other nodes' tables are left alone; if
+// one of them judges the same mark (a hash collision, 1 in 16,384 for two
+// nodes), the install fails naming it.
+func InstallBackstop(stateDir string, allow []netip.Prefix) (*Backstop, error) {
+	b := BackstopOf(stateDir)
+	if err := b.install(allow); err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
-func installBackstop(allow []netip.Prefix, opts ...nftables.ConnOption) (*Backstop, error) {
+func (b *Backstop) install(allow []netip.Prefix) error {
 	var allow4, allow6, special4, special6 []netip.Prefix
 	for _, p := range allow {
 		if !p.IsValid() {
-			return nil, fmt.Errorf("netattach: invalid allow prefix %v", p)
+			return fmt.Errorf("netattach: invalid allow prefix %v", p)
 		}
 		p = p.Masked()
 		if p.Addr().Is4() {
@@ -92,13 +143,19 @@ func installBackstop(allow []netip.Prefix, opts ...nftables.ConnOption) (*Backst
 		}
 	}
 
-	c, err := nftables.New(opts...)
+	c, err := nftables.New(b.opts...)
 	if err != nil {
-		return nil, fmt.Errorf("netattach: nftables: %w", err)
+		return fmt.Errorf("netattach: nftables: %w", err)
 	}
-	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
+	if other, err := markUser(c, b); err != nil {
+		return err
+	} else if other != "" {
+		return fmt.Errorf("netattach: the mark %#x of this node's backstop (table inet %s) is also judged by table inet %s, "+
+			"another node's on this host (if that node is gone for good, remove its table: nft delete table inet %s)", b.Mark, b.Table, other, other)
+	}
+	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: b.Table}
 	// Add (a no-op when it exists), delete, add: one transaction replaces
-	// whatever an earlier node left.
+	// whatever this node's earlier run left.
 	c.AddTable(t)
 	c.DelTable(t)
 	c.AddTable(t)
@@ -114,7 +171,7 @@ func installBackstop(allow []netip.Prefix, opts ...nftables.ConnOption) (*Backst
 			set.KeyType = nftables.TypeIP6Addr
 		}
 		if err := c.AddSet(set, intervalElements(s.prefixes)); err != nil {
-			return nil, fmt.Errorf("netattach: set %s: %w", s.name, err)
+			return fmt.Errorf("netattach: set %s: %w", s.name, err)
 		}
 		sets[s.name] = set
 	}
@@ -132,7 +189,7 @@ func installBackstop(allow []netip.Prefix, opts ...nftables.ConnOption) (*Backst
 	// Unmarked packets leave the table at once.
 	rule(out,
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(Mark)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(b.Mark)},
 		acceptV)
 	rule(out,
 		&expr.Fib{Register: 1, ResultADDRTYPE: true, FlagDADDR: true},
@@ -162,21 +219,61 @@ func installBackstop(allow []netip.Prefix, opts ...nftables.ConnOption) (*Backst
 	rule(refuse, &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH})
 
 	if err := c.Flush(); err != nil {
-		return nil, fmt.Errorf("netattach: install the nftables table %s: %w", TableName, err)
+		return fmt.Errorf("netattach: install the nftables table inet %s: %w", b.Table, err)
 	}
-	return &Backstop{opts: opts}, nil
+	return nil
 }
 
-// Remove deletes the table (tests; a node leaves it in place).
+// markUser is the name of another node's backstop table (TablePrefix)
+// that judges b.Mark, or "".
+func markUser(c *nftables.Conn, b *Backstop) (string, error) {
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return "", fmt.Errorf("netattach: list nftables tables: %w", err)
+	}
+	for _, t := range tables {
+		if t.Name == b.Table || !strings.HasPrefix(t.Name, TablePrefix) {
+			continue
+		}
+		rules, err := c.GetRules(t, &nftables.Chain{Name: "output", Table: t})
+		if err != nil {
+			if errors.Is(err, unix.ENOENT) { // removed meanwhile, or not a backstop
+				continue
+			}
+			return "", fmt.Errorf("netattach: read nftables table inet %s: %w", t.Name, err)
+		}
+		if m, ok := judgedMark(rules); ok && m == b.Mark {
+			return t.Name, nil
+		}
+	}
+	return "", nil
+}
+
+// judgedMark is the mark a backstop's output chain judges: the operand of
+// its first rule, meta mark != M accept.
+func judgedMark(rules []*nftables.Rule) (uint32, bool) {
+	if len(rules) == 0 || len(rules[0].Exprs) < 2 {
+		return 0, false
+	}
+	m, ok1 := rules[0].Exprs[0].(*expr.Meta)
+	cmp, ok2 := rules[0].Exprs[1].(*expr.Cmp)
+	if !ok1 || !ok2 || m.Key != expr.MetaKeyMARK || cmp.Op != expr.CmpOpNeq || len(cmp.Data) != 4 {
+		return 0, false
+	}
+	return binaryutil.NativeEndian.Uint32(cmp.Data), true
+}
+
+// Remove deletes the node's table: for tests, and for an operator retiring
+// a node (a node leaves its table in place). A table already gone is no
+// error.
 func (b *Backstop) Remove() error {
 	c, err := nftables.New(b.opts...)
 	if err != nil {
 		return err
 	}
-	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
-	c.DelTable(t)
+	c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: b.Table})
 	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("netattach: remove the nftables table %s: %w", TableName, err)
+		return fmt.Errorf("netattach: remove the nftables table inet %s: %w", b.Table, err)
 	}
 	return nil
 }

@@ -3,9 +3,14 @@
 package netattach
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,13 +75,46 @@ func TestIntervalElements(t *testing.T) {
 	}
 }
 
-// TestBackstop: in a namespace of its own (the node's) joined by a veth to
-// a peer namespace, with the backstop installed: a marked socket cannot
-// reach loopback or an address of the node's own, even one inside the
-// allow-list, nor a private address outside the allow-list; it reaches the
-// allow-listed peer. Unmarked sockets reach everything. A second install
-// replaces the table (a shorter allow-list then refuses the peer).
-func TestBackstop(t *testing.T) {
+func TestBackstopOf(t *testing.T) {
+	dir := t.TempDir()
+	real := filepath.Join(dir, "state")
+	if err := os.Mkdir(real, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	a := BackstopOf(real)
+	if !regexp.MustCompile(`^kibotos-[0-9a-f]{12}$`).MatchString(a.Table) {
+		t.Errorf("table %q", a.Table)
+	}
+	if a.Mark&^markTag != markBase || a.Mark&0xc000 != 0 {
+		t.Errorf("mark %#x", a.Mark)
+	}
+	// One directory, however spelled, is one backstop.
+	for _, spelling := range []string{real, real + "/", link, "state", "./link/../state"} {
+		if b := BackstopOf(spelling); b.Table != a.Table || b.Mark != a.Mark {
+			t.Errorf("BackstopOf(%q) = %s %#x, want %s %#x", spelling, b.Table, b.Mark, a.Table, a.Mark)
+		}
+	}
+	if b := BackstopOf(filepath.Join(dir, "other")); b.Table == a.Table {
+		t.Errorf("another directory has the same table %s", b.Table)
+	}
+}
+
+// backstopNet is a namespace of its own (the node's) joined by a veth to a
+// peer namespace that echoes on port on every address: the node's own
+// addresses (loop, loop6, own), the peer's on the shared links (allowed,
+// allowed6) and behind them (private, private6).
+type backstopNet struct {
+	node, peer                        *os.File
+	loop, loop6, own                  string
+	allowed, private, allowed6, priv6 string
+}
+
+func newBackstopNet(t *testing.T) *backstopNet {
 	requireRoot(t)
 	node, peer := newNetns(t), newNetns(t)
 	hn, hp := handleIn(t, node), handleIn(t, peer)
@@ -111,66 +149,107 @@ func TestBackstop(t *testing.T) {
 		Gw: net.ParseIP("fd00:1::2")}); err != nil {
 		t.Fatal(err)
 	}
-
-	loop := listenIn(t, node, "tcp", "127.0.0.1:0")
-	_, port, _ := net.SplitHostPort(loop)
-	loop6 := listenIn(t, node, "tcp", "[::1]:"+port)
-	own := listenIn(t, node, "tcp", "10.123.0.1:"+port)
+	n := &backstopNet{node: node, peer: peer}
+	n.loop = listenIn(t, node, "tcp", "127.0.0.1:0")
+	_, port, _ := net.SplitHostPort(n.loop)
+	n.loop6 = listenIn(t, node, "tcp", "[::1]:"+port)
+	n.own = listenIn(t, node, "tcp", "10.123.0.1:"+port)
 	listenIn(t, peer, "tcp", ":"+port)
-	allowed := net.JoinHostPort("10.123.0.2", port)
-	private := net.JoinHostPort("10.124.0.2", port)
-	allowed6 := net.JoinHostPort("fd00:1::2", port)
-	private6 := net.JoinHostPort("fd00:2::2", port)
+	n.allowed = net.JoinHostPort("10.123.0.2", port)
+	n.private = net.JoinHostPort("10.124.0.2", port)
+	n.allowed6 = net.JoinHostPort("fd00:1::2", port)
+	n.priv6 = net.JoinHostPort("fd00:2::2", port)
+	return n
+}
 
-	install := func(allow ...string) *Backstop {
-		var ps []netip.Prefix
-		for _, a := range allow {
-			ps = append(ps, netip.MustParsePrefix(a))
-		}
-		b, err := installBackstop(ps, nftables.WithNetNSFd(int(node.Fd())))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
+// install installs, in the node's namespace, the backstop of the node with
+// state directory stateDir and allow-list allow.
+func (n *backstopNet) install(t *testing.T, stateDir string, allow ...string) *Backstop {
+	t.Helper()
+	var ps []netip.Prefix
+	for _, a := range allow {
+		ps = append(ps, netip.MustParsePrefix(a))
 	}
-	check := func(marked bool, addr string, reach bool) {
-		t.Helper()
-		start := time.Now()
-		c, err := dialIn(t, node, marked, "tcp", addr)
-		t.Logf("marked=%v %s: %v (%v)", marked, addr, err, time.Since(start))
-		switch {
-		case reach && err != nil:
-			t.Errorf("marked=%v %s: %v", marked, addr, err)
-		case reach:
-			echoes(t, c)
-		case err == nil:
-			c.Close()
-			t.Errorf("marked=%v %s: connected through the backstop", marked, addr)
-		case !isRefused(err) || time.Since(start) > time.Second:
-			t.Errorf("marked=%v %s: %v after %v, want refused at once", marked, addr, err, time.Since(start))
-		}
+	b := BackstopOf(stateDir)
+	b.opts = []nftables.ConnOption{nftables.WithNetNSFd(int(n.node.Fd()))}
+	if err := b.install(ps); err != nil {
+		t.Fatal(err)
 	}
+	return b
+}
 
+// check dials addr from the node's namespace with b's mark (none when nil)
+// and checks that it connects and echoes (reach) or is refused at once.
+func (n *backstopNet) check(t *testing.T, b *Backstop, addr string, reach bool) {
+	t.Helper()
+	what := "unmarked"
+	if b != nil {
+		what = fmt.Sprintf("mark %#x", b.Mark)
+	}
+	start := time.Now()
+	c, err := dialIn(t, n.node, b, "tcp", addr)
+	t.Logf("%s %s: %v (%v)", what, addr, err, time.Since(start))
+	switch {
+	case reach && err != nil:
+		t.Errorf("%s %s: %v", what, addr, err)
+	case reach:
+		echoes(t, c)
+	case err == nil:
+		c.Close()
+		t.Errorf("%s %s: connected through the backstop", what, addr)
+	case !isRefused(err) || time.Since(start) > time.Second:
+		t.Errorf("%s %s: %v after %v, want refused at once", what, addr, err, time.Since(start))
+	}
+}
+
+// tables lists the backstop tables (TablePrefix) in the node's namespace.
+func (n *backstopNet) tables(t *testing.T) []string {
+	t.Helper()
+	c, err := nftables.New(nftables.WithNetNSFd(int(n.node.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, tb := range ts {
+		if strings.HasPrefix(tb.Name, TablePrefix) {
+			out = append(out, tb.Name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestBackstop: with a node's backstop installed, a socket with its mark
+// cannot reach loopback or an address of the node's own, even one inside
+// the allow-list, nor a private address outside the allow-list; it reaches
+// the allow-listed peer. Unmarked sockets reach everything. Remove takes
+// the table away.
+func TestBackstop(t *testing.T) {
+	n := newBackstopNet(t)
+	b := BackstopOf("/kibotos-test/node")
 	// Without the table everything connects, marked or not.
-	for _, a := range []string{loop, own, allowed, private, private6} {
-		check(true, a, true)
+	for _, a := range []string{n.loop, n.own, n.allowed, n.private, n.priv6} {
+		n.check(t, b, a, true)
 	}
-	b := install("10.123.0.0/24", "fd00:1::/64")
-	install("10.123.0.0/24", "fd00:1::/64") // idempotent
-	for _, a := range []string{loop, loop6, own, allowed, private, allowed6, private6} {
-		check(false, a, true)
+	n.install(t, "/kibotos-test/node", "10.123.0.0/24", "fd00:1::/64")
+	for _, a := range []string{n.loop, n.loop6, n.own, n.allowed, n.private, n.allowed6, n.priv6} {
+		n.check(t, nil, a, true)
 	}
-	check(true, loop, false)
-	check(true, loop6, false)
-	check(true, own, false) // local, although allow-listed
-	check(true, private, false)
-	check(true, allowed, true)
-	check(true, private6, false)
-	check(true, allowed6, true)
+	n.check(t, b, n.loop, false)
+	n.check(t, b, n.loop6, false)
+	n.check(t, b, n.own, false) // local, although allow-listed
+	n.check(t, b, n.private, false)
+	n.check(t, b, n.allowed, true)
+	n.check(t, b, n.priv6, false)
+	n.check(t, b, n.allowed6, true)
 	// UDP: a marked datagram to loopback is rejected too.
 	var uc net.Conn
 	var err error
-	in(t, node, func() { uc, err = (&net.Dialer{Control: Control}).Dial("udp", loop) })
+	in(t, n.node, func() { uc, err = (&net.Dialer{Control: b.Control}).Dial("udp", n.loop) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,22 +260,124 @@ func TestBackstop(t *testing.T) {
 	}
 	uc.Close()
 
-	install() // replaces the table: the peer is no longer allow-listed
-	check(true, allowed, false)
-	check(false, allowed, true)
-	c, err := nftables.New(nftables.WithNetNSFd(int(node.Fd())))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := len(slices.DeleteFunc(tables, func(t *nftables.Table) bool { return t.Name != TableName })); n != 1 {
-		t.Errorf("%d tables named %s", n, TableName)
-	}
+	b.opts = []nftables.ConnOption{nftables.WithNetNSFd(int(n.node.Fd()))}
 	if err := b.Remove(); err != nil {
 		t.Fatal(err)
 	}
-	check(true, loop, true)
+	if err := b.Remove(); err != nil { // gone already: no error
+		t.Fatal(err)
+	}
+	if ts := n.tables(t); len(ts) != 0 {
+		t.Errorf("tables after Remove: %v", ts)
+	}
+	n.check(t, b, n.loop, true)
+}
+
+// TestBackstopRestart: a node that starts again with the same state
+// directory (spelled differently: through a symlink) replaces its table,
+// allow-list included, instead of adding a second: the peer its first
+// table refused is reachable after the second install, which only the
+// first table's being gone allows (its reject would win over any accept).
+func TestBackstopRestart(t *testing.T) {
+	n := newBackstopNet(t)
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	if err := os.Mkdir(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(state, filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	first := n.install(t, filepath.Join(dir, "link"))
+	n.check(t, first, n.allowed, false)
+	second := n.install(t, state, "10.123.0.0/24")
+	if second.Table != first.Table || second.Mark != first.Mark {
+		t.Fatalf("restart: table %s mark %#x, was %s %#x", second.Table, second.Mark, first.Table, first.Mark)
+	}
+	if ts := n.tables(t); !slices.Equal(ts, []string{first.Table}) {
+		t.Errorf("tables after the restart: %v, want [%s]", ts, first.Table)
+	}
+	n.check(t, second, n.allowed, true)
+	n.check(t, second, n.private, false)
+	n.install(t, state, "10.123.0.0/24") // idempotent
+	if ts := n.tables(t); !slices.Equal(ts, []string{first.Table}) {
+		t.Errorf("tables after a third install: %v, want [%s]", ts, first.Table)
+	}
+	n.check(t, second, n.allowed, true)
+}
+
+// TestBackstopTwoNodes: two nodes on one host, with different allow-lists:
+// each node's marked sockets obey its own table only, whichever installed
+// last, and one node's restart or removal leaves the other's table as it
+// was.
+func TestBackstopTwoNodes(t *testing.T) {
+	n := newBackstopNet(t)
+	a := n.install(t, "/kibotos-test/node-a", "10.123.0.0/24", "fd00:1::/64")
+	b := n.install(t, "/kibotos-test/node-b", "10.124.0.0/24")
+	if a.Table == b.Table || a.Mark == b.Mark {
+		t.Fatalf("two nodes share a table or mark: %s %#x, %s %#x", a.Table, a.Mark, b.Table, b.Mark)
+	}
+	if ts, want := n.tables(t), slices.Sorted(slices.Values([]string{a.Table, b.Table})); !slices.Equal(ts, want) {
+		t.Fatalf("tables %v, want %v", ts, want)
+	}
+	obey := func() {
+		t.Helper()
+		for _, bs := range []*Backstop{a, b} {
+			n.check(t, bs, n.loop, false)
+			n.check(t, bs, n.own, false)
+		}
+		n.check(t, a, n.allowed, true)
+		n.check(t, a, n.allowed6, true)
+		n.check(t, a, n.private, false)
+		n.check(t, b, n.allowed, false)
+		n.check(t, b, n.allowed6, false)
+		n.check(t, b, n.private, true)
+		n.check(t, nil, n.allowed, true)
+		n.check(t, nil, n.private, true)
+	}
+	obey()
+	// A restarts (installs last now) with the same allow-list: nothing
+	// changes for either.
+	n.install(t, "/kibotos-test/node-a", "10.123.0.0/24", "fd00:1::/64")
+	obey()
+	// A's table goes: A's mark is judged by no table; B's still holds.
+	a.opts = []nftables.ConnOption{nftables.WithNetNSFd(int(n.node.Fd()))}
+	if err := a.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if ts := n.tables(t); !slices.Equal(ts, []string{b.Table}) {
+		t.Errorf("tables %v, want [%s]", ts, b.Table)
+	}
+	n.check(t, a, n.private, true)
+	n.check(t, b, n.allowed, false)
+	n.check(t, b, n.private, true)
+}
+
+// TestBackstopMarkCollision: a node whose mark another node's table already
+// judges (a hash collision) is refused, naming that table, and installs
+// nothing.
+func TestBackstopMarkCollision(t *testing.T) {
+	n := newBackstopNet(t)
+	a := n.install(t, "/kibotos-test/node-a")
+	other := &Backstop{Table: TablePrefix + "collides", Mark: a.Mark, opts: []nftables.ConnOption{nftables.WithNetNSFd(int(n.node.Fd()))}}
+	err := other.install(nil)
+	if err == nil || !strings.Contains(err.Error(), a.Table) || !strings.Contains(err.Error(), "nft delete table inet "+a.Table) {
+		t.Errorf("install with another table's mark: %v", err)
+	}
+	if ts := n.tables(t); !slices.Equal(ts, []string{a.Table}) {
+		t.Errorf("tables %v, want [%s]", ts, a.Table)
+	}
+	// The other table's mark is read back as installed.
+	c, err := nftables.New(nftables.WithNetNSFd(int(n.node.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := &nftables.Table{Family: nftables.TableFamilyINet, Name: a.Table}
+	rules, err := c.GetRules(tb, &nftables.Chain{Name: "output", Table: tb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := judgedMark(rules); !ok || m != a.Mark {
+		t.Errorf("judgedMark = %#x, %v; want %#x", m, ok, a.Mark)
+	}
 }

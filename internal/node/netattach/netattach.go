@@ -5,9 +5,10 @@
 // workspace's only interface (address, MTU, default route via the node's
 // gateway address), whose descriptor becomes a gVisor fdbased link endpoint
 // for the node's user-space stack (package internal/node/netstack). It also
-// holds the kernel backstop (backstop.go): the mark the node puts on every
-// socket it opens for a workspace, and the nftables table that rejects marked
-// packets to host-local and special-purpose addresses.
+// holds the kernel backstop (backstop.go), one per node, derived from its
+// state directory: the mark the node puts on every socket it opens for a
+// workspace, and the nftables table that rejects packets with that mark to
+// host-local and special-purpose addresses.
 //
 // Namespaces: the TAP is opened by an OS thread that has joined the
 // workspace's namespace (setns) and goes back right after; a thread that

@@ -103,12 +103,12 @@ func TestAttach(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	c, err := dialIn(t, ws, false, "tcp", "198.51.100.7:80")
+	c, err := dialIn(t, ws, nil, "tcp", "198.51.100.7:80")
 	if err != nil {
 		t.Fatal(err)
 	}
 	echoes(t, c)
-	open, err := dialIn(t, ws, false, "tcp", "198.51.100.7:80")
+	open, err := dialIn(t, ws, nil, "tcp", "198.51.100.7:80")
 	if err != nil {
 		t.Fatal(err)
 	}

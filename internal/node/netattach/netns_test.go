@@ -123,12 +123,12 @@ func listenIn(tb testing.TB, ns *os.File, network, addr string) string {
 	return l.Addr().String()
 }
 
-// dialIn dials addr from inside ns, with SO_MARK = Mark when marked.
-func dialIn(tb testing.TB, ns *os.File, marked bool, network, addr string) (net.Conn, error) {
+// dialIn dials addr from inside ns, with SO_MARK = b.Mark unless b is nil.
+func dialIn(tb testing.TB, ns *os.File, b *Backstop, network, addr string) (net.Conn, error) {
 	tb.Helper()
 	d := net.Dialer{Timeout: 5 * time.Second}
-	if marked {
-		d.Control = Control
+	if b != nil {
+		d.Control = b.Control
 	}
 	var c net.Conn
 	var err error
