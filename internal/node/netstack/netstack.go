@@ -42,6 +42,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"syscall"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -62,8 +63,13 @@ const (
 	DefaultDialTimeout = 10 * time.Second
 	DefaultMaxInFlight = 1024
 	DefaultMaxConns    = 16384
-	DefaultCopyBuffer  = 64 << 10
+	DefaultCopyBuffer  = 1 << 20
 )
+
+// heldCopyBuffer is the size of the buffer of a direction whose source cannot be
+// waited on without reading (the workspace's side, a TLS upstream): it is held for the
+// connection's life, so it stays small.
+const heldCopyBuffer = 64 << 10
 
 // TCP buffer sizes of the stack (gVisor's defaults are 1 MiB and 4 MiB; larger ones keep
 // a large-MTU link busy).
@@ -109,8 +115,11 @@ type Config struct {
 	// MaxConns bounds the live connections; a SYN beyond it gets a RST. 0 means
 	// DefaultMaxConns.
 	MaxConns int
-	// CopyBuffer is the size of the buffer of each direction of a splice; 0 means
-	// DefaultCopyBuffer.
+	// CopyBuffer is the size of the buffer a splice reads an upstream socket into (the
+	// workspace's downloads); 0 means DefaultCopyBuffer. It is taken from a pool only
+	// once the socket is readable and given back after each write to the workspace, so
+	// an idle connection holds none. The other direction, and an upstream that is not a
+	// plain socket (TLS to an Egress), copy through a held buffer of 64 KiB.
 	CopyBuffer int
 }
 
@@ -122,8 +131,8 @@ type Stack struct {
 	proto   tcpip.NetworkProtocolNumber
 	decide  func(context.Context, netip.AddrPort) (Decision, error)
 	timeout time.Duration
-	bufSize int
-	bufs    sync.Pool
+	bufs    sync.Pool // *[]byte of CopyBuffer, for reads of upstream sockets
+	held    sync.Pool // *[]byte of heldCopyBuffer
 	maxConn int
 
 	ctx    context.Context
@@ -231,7 +240,6 @@ func New(cfg Config) (*Stack, error) {
 		proto:    ipv4.ProtocolNumber,
 		decide:   cfg.Decide,
 		timeout:  timeout,
-		bufSize:  bufSize,
 		maxConn:  maxConns,
 		ctx:      ctx,
 		cancel:   cancel,
@@ -243,6 +251,7 @@ func New(cfg Config) (*Stack, error) {
 	}
 	st.idle = sync.NewCond(&st.mu)
 	st.bufs.New = func() any { b := make([]byte, bufSize); return &b }
+	st.held.New = func() any { b := make([]byte, heldCopyBuffer); return &b }
 	fail = func(what string, err tcpip.Error) (*Stack, error) {
 		cancel()
 		s.Close()
@@ -415,7 +424,13 @@ func (st *Stack) splice(c *conn) {
 			c.abort()
 		}
 	}()
-	if err := st.copyHalf(c.ws, c.up); err != nil {
+	var err error
+	if rc := rawConn(c.up); rc != nil {
+		err = st.copyFromSocket(c.ws, rc)
+	} else {
+		err = st.copyHalf(c.ws, c.up)
+	}
+	if err != nil {
 		c.abort()
 	}
 	<-done
@@ -425,17 +440,52 @@ func (st *Stack) splice(c *conn) {
 
 type closeWriter interface{ CloseWrite() error }
 
-// copyHalf copies src to dst through a bounded buffer; at src's end it half-closes dst.
+// bufPool is where reads of upstream sockets take their buffers (a *sync.Pool of
+// *[]byte).
+type bufPool interface {
+	Get() any
+	Put(any)
+}
+
+// copyHalf copies src to dst through a held buffer; at src's end it half-closes dst.
 // A failure is returned, EOF is not; a dst that cannot be half-closed is a failure (the
 // caller then ends the connection).
 func (st *Stack) copyHalf(dst, src net.Conn) error {
-	bp := st.bufs.Get().(*[]byte)
-	defer st.bufs.Put(bp)
+	bp := st.held.Get().(*[]byte)
+	defer st.held.Put(bp)
 	// The wrappers keep io.CopyBuffer on our buffer (no ReaderFrom/WriterTo shortcuts).
 	_, err := io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, *bp)
 	if err != nil {
 		return err
 	}
+	return halfClose(dst)
+}
+
+// copyFromSocket copies the upstream socket rc to dst as copyHalf does, each read into
+// a pooled buffer of CopyBuffer taken only once the socket is readable: one read takes
+// all the socket has queued (up to the buffer), and one write hands it to dst.
+func (st *Stack) copyFromSocket(dst net.Conn, rc syscall.RawConn) error {
+	for {
+		bp, n, err := readSocket(rc, &st.bufs)
+		if n > 0 {
+			_, err := dst.Write((*bp)[:n])
+			st.bufs.Put(bp)
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if err == io.EOF {
+			return halfClose(dst)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// halfClose half-closes dst after its source ended.
+func halfClose(dst net.Conn) error {
 	if cw, ok := dst.(closeWriter); ok {
 		if err := cw.CloseWrite(); err != nil {
 			return err

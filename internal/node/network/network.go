@@ -44,6 +44,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"syscall"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
@@ -288,6 +289,15 @@ func (u *upConn) Close() error {
 		u.n.mu.Unlock()
 	})
 	return err
+}
+
+// SyscallConn is the upstream's socket when it is a plain one (not TLS): the stack
+// then reads it directly, into a buffer taken only once it is readable.
+func (u *upConn) SyscallConn() (syscall.RawConn, error) {
+	if sc, ok := u.Conn.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return nil, errors.ErrUnsupported
 }
 
 // CloseWrite half-closes the upstream (the stack needs it to pass a FIN on).
