@@ -426,7 +426,7 @@ func (st *Stack) splice(c *conn) {
 	}()
 	var err error
 	if rc := rawConn(c.up); rc != nil {
-		err = st.copyFromSocket(c.ws, rc)
+		err = st.copyFromSocket(c, rc)
 	} else {
 		err = st.copyHalf(c.ws, c.up)
 	}
@@ -461,27 +461,74 @@ func (st *Stack) copyHalf(dst, src net.Conn) error {
 	return halfClose(dst)
 }
 
-// copyFromSocket copies the upstream socket rc to dst as copyHalf does, each read into
-// a pooled buffer of CopyBuffer taken only once the socket is readable: one read takes
-// all the socket has queued (up to the buffer), and one write hands it to dst.
-func (st *Stack) copyFromSocket(dst net.Conn, rc syscall.RawConn) error {
-	for {
-		bp, n, err := readSocket(rc, &st.bufs)
-		if n > 0 {
-			_, err := dst.Write((*bp)[:n])
-			st.bufs.Put(bp)
-			if err != nil {
-				return err
+// copyFromSocket copies the upstream socket rc to the workspace as copyHalf does, each
+// read into a pooled buffer of CopyBuffer taken only once the socket is readable: one
+// read takes all the socket has queued (up to the buffer), and one write hands it to
+// gVisor. Once data flows, a goroutine of its own reads ahead (one buffer queued) while
+// this one writes, so the socket's reads overlap gVisor's segmentation and the link's
+// writes: at most three buffers per connection, while it downloads.
+func (st *Stack) copyFromSocket(c *conn, rc syscall.RawConn) error {
+	bp, n, err := readSocket(rc, &st.bufs)
+	if n == 0 {
+		return endOfSource(c.ws, err)
+	}
+	type read struct {
+		bp  *[]byte
+		n   int
+		err error
+	}
+	reads := make(chan read, 1)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			bp, n, err := readSocket(rc, &st.bufs)
+			select {
+			case reads <- read{bp, n, err}:
+			case <-stop:
+				if bp != nil {
+					st.bufs.Put(bp)
+				}
+				return
 			}
-			continue
+			if n == 0 {
+				return
+			}
 		}
-		if err == io.EOF {
-			return halfClose(dst)
-		}
+	}()
+	for {
+		_, err := c.ws.Write((*bp)[:n])
+		st.bufs.Put(bp)
 		if err != nil {
+			// The reader may wait on the socket: closing the upstream ends it.
+			close(stop)
+			c.abort()
+			<-done
+			select {
+			case r := <-reads:
+				if r.bp != nil {
+					st.bufs.Put(r.bp)
+				}
+			default:
+			}
 			return err
 		}
+		r := <-reads
+		if r.n == 0 {
+			<-done
+			return endOfSource(c.ws, r.err)
+		}
+		bp, n = r.bp, r.n
 	}
+}
+
+// endOfSource ends a copy to dst whose source ended with err: io.EOF half-closes dst.
+func endOfSource(dst net.Conn, err error) error {
+	if err == io.EOF {
+		return halfClose(dst)
+	}
+	return err
 }
 
 // halfClose half-closes dst after its source ended.

@@ -704,3 +704,51 @@ func TestHalfOpenHandshake(t *testing.T) {
 	ch.Close()
 	waitFor(t, func() bool { return runtime.NumGoroutine() <= before })
 }
+
+// TestDownloadEndsWhenWorkspaceResets: a download under way (the upstream streaming, the
+// splice reading ahead) whose workspace side is reset: the node ends the upstream, the
+// connection is forgotten, and no goroutine of it remains.
+func TestDownloadEndsWhenWorkspaceResets(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ended := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			ended <- err
+			return
+		}
+		defer c.Close()
+		chunk := make([]byte, 256<<10)
+		for {
+			if _, err := c.Write(chunk); err != nil {
+				ended <- err
+				return
+			}
+		}
+	}()
+	before := runtime.NumGoroutine()
+	p := newPair(t, Config{Decide: decider(dialTo(l.Addr().String()), nil)})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := p.dial(ctx, allowed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 4<<20)); err != nil {
+		t.Fatal(err)
+	}
+	// Closed with data unread: a RST to the node, whose writes to it then fail.
+	c.Close()
+	select {
+	case <-ended:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upstream still streams 5 s after the workspace reset the connection")
+	}
+	waitFor(t, func() bool { return p.node.Count() == 0 })
+	p.close()
+	waitFor(t, func() bool { return runtime.NumGoroutine() <= before })
+}
