@@ -48,6 +48,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/link/qdisc/fifo"
 	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv6"
@@ -77,6 +78,10 @@ const (
 	tcpBufferDefault = 1 << 20
 	tcpBufferMax     = 8 << 20
 )
+
+// linkQueueLen bounds the packets queued for the link and not written yet; a full queue
+// drops, as a NIC's transmit queue does (TCP recovers them).
+const linkQueueLen = 1000
 
 const nicID tcpip.NICID = 1
 
@@ -268,7 +273,11 @@ func New(cfg Config) (*Stack, error) {
 	s.SetTransportProtocolHandler(udp.ProtocolNumber, func(stack.TransportEndpointID, *stack.PacketBuffer) bool { return true })
 
 	cfg.Link.SetMTU(mtu)
-	if err := s.CreateNICWithOptions(nicID, cfg.Link, stack.NICOptions{Name: "workspace", Disabled: true}); err != nil {
+	// The link's writes (a syscall per frame on a TAP) run in a goroutine of their own,
+	// behind a FIFO: a download's segmentation and its writes to the link overlap.
+	qdisc := fifo.New(cfg.Link, 1, linkQueueLen)
+	if err := s.CreateNICWithOptions(nicID, cfg.Link, stack.NICOptions{Name: "workspace", Disabled: true, QDisc: qdisc}); err != nil {
+		qdisc.Close()
 		return fail("NIC", err)
 	}
 	if err := s.SetPromiscuousMode(nicID, true); err != nil {
