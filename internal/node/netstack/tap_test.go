@@ -104,14 +104,16 @@ func tapNetns(tb testing.TB) (name, ipPath string, fd int) {
 
 func nsPath(name string) string { return "/var/run/netns/" + name }
 
-// tapStack is the Stack on fdbased over the TAP fd.
+// tapStack is the Stack on fdbased over the TAP fd, with internal/node/netattach's
+// options.
 func tapStack(tb testing.TB, fd int, cfg Config) *Stack {
 	tb.Helper()
 	link, err := fdbased.New(&fdbased.Options{
-		FDs:            []int{fd},
-		MTU:            DefaultMTU,
-		EthernetHeader: true,
-		Address:        tcpip.LinkAddress("\x02\x6b\x62\x00\x00\x01"),
+		FDs:               []int{fd},
+		MTU:               DefaultMTU,
+		EthernetHeader:    true,
+		Address:           tcpip.LinkAddress("\x02\x6b\x62\x00\x00\x01"),
+		RXChecksumOffload: true,
 	})
 	if err != nil {
 		tb.Fatal(err)
