@@ -67,9 +67,9 @@ const (
 	DefaultCopyBuffer  = 1 << 20
 )
 
-// heldCopyBuffer is the size of the buffer of a direction whose source cannot be
-// waited on without reading (the workspace's side, a TLS upstream): it is held for the
-// connection's life, so it stays small.
+// heldCopyBuffer is the size of the buffer of a download whose upstream cannot be
+// waited on without reading (TLS): it is held for the connection's life, so it stays
+// small.
 const heldCopyBuffer = 64 << 10
 
 // TCP buffer sizes of the stack (gVisor's defaults are 1 MiB and 4 MiB; larger ones keep
@@ -120,11 +120,10 @@ type Config struct {
 	// MaxConns bounds the live connections; a SYN beyond it gets a RST. 0 means
 	// DefaultMaxConns.
 	MaxConns int
-	// CopyBuffer is the size of the buffer a splice reads an upstream socket into (the
-	// workspace's downloads); 0 means DefaultCopyBuffer. It is taken from a pool only
-	// once the socket is readable and given back after each write to the workspace, so
-	// an idle connection holds none. The other direction, and an upstream that is not a
-	// plain socket (TLS to an Egress), copy through a held buffer of 64 KiB.
+	// CopyBuffer is the size of the buffers a splice reads into; 0 means
+	// DefaultCopyBuffer. Each is taken from a pool only once its source is readable and
+	// given back after the write, so an idle connection holds none. An upstream that is
+	// not a plain socket (TLS to an Egress) is read through a held buffer of 64 KiB.
 	CopyBuffer int
 }
 
@@ -136,7 +135,7 @@ type Stack struct {
 	proto   tcpip.NetworkProtocolNumber
 	decide  func(context.Context, netip.AddrPort) (Decision, error)
 	timeout time.Duration
-	bufs    sync.Pool // *[]byte of CopyBuffer, for reads of upstream sockets
+	bufs    sync.Pool // *[]byte of CopyBuffer, taken by a splice while its source has data
 	held    sync.Pool // *[]byte of heldCopyBuffer
 	maxConn int
 
@@ -161,6 +160,7 @@ type conn struct {
 
 	// Guarded by Stack.mu: nil until the handshake completed, then set once.
 	ep tcpip.Endpoint
+	wq *waiter.Queue // ep's
 	ws *gonet.TCPConn
 	// killed asks connect to end the connection as soon as it is established.
 	killed bool
@@ -396,8 +396,8 @@ func (st *Stack) connect(r *tcp.ForwarderRequest) (*conn, bool) {
 	st.conns[c] = struct{}{}
 	st.mu.Unlock()
 
-	var wq waiter.Queue
-	ep, terr := r.CreateEndpoint(&wq)
+	wq := new(waiter.Queue)
+	ep, terr := r.CreateEndpoint(wq)
 	if terr != nil {
 		r.Complete(true)
 		up.Close()
@@ -406,7 +406,7 @@ func (st *Stack) connect(r *tcp.ForwarderRequest) (*conn, bool) {
 	}
 	r.Complete(false)
 	st.mu.Lock()
-	c.ep, c.ws = ep, gonet.NewTCPConn(&wq, ep)
+	c.ep, c.wq, c.ws = ep, wq, gonet.NewTCPConn(wq, ep)
 	killed := c.killed
 	st.mu.Unlock()
 	if killed {
@@ -429,7 +429,7 @@ func (st *Stack) splice(c *conn) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := st.copyHalf(c.up, c.ws); err != nil {
+		if err := st.copyFromWorkspace(c); err != nil {
 			c.abort()
 		}
 	}()
@@ -468,6 +468,37 @@ func (st *Stack) copyHalf(dst, src net.Conn) error {
 		return err
 	}
 	return halfClose(dst)
+}
+
+// copyFromWorkspace copies the workspace's side to the upstream as copyHalf does, each
+// read into a pooled buffer of CopyBuffer taken only once the endpoint is readable: one
+// read takes all gVisor has queued (up to the buffer), and one write hands it to the
+// upstream.
+func (st *Stack) copyFromWorkspace(c *conn) error {
+	const events = waiter.ReadableEvents | waiter.EventHUp | waiter.EventErr
+	e, ready := waiter.NewChannelEntry(events)
+	c.wq.EventRegister(&e)
+	defer c.wq.EventUnregister(&e)
+	for {
+		// Registered first: a notification between the check and the wait is kept.
+		for c.ep.Readiness(events) == 0 {
+			<-ready
+		}
+		bp := st.bufs.Get().(*[]byte)
+		n, err := c.ws.Read(*bp)
+		if n > 0 {
+			_, err := c.up.Write((*bp)[:n])
+			st.bufs.Put(bp)
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		st.bufs.Put(bp)
+		if err != nil {
+			return endOfSource(c.up, err)
+		}
+	}
 }
 
 // copyFromSocket copies the upstream socket rc to the workspace as copyHalf does, each
