@@ -103,6 +103,34 @@ func (n *nodeProc) stop() error {
 	}
 }
 
+// procCPU is the CPU time (user and system, all threads) the process pid
+// has used so far, from /proc/PID/stat (clock ticks of 1/100 s).
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The fields after the command's closing parenthesis: state is the
+	// 3rd of the line, utime and stime the 14th and 15th.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, b)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, b)
+	}
+	var ticks int64
+	for _, s := range f[11:13] {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond, nil
+}
+
 // procStatus reads fields of /proc/PID/status (kB values in bytes).
 func procStatus(pid int) map[string]int64 {
 	out := map[string]int64{}

@@ -264,9 +264,9 @@ func (b *bench) runAll(ctx context.Context) error {
 	}{
 		{"paths", func(ctx context.Context) error {
 			paths := []path{
-				workspacePath("workspace, direct", b.ws, s.sink.Addr, s.source.Addr, s.conn.Addr),
+				workspacePath("workspace, direct", b.ws, b.node.pid(), s.sink.Addr, s.source.Addr, s.conn.Addr),
 				peerPath("kernel veth + NAT (reference)", refPeer, b.bin.probe, s.sink.Addr, s.source.Addr, s.conn.Addr),
-				workspacePath("workspace, through the Egress", b.ws, s.sinkE.Addr, s.sourceE.Addr, s.connE.Addr),
+				workspacePath("workspace, through the Egress", b.ws, b.node.pid(), s.sinkE.Addr, s.sourceE.Addr, s.connE.Addr),
 				hostPath("host client through the same Dante (reference)", dialVia(b.dante), s.sinkE.Addr, s.sourceE.Addr, s.connE.Addr),
 				hostPath("host client, direct", dialDirect, s.sink.Addr, s.source.Addr, s.conn.Addr),
 			}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -30,15 +31,21 @@ type path struct {
 	// connects makes n connects one after another and returns each one's
 	// latency.
 	connects func(ctx context.Context, n int) ([]time.Duration, int, error)
+	// nodeCPU, for the workspace's paths, is the CPU time kibotos-node has
+	// used so far (each transfer's share is reported per GiB moved).
+	nodeCPU func() (time.Duration, error)
 }
 
 // pathResult is what the run measured on a path.
 type pathResult struct {
-	Name       string
-	Up, Down   []float64 // Gbit/s of each run
-	Connect    []time.Duration
-	ConnFailed int
-	Errors     []string
+	Name     string
+	Up, Down []float64 // Gbit/s of each run
+	// NodeUp, NodeDown: kibotos-node's CPU seconds per GiB moved, each run
+	// (workspace paths only).
+	NodeUp, NodeDown []float64
+	Connect          []time.Duration
+	ConnFailed       int
+	Errors           []string
 }
 
 // servers are the server ports of the run in the server peer: one set
@@ -86,10 +93,12 @@ func probeConnects(out string) ([]time.Duration, int, error) {
 	return ds, r.Failed, nil
 }
 
-// workspacePath is netprobe inside the workspace to sink/source/conn.
-func workspacePath(name string, w *workspace, sink, source, conn netip.AddrPort) path {
+// workspacePath is netprobe inside the workspace to sink/source/conn;
+// nodePID is kibotos-node's.
+func workspacePath(name string, w *workspace, nodePID int, sink, source, conn netip.AddrPort) path {
 	return path{
-		name: name,
+		name:    name,
+		nodeCPU: func() (time.Duration, error) { return procCPU(nodePID) },
 		transfer: func(ctx context.Context, up bool, n int64) (time.Duration, error) {
 			dir, to := "down", source
 			if up {
@@ -246,6 +255,11 @@ func measurePaths(ctx context.Context, paths []path, bytes int64, repeats, conne
 	for r := range repeats {
 		for _, up := range []bool{true, false} {
 			for i, p := range paths {
+				var cpu0 time.Duration
+				var cpuErr error
+				if p.nodeCPU != nil {
+					cpu0, cpuErr = p.nodeCPU()
+				}
 				d, err := p.transfer(ctx, up, bytes)
 				dir := "down"
 				if up {
@@ -257,11 +271,26 @@ func measurePaths(ctx context.Context, paths []path, bytes int64, repeats, conne
 					continue
 				}
 				g := float64(bytes) * 8 / d.Seconds() / 1e9
-				logf("  %s %s #%d: %.2f Gbit/s", p.name, dir, r+1, g)
+				cpu := math.NaN()
+				if p.nodeCPU != nil && cpuErr == nil {
+					if cpu1, err := p.nodeCPU(); err == nil {
+						cpu = (cpu1 - cpu0).Seconds() / (float64(bytes) / (1 << 30))
+					}
+				}
+				if math.IsNaN(cpu) {
+					logf("  %s %s #%d: %.2f Gbit/s", p.name, dir, r+1, g)
+				} else {
+					logf("  %s %s #%d: %.2f Gbit/s, node CPU %.2f s/GiB", p.name, dir, r+1, g, cpu)
+				}
 				if up {
 					res[i].Up = append(res[i].Up, g)
 				} else {
 					res[i].Down = append(res[i].Down, g)
+				}
+				if !math.IsNaN(cpu) && up {
+					res[i].NodeUp = append(res[i].NodeUp, cpu)
+				} else if !math.IsNaN(cpu) {
+					res[i].NodeDown = append(res[i].NodeDown, cpu)
 				}
 			}
 		}

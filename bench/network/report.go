@@ -151,6 +151,14 @@ func (b *bench) report() string {
 			p("| %s | %s | %s | %s | %s | %s | %s | %s | %d | %d |\n", r.Name, num(median(r.Up), 2), num(best(r.Up), 2), num(median(r.Down), 2), num(best(r.Down), 2),
 				num(cd.p(50), 3), num(cd.p(90), 3), num(cd.p(99), 3), r.ConnFailed, len(r.Errors))
 		}
+		p("\nkibotos-node's CPU time (user and system, all its threads, from /proc/PID/stat) per GiB moved, over each transfer of the workspace's paths (the netprobe's own process runs in the workspace, not in the node):\n\n")
+		p("| path | up s/GiB median | down s/GiB median |\n|---|---|---|\n")
+		for _, r := range b.paths {
+			if len(r.NodeUp)+len(r.NodeDown) == 0 {
+				continue
+			}
+			p("| %s | %s | %s |\n", r.Name, num(median(r.NodeUp), 2), num(median(r.NodeDown), 2))
+		}
 		p("\nEvery run, Gbit/s:\n\n")
 		for _, r := range b.paths {
 			p("- %s: up %s; down %s\n", r.Name, nums(r.Up), nums(r.Down))
