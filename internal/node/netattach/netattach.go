@@ -3,8 +3,10 @@
 // Package netattach attaches a workspace's network namespace to the node: a
 // TAP device "eth0" created inside the namespace, configured as the
 // workspace's only interface (address, MTU, default route via the node's
-// gateway address), whose descriptor becomes a gVisor fdbased link endpoint
-// for the node's user-space stack (package internal/node/netstack). It also
+// gateway address), whose descriptor becomes a gVisor link endpoint for the
+// node's user-space stack (package internal/node/netstack; tap.go: frames
+// with a virtio-net header, TCP checksums left to each side's trust, reads
+// in Go's network poller). It also
 // holds the kernel backstop (backstop.go), one per node, derived from its
 // state directory: the mark the node puts on every socket it opens for a
 // workspace, and the nftables table that rejects packets with that mark to
@@ -19,10 +21,10 @@
 //
 // The workspace's root owns its namespace: it may reconfigure, take down or
 // delete eth0. Nothing of that reaches the host: reads of a deleted device
-// fail, and the endpoint's reader then ends quietly (gVisor's dispatcher
-// returns on any read error other than EAGAIN, and polls otherwise). Closing
-// the Link closes the descriptor, which removes the TAP (it is not
-// persistent), and with it every connection of the workspace.
+// fail, and the endpoint's reader then ends quietly (it returns on any read
+// error other than EAGAIN, and waits in the poller otherwise). Closing the
+// Link closes the descriptor, which removes the TAP (it is not persistent),
+// and with it every connection of the workspace.
 package netattach
 
 import (
@@ -40,7 +42,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
@@ -82,12 +83,12 @@ func (o Options) check() error {
 
 // Link is an attached TAP.
 type Link struct {
-	// Endpoint is the node's side: a gVisor fdbased endpoint on the TAP's
+	// Endpoint is the node's side: a gVisor link endpoint on the TAP's
 	// descriptor, for one stack. After Close it neither reads nor writes.
 	Endpoint stack.LinkEndpoint
 
 	ep   *guarded
-	fd   int
+	tap  *tapEndpoint
 	once sync.Once
 }
 
@@ -124,7 +125,6 @@ func AttachNetns(ns *os.File, o Options) (*Link, error) {
 	l, err := setup(fd, h, o)
 	h.Close()
 	if err != nil {
-		unix.Close(fd)
 		return nil, err
 	}
 	return l, nil
@@ -202,50 +202,54 @@ func tunSetIFF(name string) (int, error) {
 		_     [22]byte
 	}
 	copy(ifr.name[:], name)
-	ifr.flags = unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_TUN_EXCL
+	ifr.flags = openTAPFlags
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TUNSETIFF, uintptr(unsafe.Pointer(&ifr))); errno != 0 {
 		unix.Close(fd)
 		return -1, errno
+	}
+	if err := setVnetHdr(fd); err != nil {
+		unix.Close(fd)
+		return -1, err
 	}
 	return fd, nil
 }
 
 // setup configures the TAP through h (bound to its namespace) and makes the
-// endpoint on fd.
+// endpoint on fd, which it owns from then on (closed on failure).
 func setup(fd int, h *netlink.Handle, o Options) (*Link, error) {
-	link, err := h.LinkByName(Name)
-	if err != nil {
-		return nil, fmt.Errorf("netattach: %s: %w", Name, err)
-	}
-	if err := h.LinkSetMTU(link, int(o.MTU)); err != nil {
-		return nil, fmt.Errorf("netattach: MTU of %s: %w", Name, err)
-	}
-	addr := &netlink.Addr{IPNet: prefixNet(o.Address)}
-	if err := h.AddrAdd(link, addr); err != nil {
-		return nil, fmt.Errorf("netattach: address of %s: %w", Name, err)
-	}
-	if err := h.LinkSetUp(link); err != nil {
-		return nil, fmt.Errorf("netattach: %s up: %w", Name, err)
-	}
-	route := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: o.Gateway.AsSlice()}
-	if err := h.RouteAdd(route); err != nil {
-		return nil, fmt.Errorf("netattach: default route via %s: %w", o.Gateway, err)
-	}
-	ep, err := fdbased.New(&fdbased.Options{
-		FDs:            []int{fd},
-		MTU:            o.MTU,
-		EthernetHeader: true,
-		Address:        NodeMAC,
-		// The stack does not verify the checksums of what arrives: a TAP is memory
-		// to memory, and the only one writing to it is the workspace's kernel, which
-		// could as well send any payload with a checksum that holds.
-		RXChecksumOffload: true,
-	})
+	tap, err := newTAPEndpoint(fd, o.MTU, NodeMAC)
 	if err != nil {
 		return nil, fmt.Errorf("netattach: endpoint: %w", err)
 	}
-	g := &guarded{LinkEndpoint: ep}
-	return &Link{Endpoint: g, ep: g, fd: fd}, nil
+	if err := configure(h, o); err != nil {
+		tap.close()
+		return nil, err
+	}
+	g := &guarded{LinkEndpoint: tap, gso: tap}
+	return &Link{Endpoint: g, ep: g, tap: tap}, nil
+}
+
+// configure sets eth0 up through h: MTU, address, up, default route.
+func configure(h *netlink.Handle, o Options) error {
+	link, err := h.LinkByName(Name)
+	if err != nil {
+		return fmt.Errorf("netattach: %s: %w", Name, err)
+	}
+	if err := h.LinkSetMTU(link, int(o.MTU)); err != nil {
+		return fmt.Errorf("netattach: MTU of %s: %w", Name, err)
+	}
+	addr := &netlink.Addr{IPNet: prefixNet(o.Address)}
+	if err := h.AddrAdd(link, addr); err != nil {
+		return fmt.Errorf("netattach: address of %s: %w", Name, err)
+	}
+	if err := h.LinkSetUp(link); err != nil {
+		return fmt.Errorf("netattach: %s up: %w", Name, err)
+	}
+	route := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: o.Gateway.AsSlice()}
+	if err := h.RouteAdd(route); err != nil {
+		return fmt.Errorf("netattach: default route via %s: %w", o.Gateway, err)
+	}
+	return nil
 }
 
 // Close stops the endpoint (its reader has ended when Close returns, and it
@@ -256,19 +260,18 @@ func (l *Link) Close() error {
 	var err error
 	l.once.Do(func() {
 		l.ep.shut()
-		err = unix.Close(l.fd)
+		err = l.tap.close()
 	})
 	return err
 }
 
-// guarded is the fdbased endpoint with a lock around writes and attaching,
-// so that nothing uses the descriptor once Link.Close has begun (its number
-// may be reused by another file right after).
+// guarded is the TAP's endpoint with a lock around writes and attaching, so
+// that nothing uses the descriptor once Link.Close has begun.
 type guarded struct {
 	stack.LinkEndpoint
-	mu       sync.RWMutex
-	closed   bool
-	attached bool // a reader was started once
+	gso    stack.GSOEndpoint
+	mu     sync.RWMutex
+	closed bool
 }
 
 // WritePackets writes unless the link is closed.
@@ -281,6 +284,12 @@ func (g *guarded) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 	return g.LinkEndpoint.WritePackets(pkts)
 }
 
+// GSOMaxSize implements stack.GSOEndpoint.
+func (g *guarded) GSOMaxSize() uint32 { return g.gso.GSOMaxSize() }
+
+// SupportedGSO implements stack.GSOEndpoint.
+func (g *guarded) SupportedGSO() stack.SupportedGSO { return g.gso.SupportedGSO() }
+
 // Attach starts the reader, or stops it (nil); once the link is closed it
 // starts nothing.
 func (g *guarded) Attach(d stack.NetworkDispatcher) {
@@ -292,7 +301,6 @@ func (g *guarded) Attach(d stack.NetworkDispatcher) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if !g.closed {
-		g.attached = true
 		g.LinkEndpoint.Attach(d)
 	}
 }
@@ -302,22 +310,10 @@ func (g *guarded) Attach(d stack.NetworkDispatcher) {
 func (g *guarded) shut() {
 	g.mu.Lock()
 	g.closed = true
-	attached := g.attached
 	g.mu.Unlock()
-	if !attached {
-		// fdbased starts its packet processors in New and ends them when
-		// a reader ends: start one to end them.
-		g.LinkEndpoint.Attach(discard{})
-	}
 	g.LinkEndpoint.Attach(nil)
 	g.LinkEndpoint.Wait()
 }
-
-// discard drops what a reader started only to be stopped delivers.
-type discard struct{}
-
-func (discard) DeliverNetworkPacket(tcpip.NetworkProtocolNumber, *stack.PacketBuffer) {}
-func (discard) DeliverLinkPacket(tcpip.NetworkProtocolNumber, *stack.PacketBuffer)    {}
 
 func prefixNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}

@@ -19,9 +19,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-	"gvisor.dev/gvisor/pkg/tcpip"
-	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
-	"gvisor.dev/gvisor/pkg/tcpip/link/tun"
+
+	"github.com/kibotos/kibotos/internal/node/netattach"
 )
 
 // inNetns runs fn on an OS thread that has joined the network namespace ns (a path
@@ -59,13 +58,12 @@ func inNetns(ns string, fn func() error) error {
 	return <-errc
 }
 
-// TestTAPInNetns: a TAP in a network namespace the test creates, its fd handed to
-// fdbased, and a connection from inside the namespace through the Stack to an echo
-// server on the host's loopback; a refused destination is connection refused there.
-// tapNetns creates a network namespace with a TAP device configured as a workspace's
-// (wsAddr, default route via gateway) and returns its name, the ip command and the TAP's
-// fd, all removed when tb ends. It skips tb when not root or a tool is missing.
-func tapNetns(tb testing.TB) (name, ipPath string, fd int) {
+// tapNetns creates a network namespace with the workspace's TAP in it, as
+// internal/node/netattach makes it in production (eth0: wsAddr, default route via
+// gateway, the node's link endpoint on its descriptor), and returns the namespace's
+// name, the ip command and the link, all removed when tb ends. It skips tb when not root
+// or a tool is missing.
+func tapNetns(tb testing.TB) (name, ipPath string, link *netattach.Link) {
 	tb.Helper()
 	if os.Geteuid() != 0 {
 		tb.Skip("needs root: creates a network namespace and a TAP device")
@@ -77,48 +75,34 @@ func tapNetns(tb testing.TB) (name, ipPath string, fd int) {
 	if _, err := os.Stat("/dev/net/tun"); err != nil {
 		tb.Skip("needs /dev/net/tun")
 	}
-	ip := func(args ...string) {
-		tb.Helper()
-		if out, err := exec.Command(ipPath, args...).CombinedOutput(); err != nil {
-			tb.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
 	name = fmt.Sprintf("kbnetstack-%d", os.Getpid())
-	ip("netns", "add", name)
+	if out, err := exec.Command(ipPath, "netns", "add", name).CombinedOutput(); err != nil {
+		tb.Fatalf("ip netns add: %v: %s", err, out)
+	}
 	tb.Cleanup(func() { exec.Command(ipPath, "netns", "del", name).Run() })
-
-	if err := inNetns(nsPath(name), func() error {
-		var err error
-		fd, err = tun.OpenTAP("tap0")
-		return err
-	}); err != nil {
+	if out, err := exec.Command(ipPath, "-n", name, "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		tb.Fatalf("lo up: %v: %s", err, out)
+	}
+	ns, err := os.Open(nsPath(name))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ns.Close()
+	link, err = netattach.AttachNetns(ns, netattach.Options{Address: wsAddr, Gateway: gateway, MTU: DefaultMTU})
+	if err != nil {
 		tb.Fatalf("TAP in the netns: %v", err)
 	}
-	tb.Cleanup(func() { unix.Close(fd) })
-	ip("-n", name, "link", "set", "lo", "up")
-	ip("-n", name, "link", "set", "tap0", "mtu", fmt.Sprint(DefaultMTU), "up")
-	ip("-n", name, "addr", "add", wsAddr.String(), "dev", "tap0")
-	ip("-n", name, "route", "add", "default", "via", gateway.String())
-	return name, ipPath, fd
+	tb.Cleanup(func() { link.Close() })
+	return name, ipPath, link
 }
 
 func nsPath(name string) string { return "/var/run/netns/" + name }
 
-// tapStack is the Stack on fdbased over the TAP fd, with internal/node/netattach's
-// options.
-func tapStack(tb testing.TB, fd int, cfg Config) *Stack {
+// tapStack is the Stack on the TAP's link endpoint; closed when tb ends (before the
+// link).
+func tapStack(tb testing.TB, link *netattach.Link, cfg Config) *Stack {
 	tb.Helper()
-	link, err := fdbased.New(&fdbased.Options{
-		FDs:               []int{fd},
-		MTU:               DefaultMTU,
-		EthernetHeader:    true,
-		Address:           tcpip.LinkAddress("\x02\x6b\x62\x00\x00\x01"),
-		RXChecksumOffload: true,
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cfg.Link, cfg.Address, cfg.Gateway = link, wsAddr, gateway
+	cfg.Link, cfg.Address, cfg.Gateway = link.Endpoint, wsAddr, gateway
 	node, err := New(cfg)
 	if err != nil {
 		tb.Fatal(err)
@@ -140,11 +124,14 @@ func dialInside(name string, dst netip.AddrPort) (net.Conn, error) {
 	return c, err
 }
 
+// TestTAPInNetns: the workspace's TAP in a network namespace the test creates, and a
+// connection from inside the namespace through the Stack to an echo server on the
+// host's loopback; a refused destination is connection refused there.
 func TestTAPInNetns(t *testing.T) {
-	name, ipPath, fd := tapNetns(t)
+	name, ipPath, link := tapNetns(t)
 	echo := echoServer(t)
 	before := runtime.NumGoroutine()
-	node := tapStack(t, fd, Config{Decide: decider(dialTo(echo), nil)})
+	node := tapStack(t, link, Config{Decide: decider(dialTo(echo), nil)})
 	dialInside := func(dst netip.AddrPort) (net.Conn, error) { return dialInside(name, dst) }
 
 	start := time.Now()
@@ -200,15 +187,15 @@ func TestTAPInNetns(t *testing.T) {
 
 	c.Close()
 	node.Close()
-	// fdbased's dispatch goroutines end with the NIC.
+	// The link's reader ends with the NIC.
 	waitFor(t, func() bool { return runtime.NumGoroutine() <= before })
 }
 
-// BenchmarkTAPThroughput: one connection from inside a netns through the TAP, fdbased
+// BenchmarkTAPThroughput: one connection from inside a netns through the TAP, its link
 // and the Stack to a process on the host's loopback (up: the workspace sends; down: it
 // receives). The production path, less the workspace's sandbox.
 func BenchmarkTAPThroughput(b *testing.B) {
-	name, _, fd := tapNetns(b)
+	name, _, link := tapNetns(b)
 	chunk := make([]byte, 256<<10)
 	for _, dir := range []string{"up", "down"} {
 		b.Run(dir, func(b *testing.B) {
@@ -217,7 +204,7 @@ func BenchmarkTAPThroughput(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer l.Close()
-			node := tapStack(b, fd, Config{Decide: decider(dialTo(l.Addr().String()), nil)})
+			node := tapStack(b, link, Config{Decide: decider(dialTo(l.Addr().String()), nil)})
 			defer node.Close()
 			done := make(chan int64, 1)
 			go func() {
