@@ -25,13 +25,19 @@
 // requests to the gateway's own address are answered (by gVisor); a ping of any other
 // destination stays unanswered.
 //
-// Close waits for every goroutine of the stack, so Decide and Dial must return when
-// their ctx ends. The link endpoint's resources beyond the stack (a TAP fd given to
-// fdbased) stay the caller's, to close after Close.
+// Splices copy through pooled buffers (Config.CopyBuffer) taken only while their source
+// has data: one read takes all that is queued and one write hands it on; a download
+// reads its upstream socket ahead in a second goroutine while the first writes to
+// gVisor. The link's writes run in a goroutine of their own behind a FIFO queue, so a
+// download's segmentation and its frames' writes overlap.
 //
-// In production the link endpoint is gVisor's fdbased endpoint on the TAP device
-// internal/node/netattach makes in the workspace's netns, and internal/node/network
-// runs the stack with a workspace's policy.
+// Close waits for every goroutine of the stack, so Decide and Dial must return when
+// their ctx ends. The link endpoint's resources beyond the stack (the TAP's descriptor)
+// stay the caller's, to close after Close.
+//
+// In production the link endpoint is internal/node/netattach's, on the TAP device it
+// makes in the workspace's netns, and internal/node/network runs the stack with a
+// workspace's policy.
 package netstack
 
 import (
@@ -99,9 +105,9 @@ type Decision struct {
 
 // Config configures a Stack.
 type Config struct {
-	// Link is the endpoint the workspace's frames arrive on: fdbased on a TAP fd in
-	// production, channel or pipe endpoints in tests. The Stack attaches it and detaches
-	// it at Close.
+	// Link is the endpoint the workspace's frames arrive on: internal/node/netattach's
+	// on a TAP in production, channel or pipe endpoints in tests. The Stack attaches it
+	// and detaches it at Close.
 	Link stack.LinkEndpoint
 	// Address is the workspace's own address and the prefix of its subnet.
 	Address netip.Prefix
