@@ -48,6 +48,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -130,7 +131,50 @@ type Config struct {
 	// DefaultCopyBuffer. Each is taken from a pool only once its source is readable and
 	// given back after the write, so an idle connection holds none. An upstream that is
 	// not a plain socket (TLS to an Egress) is read through a held buffer of 64 KiB.
+	// At most MaxCopyBuffers of them are out at once per stack: beyond that, reads use
+	// 64 KiB buffers, so that a workspace opening many busy connections (and reading
+	// none of them) cannot make the node hold CopyBuffer × 3 per connection.
 	CopyBuffer int
+}
+
+// MaxCopyBuffers bounds the CopyBuffer-sized buffers a Stack's splices hold at once
+// (64 MiB at the default size); further reads take 64 KiB buffers.
+const MaxCopyBuffers = 64
+
+// copyBufs is the pool of a Stack's splice buffers: CopyBuffer-sized ones up to
+// MaxCopyBuffers out at once, then heldCopyBuffer-sized ones from small. Put tells the
+// two apart by capacity.
+type copyBufs struct {
+	size  int
+	big   sync.Pool
+	small *sync.Pool
+	out   atomic.Int64
+}
+
+// Get returns a *[]byte of size bytes, or of heldCopyBuffer bytes once MaxCopyBuffers
+// are out.
+func (p *copyBufs) Get() any {
+	if p.size <= heldCopyBuffer {
+		return p.big.Get()
+	}
+	if p.out.Add(1) > MaxCopyBuffers {
+		p.out.Add(-1)
+		return p.small.Get()
+	}
+	return p.big.Get()
+}
+
+// Put gives back a buffer Get returned.
+func (p *copyBufs) Put(x any) {
+	b := x.(*[]byte)
+	if p.size > heldCopyBuffer && cap(*b) != p.size {
+		p.small.Put(b)
+		return
+	}
+	if p.size > heldCopyBuffer {
+		p.out.Add(-1)
+	}
+	p.big.Put(b)
 }
 
 // Stack is the node's TCP/IP stack of one workspace.
@@ -141,7 +185,7 @@ type Stack struct {
 	proto   tcpip.NetworkProtocolNumber
 	decide  func(context.Context, netip.AddrPort) (Decision, error)
 	timeout time.Duration
-	bufs    sync.Pool // *[]byte of CopyBuffer, taken by a splice while its source has data
+	bufs    copyBufs  // *[]byte of CopyBuffer (bounded, then 64 KiB), taken by a splice while its source has data
 	held    sync.Pool // *[]byte of heldCopyBuffer
 	maxConn int
 
@@ -261,7 +305,8 @@ func New(cfg Config) (*Stack, error) {
 		st.proto = ipv6.ProtocolNumber
 	}
 	st.idle = sync.NewCond(&st.mu)
-	st.bufs.New = func() any { b := make([]byte, bufSize); return &b }
+	st.bufs.size, st.bufs.small = bufSize, &st.held
+	st.bufs.big.New = func() any { b := make([]byte, bufSize); return &b }
 	st.held.New = func() any { b := make([]byte, heldCopyBuffer); return &b }
 	fail = func(what string, err tcpip.Error) (*Stack, error) {
 		cancel()
