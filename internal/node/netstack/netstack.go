@@ -447,6 +447,18 @@ func (st *Stack) connect(r *tcp.ForwarderRequest) (*conn, bool) {
 	st.conns[c] = struct{}{}
 	st.mu.Unlock()
 
+	// A Close or CloseWhere while the upstream was dialed ends it here, before the
+	// handshake: CreateEndpoint completes the handshake itself and, on a stack closed
+	// meanwhile, would wait out the workspace's SYN-ACK retransmissions (~2 min).
+	st.mu.Lock()
+	killed := c.killed || st.closed
+	st.mu.Unlock()
+	if killed {
+		r.Complete(true)
+		up.Close()
+		st.unregister(c)
+		return nil, false
+	}
 	wq := new(waiter.Queue)
 	ep, terr := r.CreateEndpoint(wq)
 	if terr != nil {
@@ -458,7 +470,7 @@ func (st *Stack) connect(r *tcp.ForwarderRequest) (*conn, bool) {
 	r.Complete(false)
 	st.mu.Lock()
 	c.ep, c.wq, c.ws = ep, wq, gonet.NewTCPConn(wq, ep)
-	killed := c.killed
+	killed = c.killed
 	st.mu.Unlock()
 	if killed {
 		c.abort()
