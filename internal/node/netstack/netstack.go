@@ -758,11 +758,34 @@ func (st *Stack) Close() error {
 	// endpoints: aborting them also ends the handshakes the forwarder waits on.
 	st.s.RemoveNIC(nicID)
 	st.s.Close()
+	// A handshake whose route was found before RemoveNIC registers its endpoint only
+	// after s.Close aborted the others; left alone it would wait out its SYN-ACK
+	// retransmissions (1 s doubling to 60 s: ~2 min) before the handler returns. Until
+	// the handlers are gone, such endpoints are aborted as they appear.
+	stop := make(chan struct{})
+	reaped := make(chan struct{})
+	go func() {
+		defer close(reaped)
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				for _, e := range st.s.RegisteredEndpoints() {
+					e.Abort()
+				}
+			}
+		}
+	}()
 	st.mu.Lock()
 	for st.active > 0 {
 		st.idle.Wait()
 	}
 	st.mu.Unlock()
+	close(stop)
+	<-reaped
 	st.s.Wait()
 	return nil
 }

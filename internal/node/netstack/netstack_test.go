@@ -705,6 +705,35 @@ func TestHalfOpenHandshake(t *testing.T) {
 	waitFor(t, func() bool { return runtime.NumGoroutine() <= before })
 }
 
+// TestCloseRacingHandshakes: Close at every point of a handshake's start, including
+// the gap where gVisor found the route before RemoveNIC but registers the endpoint
+// after Stack.Close aborted the registered ones (that endpoint then retransmitted its
+// SYN-ACK for ~2 min and Close waited for it; about 1 in 2,000 here).
+func TestCloseRacingHandshakes(t *testing.T) {
+	echo := echoServer(t)
+	n := 3000
+	if testing.Short() {
+		n = 300
+	}
+	for i := 0; i < n; i++ {
+		ch := channel.New(64, DefaultMTU, "")
+		st, err := New(Config{Link: ch, Address: wsAddr, Gateway: gateway, Decide: decider(dialTo(echo), nil)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch.InjectInbound(ipv4.ProtocolNumber, synPacket(netip.AddrPortFrom(wsAddr.Addr(), 40002), allowed))
+		time.Sleep(time.Duration(i%400) * time.Microsecond)
+		done := make(chan struct{})
+		go func() { st.Close(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(3 * time.Second):
+			t.Fatalf("iteration %d: Close still waits after 3 s", i)
+		}
+		ch.Close()
+	}
+}
+
 // TestDownloadEndsWhenWorkspaceResets: a download under way (the upstream streaming, the
 // splice reading ahead) whose workspace side is reset: the node ends the upstream, the
 // connection is forgotten, and no goroutine of it remains.
