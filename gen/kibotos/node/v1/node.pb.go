@@ -23,6 +23,63 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// MemoryPressureLevel is how hard the node's memory is pressed.
+type MemoryPressureLevel int32
+
+const (
+	// Not measured.
+	MemoryPressureLevel_MEMORY_PRESSURE_LEVEL_UNSPECIFIED MemoryPressureLevel = 0
+	// Below every threshold.
+	MemoryPressureLevel_MEMORY_PRESSURE_LEVEL_NONE MemoryPressureLevel = 1
+	// Past the warning threshold: nothing is stopped yet.
+	MemoryPressureLevel_MEMORY_PRESSURE_LEVEL_MODERATE MemoryPressureLevel = 2
+	// Past the stop threshold: ctrl stops workspaces on the node.
+	MemoryPressureLevel_MEMORY_PRESSURE_LEVEL_CRITICAL MemoryPressureLevel = 3
+)
+
+// Enum value maps for MemoryPressureLevel.
+var (
+	MemoryPressureLevel_name = map[int32]string{
+		0: "MEMORY_PRESSURE_LEVEL_UNSPECIFIED",
+		1: "MEMORY_PRESSURE_LEVEL_NONE",
+		2: "MEMORY_PRESSURE_LEVEL_MODERATE",
+		3: "MEMORY_PRESSURE_LEVEL_CRITICAL",
+	}
+	MemoryPressureLevel_value = map[string]int32{
+		"MEMORY_PRESSURE_LEVEL_UNSPECIFIED": 0,
+		"MEMORY_PRESSURE_LEVEL_NONE":        1,
+		"MEMORY_PRESSURE_LEVEL_MODERATE":    2,
+		"MEMORY_PRESSURE_LEVEL_CRITICAL":    3,
+	}
+)
+
+func (x MemoryPressureLevel) Enum() *MemoryPressureLevel {
+	p := new(MemoryPressureLevel)
+	*p = x
+	return p
+}
+
+func (x MemoryPressureLevel) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MemoryPressureLevel) Descriptor() protoreflect.EnumDescriptor {
+	return file_kibotos_node_v1_node_proto_enumTypes[0].Descriptor()
+}
+
+func (MemoryPressureLevel) Type() protoreflect.EnumType {
+	return &file_kibotos_node_v1_node_proto_enumTypes[0]
+}
+
+func (x MemoryPressureLevel) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MemoryPressureLevel.Descriptor instead.
+func (MemoryPressureLevel) EnumDescriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{0}
+}
+
 // ExecState is what a node reports about a workspace's execution.
 type ExecState int32
 
@@ -73,11 +130,11 @@ func (x ExecState) String() string {
 }
 
 func (ExecState) Descriptor() protoreflect.EnumDescriptor {
-	return file_kibotos_node_v1_node_proto_enumTypes[0].Descriptor()
+	return file_kibotos_node_v1_node_proto_enumTypes[1].Descriptor()
 }
 
 func (ExecState) Type() protoreflect.EnumType {
-	return &file_kibotos_node_v1_node_proto_enumTypes[0]
+	return &file_kibotos_node_v1_node_proto_enumTypes[1]
 }
 
 func (x ExecState) Number() protoreflect.EnumNumber {
@@ -86,7 +143,7 @@ func (x ExecState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ExecState.Descriptor instead.
 func (ExecState) EnumDescriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{0}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{1}
 }
 
 // Power is the desired power state.
@@ -130,11 +187,11 @@ func (x Power) String() string {
 }
 
 func (Power) Descriptor() protoreflect.EnumDescriptor {
-	return file_kibotos_node_v1_node_proto_enumTypes[1].Descriptor()
+	return file_kibotos_node_v1_node_proto_enumTypes[2].Descriptor()
 }
 
 func (Power) Type() protoreflect.EnumType {
-	return &file_kibotos_node_v1_node_proto_enumTypes[1]
+	return &file_kibotos_node_v1_node_proto_enumTypes[2]
 }
 
 func (x Power) Number() protoreflect.EnumNumber {
@@ -143,7 +200,7 @@ func (x Power) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Power.Descriptor instead.
 func (Power) EnumDescriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{1}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{2}
 }
 
 // RenewCertificateRequest asks for a fresh certificate.
@@ -378,6 +435,7 @@ type ConnectRequest struct {
 	//	*ConnectRequest_Hello
 	//	*ConnectRequest_Report
 	//	*ConnectRequest_Heartbeat
+	//	*ConnectRequest_VolumeReport
 	Body          isConnectRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -447,6 +505,15 @@ func (x *ConnectRequest) GetHeartbeat() *Heartbeat {
 	return nil
 }
 
+func (x *ConnectRequest) GetVolumeReport() *VolumeReport {
+	if x != nil {
+		if x, ok := x.Body.(*ConnectRequest_VolumeReport); ok {
+			return x.VolumeReport
+		}
+	}
+	return nil
+}
+
 type isConnectRequest_Body interface {
 	isConnectRequest_Body()
 }
@@ -466,11 +533,18 @@ type ConnectRequest_Heartbeat struct {
 	Heartbeat *Heartbeat `protobuf:"bytes,3,opt,name=heartbeat,proto3,oneof"`
 }
 
+type ConnectRequest_VolumeReport struct {
+	// volume_report tells what a Volume image is now.
+	VolumeReport *VolumeReport `protobuf:"bytes,4,opt,name=volume_report,json=volumeReport,proto3,oneof"`
+}
+
 func (*ConnectRequest_Hello) isConnectRequest_Body() {}
 
 func (*ConnectRequest_Report) isConnectRequest_Body() {}
 
 func (*ConnectRequest_Heartbeat) isConnectRequest_Body() {}
+
+func (*ConnectRequest_VolumeReport) isConnectRequest_Body() {}
 
 // Hello introduces the node.
 type Hello struct {
@@ -486,7 +560,9 @@ type Hello struct {
 	// features are the optional parts the node serves (see the Feature*
 	// names of internal/nodewire), for example "network" once it runs
 	// per-workspace networks with policies, Egresses and Resolvers.
-	Features      []string `protobuf:"bytes,5,rep,name=features,proto3" json:"features,omitempty"`
+	Features []string `protobuf:"bytes,5,rep,name=features,proto3" json:"features,omitempty"`
+	// volumes are the Volume images the node holds right now.
+	Volumes       []*VolumeReport `protobuf:"bytes,6,rep,name=volumes,proto3" json:"volumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -552,6 +628,13 @@ func (x *Hello) GetTemplates() []*TemplateInfo {
 func (x *Hello) GetFeatures() []string {
 	if x != nil {
 		return x.Features
+	}
+	return nil
+}
+
+func (x *Hello) GetVolumes() []*VolumeReport {
+	if x != nil {
+		return x.Volumes
 	}
 	return nil
 }
@@ -688,7 +771,10 @@ func (x *Capacity) GetStoragePool() string {
 type Heartbeat struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// sent_at is the node's clock.
-	SentAt        *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
+	SentAt *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
+	// memory is the node's memory condition; unset when the node does not
+	// measure it.
+	Memory        *MemoryCondition `protobuf:"bytes,2,opt,name=memory,proto3" json:"memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -730,6 +816,154 @@ func (x *Heartbeat) GetSentAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Heartbeat) GetMemory() *MemoryCondition {
+	if x != nil {
+		return x.Memory
+	}
+	return nil
+}
+
+// MemoryCondition is what the node measures of the memory its workspaces
+// use.
+type MemoryCondition struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// level is the node's own judgement against its thresholds.
+	Level MemoryPressureLevel `protobuf:"varint,1,opt,name=level,proto3,enum=kibotos.node.v1.MemoryPressureLevel" json:"level,omitempty"`
+	// used_mib is the memory the workspaces' parent cgroup uses.
+	UsedMib uint64 `protobuf:"varint,2,opt,name=used_mib,json=usedMib,proto3" json:"used_mib,omitempty"`
+	// limit_mib is what the node allows its workspaces in total (its host
+	// memory budget, not the sum of their limits, which may overcommit it).
+	LimitMib uint64 `protobuf:"varint,3,opt,name=limit_mib,json=limitMib,proto3" json:"limit_mib,omitempty"`
+	// psi_some_avg10 is the PSI "some" avg10 of the workspaces' memory, in
+	// hundredths of a percent, when the kernel reports PSI; 0 otherwise.
+	PsiSomeAvg10 uint32 `protobuf:"varint,4,opt,name=psi_some_avg10,json=psiSomeAvg10,proto3" json:"psi_some_avg10,omitempty"`
+	// workspaces are the memory each running workspace uses, largest first
+	// (at most 256).
+	Workspaces    []*WorkspaceMemory `protobuf:"bytes,5,rep,name=workspaces,proto3" json:"workspaces,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemoryCondition) Reset() {
+	*x = MemoryCondition{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemoryCondition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemoryCondition) ProtoMessage() {}
+
+func (x *MemoryCondition) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemoryCondition.ProtoReflect.Descriptor instead.
+func (*MemoryCondition) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *MemoryCondition) GetLevel() MemoryPressureLevel {
+	if x != nil {
+		return x.Level
+	}
+	return MemoryPressureLevel_MEMORY_PRESSURE_LEVEL_UNSPECIFIED
+}
+
+func (x *MemoryCondition) GetUsedMib() uint64 {
+	if x != nil {
+		return x.UsedMib
+	}
+	return 0
+}
+
+func (x *MemoryCondition) GetLimitMib() uint64 {
+	if x != nil {
+		return x.LimitMib
+	}
+	return 0
+}
+
+func (x *MemoryCondition) GetPsiSomeAvg10() uint32 {
+	if x != nil {
+		return x.PsiSomeAvg10
+	}
+	return 0
+}
+
+func (x *MemoryCondition) GetWorkspaces() []*WorkspaceMemory {
+	if x != nil {
+		return x.Workspaces
+	}
+	return nil
+}
+
+// WorkspaceMemory is one workspace's memory use.
+type WorkspaceMemory struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// workspace_id is the workspace.
+	WorkspaceId string `protobuf:"bytes,1,opt,name=workspace_id,json=workspaceId,proto3" json:"workspace_id,omitempty"`
+	// used_mib is what its cgroup uses.
+	UsedMib       uint64 `protobuf:"varint,2,opt,name=used_mib,json=usedMib,proto3" json:"used_mib,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkspaceMemory) Reset() {
+	*x = WorkspaceMemory{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkspaceMemory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkspaceMemory) ProtoMessage() {}
+
+func (x *WorkspaceMemory) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkspaceMemory.ProtoReflect.Descriptor instead.
+func (*WorkspaceMemory) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *WorkspaceMemory) GetWorkspaceId() string {
+	if x != nil {
+		return x.WorkspaceId
+	}
+	return ""
+}
+
+func (x *WorkspaceMemory) GetUsedMib() uint64 {
+	if x != nil {
+		return x.UsedMib
+	}
+	return 0
+}
+
 // ExecutionReport is the observed state of one workspace on the node.
 type ExecutionReport struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -765,14 +999,16 @@ type ExecutionReport struct {
 	Permanent bool `protobuf:"varint,12,opt,name=permanent,proto3" json:"permanent,omitempty"`
 	// network is what the execution's network applies; unset when the node
 	// holds no execution or does not serve networks.
-	Network       *NetworkStatus `protobuf:"bytes,13,opt,name=network,proto3" json:"network,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Network *NetworkStatus `protobuf:"bytes,13,opt,name=network,proto3" json:"network,omitempty"`
+	// layer_capacity_bytes is the writable layer's size when it exists.
+	LayerCapacityBytes uint64 `protobuf:"varint,14,opt,name=layer_capacity_bytes,json=layerCapacityBytes,proto3" json:"layer_capacity_bytes,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ExecutionReport) Reset() {
 	*x = ExecutionReport{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[9]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -784,7 +1020,7 @@ func (x *ExecutionReport) String() string {
 func (*ExecutionReport) ProtoMessage() {}
 
 func (x *ExecutionReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[9]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -797,7 +1033,7 @@ func (x *ExecutionReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecutionReport.ProtoReflect.Descriptor instead.
 func (*ExecutionReport) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExecutionReport) GetWorkspaceId() string {
@@ -891,6 +1127,13 @@ func (x *ExecutionReport) GetNetwork() *NetworkStatus {
 	return nil
 }
 
+func (x *ExecutionReport) GetLayerCapacityBytes() uint64 {
+	if x != nil {
+		return x.LayerCapacityBytes
+	}
+	return 0
+}
+
 // NetworkStatus is the network an execution applies.
 type NetworkStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -915,7 +1158,7 @@ type NetworkStatus struct {
 
 func (x *NetworkStatus) Reset() {
 	*x = NetworkStatus{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -927,7 +1170,7 @@ func (x *NetworkStatus) String() string {
 func (*NetworkStatus) ProtoMessage() {}
 
 func (x *NetworkStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -940,7 +1183,7 @@ func (x *NetworkStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkStatus.ProtoReflect.Descriptor instead.
 func (*NetworkStatus) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{10}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NetworkStatus) GetAppliedRevision() uint64 {
@@ -990,7 +1233,7 @@ type ConnectResponse struct {
 
 func (x *ConnectResponse) Reset() {
 	*x = ConnectResponse{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[11]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1002,7 +1245,7 @@ func (x *ConnectResponse) String() string {
 func (*ConnectResponse) ProtoMessage() {}
 
 func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[11]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1015,7 +1258,7 @@ func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
 func (*ConnectResponse) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{11}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ConnectResponse) GetDesired() *DesiredState {
@@ -1036,13 +1279,17 @@ type DesiredState struct {
 	// deleted_egress_ids are Egresses deleted since: the node closes at once
 	// every connection still draining through one of them (DeleteEgress).
 	DeletedEgressIds []string `protobuf:"bytes,3,rep,name=deleted_egress_ids,json=deletedEgressIds,proto3" json:"deleted_egress_ids,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// volumes are the desired Volume images of the node (all of them when
+	// full is set: the node then deletes the images it holds that are not
+	// listed and no workspace of it mounts).
+	Volumes       []*DesiredVolume `protobuf:"bytes,4,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DesiredState) Reset() {
 	*x = DesiredState{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[12]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1054,7 +1301,7 @@ func (x *DesiredState) String() string {
 func (*DesiredState) ProtoMessage() {}
 
 func (x *DesiredState) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[12]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1067,7 +1314,7 @@ func (x *DesiredState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredState.ProtoReflect.Descriptor instead.
 func (*DesiredState) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{12}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DesiredState) GetFull() bool {
@@ -1091,6 +1338,182 @@ func (x *DesiredState) GetDeletedEgressIds() []string {
 	return nil
 }
 
+func (x *DesiredState) GetVolumes() []*DesiredVolume {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
+}
+
+// DesiredVolume is what ctrl wants of one Volume image on the node.
+type DesiredVolume struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// volume_id is the Volume ("vol-...").
+	VolumeId string `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// generation increases with every change the node must act on.
+	Generation uint64 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	// capacity_bytes is the image size, a whole number of MiB: the node
+	// creates the image at this size, or grows an existing one to it (never
+	// shrinks).
+	CapacityBytes uint64 `protobuf:"varint,3,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
+	// deleted asks the node to remove the image (refused while an execution
+	// mounts it).
+	Deleted       bool `protobuf:"varint,4,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DesiredVolume) Reset() {
+	*x = DesiredVolume{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DesiredVolume) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DesiredVolume) ProtoMessage() {}
+
+func (x *DesiredVolume) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DesiredVolume.ProtoReflect.Descriptor instead.
+func (*DesiredVolume) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *DesiredVolume) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *DesiredVolume) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *DesiredVolume) GetCapacityBytes() uint64 {
+	if x != nil {
+		return x.CapacityBytes
+	}
+	return 0
+}
+
+func (x *DesiredVolume) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+// VolumeReport is the observed state of one Volume image on the node.
+type VolumeReport struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// volume_id is the Volume.
+	VolumeId string `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// generation is the desired generation this report answers (0 in Hello
+	// for an image ctrl never asked about since the node started).
+	Generation uint64 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	// exists reports whether the image exists.
+	Exists bool `protobuf:"varint,3,opt,name=exists,proto3" json:"exists,omitempty"`
+	// capacity_bytes is the image's size.
+	CapacityBytes uint64 `protobuf:"varint,4,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
+	// failure_message is set when acting on generation failed (at most 2 KiB).
+	FailureMessage string `protobuf:"bytes,5,opt,name=failure_message,json=failureMessage,proto3" json:"failure_message,omitempty"`
+	// permanent marks a failure retrying cannot fix (the pool cannot hold the
+	// size).
+	Permanent     bool `protobuf:"varint,6,opt,name=permanent,proto3" json:"permanent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeReport) Reset() {
+	*x = VolumeReport{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeReport) ProtoMessage() {}
+
+func (x *VolumeReport) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeReport.ProtoReflect.Descriptor instead.
+func (*VolumeReport) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *VolumeReport) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *VolumeReport) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *VolumeReport) GetExists() bool {
+	if x != nil {
+		return x.Exists
+	}
+	return false
+}
+
+func (x *VolumeReport) GetCapacityBytes() uint64 {
+	if x != nil {
+		return x.CapacityBytes
+	}
+	return 0
+}
+
+func (x *VolumeReport) GetFailureMessage() string {
+	if x != nil {
+		return x.FailureMessage
+	}
+	return ""
+}
+
+func (x *VolumeReport) GetPermanent() bool {
+	if x != nil {
+		return x.Permanent
+	}
+	return false
+}
+
 // DesiredWorkspace is what ctrl wants of one workspace.
 type DesiredWorkspace struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1112,14 +1535,17 @@ type DesiredWorkspace struct {
 	CapacityBytes uint64 `protobuf:"varint,8,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
 	// network is the network the execution applies, from its start and at
 	// every change. Unset means mode NONE (loopback only).
-	Network       *NetworkConfig `protobuf:"bytes,9,opt,name=network,proto3" json:"network,omitempty"`
+	Network *NetworkConfig `protobuf:"bytes,9,opt,name=network,proto3" json:"network,omitempty"`
+	// volume is the Volume the execution mounts from its start; unset: none.
+	// A change takes effect at the next start.
+	Volume        *WorkspaceVolume `protobuf:"bytes,10,opt,name=volume,proto3" json:"volume,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DesiredWorkspace) Reset() {
 	*x = DesiredWorkspace{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[13]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1131,7 +1557,7 @@ func (x *DesiredWorkspace) String() string {
 func (*DesiredWorkspace) ProtoMessage() {}
 
 func (x *DesiredWorkspace) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[13]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1144,7 +1570,7 @@ func (x *DesiredWorkspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredWorkspace.ProtoReflect.Descriptor instead.
 func (*DesiredWorkspace) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{13}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DesiredWorkspace) GetWorkspaceId() string {
@@ -1210,6 +1636,70 @@ func (x *DesiredWorkspace) GetNetwork() *NetworkConfig {
 	return nil
 }
 
+func (x *DesiredWorkspace) GetVolume() *WorkspaceVolume {
+	if x != nil {
+		return x.Volume
+	}
+	return nil
+}
+
+// WorkspaceVolume is a Volume mounted into a workspace.
+type WorkspaceVolume struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// volume_id is the Volume, whose image is on this node.
+	VolumeId string `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// mount_path is the absolute, clean path inside the workspace where it is
+	// mounted (validated by ctrl; the node resolves it inside the
+	// workspace's root only).
+	MountPath     string `protobuf:"bytes,2,opt,name=mount_path,json=mountPath,proto3" json:"mount_path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkspaceVolume) Reset() {
+	*x = WorkspaceVolume{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkspaceVolume) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkspaceVolume) ProtoMessage() {}
+
+func (x *WorkspaceVolume) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkspaceVolume.ProtoReflect.Descriptor instead.
+func (*WorkspaceVolume) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *WorkspaceVolume) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *WorkspaceVolume) GetMountPath() string {
+	if x != nil {
+		return x.MountPath
+	}
+	return ""
+}
+
 // NetworkConfig is a workspace's network policy with everything it
 // references resolved, secrets included: it never leaves the node-ctrl
 // stream.
@@ -1235,7 +1725,7 @@ type NetworkConfig struct {
 
 func (x *NetworkConfig) Reset() {
 	*x = NetworkConfig{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[14]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1247,7 +1737,7 @@ func (x *NetworkConfig) String() string {
 func (*NetworkConfig) ProtoMessage() {}
 
 func (x *NetworkConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[14]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1260,7 +1750,7 @@ func (x *NetworkConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkConfig.ProtoReflect.Descriptor instead.
 func (*NetworkConfig) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{14}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *NetworkConfig) GetPolicy() *v1.NetworkPolicy {
@@ -1309,7 +1799,7 @@ type NetworkEgress struct {
 
 func (x *NetworkEgress) Reset() {
 	*x = NetworkEgress{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[15]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1321,7 +1811,7 @@ func (x *NetworkEgress) String() string {
 func (*NetworkEgress) ProtoMessage() {}
 
 func (x *NetworkEgress) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[15]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1334,7 +1824,7 @@ func (x *NetworkEgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEgress.ProtoReflect.Descriptor instead.
 func (*NetworkEgress) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{15}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *NetworkEgress) GetEgressId() string {
@@ -1380,7 +1870,7 @@ type NetworkResolver struct {
 
 func (x *NetworkResolver) Reset() {
 	*x = NetworkResolver{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[16]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1392,7 +1882,7 @@ func (x *NetworkResolver) String() string {
 func (*NetworkResolver) ProtoMessage() {}
 
 func (x *NetworkResolver) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[16]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1405,7 +1895,7 @@ func (x *NetworkResolver) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkResolver.ProtoReflect.Descriptor instead.
 func (*NetworkResolver) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{16}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *NetworkResolver) GetResolverId() string {
@@ -1445,12 +1935,13 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\x03csr\x18\x04 \x01(\fR\x03csr\"K\n" +
 	"\x0eEnrollResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
-	"\vcertificate\x18\x02 \x01(\fR\vcertificate\"\xc0\x01\n" +
+	"\vcertificate\x18\x02 \x01(\fR\vcertificate\"\x86\x02\n" +
 	"\x0eConnectRequest\x12.\n" +
 	"\x05hello\x18\x01 \x01(\v2\x16.kibotos.node.v1.HelloH\x00R\x05hello\x12:\n" +
 	"\x06report\x18\x02 \x01(\v2 .kibotos.node.v1.ExecutionReportH\x00R\x06report\x12:\n" +
-	"\theartbeat\x18\x03 \x01(\v2\x1a.kibotos.node.v1.HeartbeatH\x00R\theartbeatB\x06\n" +
-	"\x04body\"\xf2\x01\n" +
+	"\theartbeat\x18\x03 \x01(\v2\x1a.kibotos.node.v1.HeartbeatH\x00R\theartbeat\x12D\n" +
+	"\rvolume_report\x18\x04 \x01(\v2\x1d.kibotos.node.v1.VolumeReportH\x00R\fvolumeReportB\x06\n" +
+	"\x04body\"\xab\x02\n" +
 	"\x05Hello\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x125\n" +
 	"\bcapacity\x18\x02 \x01(\v2\x19.kibotos.node.v1.CapacityR\bcapacity\x12@\n" +
@@ -1458,7 +1949,8 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"executions\x18\x03 \x03(\v2 .kibotos.node.v1.ExecutionReportR\n" +
 	"executions\x12;\n" +
 	"\ttemplates\x18\x04 \x03(\v2\x1d.kibotos.node.v1.TemplateInfoR\ttemplates\x12\x1a\n" +
-	"\bfeatures\x18\x05 \x03(\tR\bfeatures\"I\n" +
+	"\bfeatures\x18\x05 \x03(\tR\bfeatures\x127\n" +
+	"\avolumes\x18\x06 \x03(\v2\x1d.kibotos.node.v1.VolumeReportR\avolumes\"I\n" +
 	"\fTemplateInfo\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\x12\x18\n" +
@@ -1469,9 +1961,21 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"cpu_millis\x18\x02 \x01(\x04R\tcpuMillis\x12#\n" +
 	"\rstorage_bytes\x18\x03 \x01(\x04R\fstorageBytes\x12!\n" +
-	"\fstorage_pool\x18\x04 \x01(\tR\vstoragePool\"@\n" +
+	"\fstorage_pool\x18\x04 \x01(\tR\vstoragePool\"z\n" +
 	"\tHeartbeat\x123\n" +
-	"\asent_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\"\xa8\x04\n" +
+	"\asent_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x128\n" +
+	"\x06memory\x18\x02 \x01(\v2 .kibotos.node.v1.MemoryConditionR\x06memory\"\xed\x01\n" +
+	"\x0fMemoryCondition\x12:\n" +
+	"\x05level\x18\x01 \x01(\x0e2$.kibotos.node.v1.MemoryPressureLevelR\x05level\x12\x19\n" +
+	"\bused_mib\x18\x02 \x01(\x04R\ausedMib\x12\x1b\n" +
+	"\tlimit_mib\x18\x03 \x01(\x04R\blimitMib\x12$\n" +
+	"\x0epsi_some_avg10\x18\x04 \x01(\rR\fpsiSomeAvg10\x12@\n" +
+	"\n" +
+	"workspaces\x18\x05 \x03(\v2 .kibotos.node.v1.WorkspaceMemoryR\n" +
+	"workspaces\"O\n" +
+	"\x0fWorkspaceMemory\x12!\n" +
+	"\fworkspace_id\x18\x01 \x01(\tR\vworkspaceId\x12\x19\n" +
+	"\bused_mib\x18\x02 \x01(\x04R\ausedMib\"\xda\x04\n" +
 	"\x0fExecutionReport\x12!\n" +
 	"\fworkspace_id\x18\x01 \x01(\tR\vworkspaceId\x12\x1e\n" +
 	"\n" +
@@ -1489,7 +1993,8 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	" \x01(\bR\vlayerExists\x12!\n" +
 	"\fguest_exited\x18\v \x01(\bR\vguestExited\x12\x1c\n" +
 	"\tpermanent\x18\f \x01(\bR\tpermanent\x128\n" +
-	"\anetwork\x18\r \x01(\v2\x1e.kibotos.node.v1.NetworkStatusR\anetwork\"\xd5\x01\n" +
+	"\anetwork\x18\r \x01(\v2\x1e.kibotos.node.v1.NetworkStatusR\anetwork\x120\n" +
+	"\x14layer_capacity_bytes\x18\x0e \x01(\x04R\x12layerCapacityBytes\"\xd5\x01\n" +
 	"\rNetworkStatus\x12)\n" +
 	"\x10applied_revision\x18\x01 \x01(\x04R\x0fappliedRevision\x12\x16\n" +
 	"\x06failed\x18\x02 \x01(\bR\x06failed\x12\x18\n" +
@@ -1497,13 +2002,30 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\begresses\x18\x04 \x03(\v2\x1d.kibotos.ctrl.v1.EgressStatusR\begresses\x12,\n" +
 	"\x12dns_config_version\x18\x05 \x01(\rR\x10dnsConfigVersion\"J\n" +
 	"\x0fConnectResponse\x127\n" +
-	"\adesired\x18\x01 \x01(\v2\x1d.kibotos.node.v1.DesiredStateR\adesired\"\x93\x01\n" +
+	"\adesired\x18\x01 \x01(\v2\x1d.kibotos.node.v1.DesiredStateR\adesired\"\xcd\x01\n" +
 	"\fDesiredState\x12\x12\n" +
 	"\x04full\x18\x01 \x01(\bR\x04full\x12A\n" +
 	"\n" +
 	"workspaces\x18\x02 \x03(\v2!.kibotos.node.v1.DesiredWorkspaceR\n" +
 	"workspaces\x12,\n" +
-	"\x12deleted_egress_ids\x18\x03 \x03(\tR\x10deletedEgressIds\"\xd9\x02\n" +
+	"\x12deleted_egress_ids\x18\x03 \x03(\tR\x10deletedEgressIds\x128\n" +
+	"\avolumes\x18\x04 \x03(\v2\x1e.kibotos.node.v1.DesiredVolumeR\avolumes\"\x8d\x01\n" +
+	"\rDesiredVolume\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\x12%\n" +
+	"\x0ecapacity_bytes\x18\x03 \x01(\x04R\rcapacityBytes\x12\x18\n" +
+	"\adeleted\x18\x04 \x01(\bR\adeleted\"\xd1\x01\n" +
+	"\fVolumeReport\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\x12\x16\n" +
+	"\x06exists\x18\x03 \x01(\bR\x06exists\x12%\n" +
+	"\x0ecapacity_bytes\x18\x04 \x01(\x04R\rcapacityBytes\x12'\n" +
+	"\x0ffailure_message\x18\x05 \x01(\tR\x0efailureMessage\x12\x1c\n" +
+	"\tpermanent\x18\x06 \x01(\bR\tpermanent\"\x93\x03\n" +
 	"\x10DesiredWorkspace\x12!\n" +
 	"\fworkspace_id\x18\x01 \x01(\tR\vworkspaceId\x12\x1e\n" +
 	"\n" +
@@ -1518,7 +2040,13 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"cpu_millis\x18\a \x01(\rR\tcpuMillis\x12%\n" +
 	"\x0ecapacity_bytes\x18\b \x01(\x04R\rcapacityBytes\x128\n" +
-	"\anetwork\x18\t \x01(\v2\x1e.kibotos.node.v1.NetworkConfigR\anetwork\"\xe6\x01\n" +
+	"\anetwork\x18\t \x01(\v2\x1e.kibotos.node.v1.NetworkConfigR\anetwork\x128\n" +
+	"\x06volume\x18\n" +
+	" \x01(\v2 .kibotos.node.v1.WorkspaceVolumeR\x06volume\"M\n" +
+	"\x0fWorkspaceVolume\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1d\n" +
+	"\n" +
+	"mount_path\x18\x02 \x01(\tR\tmountPath\"\xe6\x01\n" +
 	"\rNetworkConfig\x126\n" +
 	"\x06policy\x18\x01 \x01(\v2\x1e.kibotos.ctrl.v1.NetworkPolicyR\x06policy\x12#\n" +
 	"\rdrain_seconds\x18\x02 \x01(\rR\fdrainSeconds\x12:\n" +
@@ -1533,7 +2061,12 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\vresolver_id\x18\x01 \x01(\tR\n" +
 	"resolverId\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x121\n" +
-	"\x04spec\x18\x03 \x01(\v2\x1d.kibotos.ctrl.v1.ResolverSpecR\x04spec*\x9f\x01\n" +
+	"\x04spec\x18\x03 \x01(\v2\x1d.kibotos.ctrl.v1.ResolverSpecR\x04spec*\xa4\x01\n" +
+	"\x13MemoryPressureLevel\x12%\n" +
+	"!MEMORY_PRESSURE_LEVEL_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aMEMORY_PRESSURE_LEVEL_NONE\x10\x01\x12\"\n" +
+	"\x1eMEMORY_PRESSURE_LEVEL_MODERATE\x10\x02\x12\"\n" +
+	"\x1eMEMORY_PRESSURE_LEVEL_CRITICAL\x10\x03*\x9f\x01\n" +
 	"\tExecState\x12\x1a\n" +
 	"\x16EXEC_STATE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13EXEC_STATE_STARTING\x10\x01\x12\x16\n" +
@@ -1565,66 +2098,79 @@ func file_kibotos_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_kibotos_node_v1_node_proto_rawDescData
 }
 
-var file_kibotos_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_kibotos_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_kibotos_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_kibotos_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_kibotos_node_v1_node_proto_goTypes = []any{
-	(ExecState)(0),                   // 0: kibotos.node.v1.ExecState
-	(Power)(0),                       // 1: kibotos.node.v1.Power
-	(*RenewCertificateRequest)(nil),  // 2: kibotos.node.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil), // 3: kibotos.node.v1.RenewCertificateResponse
-	(*EnrollRequest)(nil),            // 4: kibotos.node.v1.EnrollRequest
-	(*EnrollResponse)(nil),           // 5: kibotos.node.v1.EnrollResponse
-	(*ConnectRequest)(nil),           // 6: kibotos.node.v1.ConnectRequest
-	(*Hello)(nil),                    // 7: kibotos.node.v1.Hello
-	(*TemplateInfo)(nil),             // 8: kibotos.node.v1.TemplateInfo
-	(*Capacity)(nil),                 // 9: kibotos.node.v1.Capacity
-	(*Heartbeat)(nil),                // 10: kibotos.node.v1.Heartbeat
-	(*ExecutionReport)(nil),          // 11: kibotos.node.v1.ExecutionReport
-	(*NetworkStatus)(nil),            // 12: kibotos.node.v1.NetworkStatus
-	(*ConnectResponse)(nil),          // 13: kibotos.node.v1.ConnectResponse
-	(*DesiredState)(nil),             // 14: kibotos.node.v1.DesiredState
-	(*DesiredWorkspace)(nil),         // 15: kibotos.node.v1.DesiredWorkspace
-	(*NetworkConfig)(nil),            // 16: kibotos.node.v1.NetworkConfig
-	(*NetworkEgress)(nil),            // 17: kibotos.node.v1.NetworkEgress
-	(*NetworkResolver)(nil),          // 18: kibotos.node.v1.NetworkResolver
-	(*timestamppb.Timestamp)(nil),    // 19: google.protobuf.Timestamp
-	(*v1.EgressStatus)(nil),          // 20: kibotos.ctrl.v1.EgressStatus
-	(*v1.NetworkPolicy)(nil),         // 21: kibotos.ctrl.v1.NetworkPolicy
-	(*v1.EgressSpec)(nil),            // 22: kibotos.ctrl.v1.EgressSpec
-	(*v1.ResolverSpec)(nil),          // 23: kibotos.ctrl.v1.ResolverSpec
+	(MemoryPressureLevel)(0),         // 0: kibotos.node.v1.MemoryPressureLevel
+	(ExecState)(0),                   // 1: kibotos.node.v1.ExecState
+	(Power)(0),                       // 2: kibotos.node.v1.Power
+	(*RenewCertificateRequest)(nil),  // 3: kibotos.node.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil), // 4: kibotos.node.v1.RenewCertificateResponse
+	(*EnrollRequest)(nil),            // 5: kibotos.node.v1.EnrollRequest
+	(*EnrollResponse)(nil),           // 6: kibotos.node.v1.EnrollResponse
+	(*ConnectRequest)(nil),           // 7: kibotos.node.v1.ConnectRequest
+	(*Hello)(nil),                    // 8: kibotos.node.v1.Hello
+	(*TemplateInfo)(nil),             // 9: kibotos.node.v1.TemplateInfo
+	(*Capacity)(nil),                 // 10: kibotos.node.v1.Capacity
+	(*Heartbeat)(nil),                // 11: kibotos.node.v1.Heartbeat
+	(*MemoryCondition)(nil),          // 12: kibotos.node.v1.MemoryCondition
+	(*WorkspaceMemory)(nil),          // 13: kibotos.node.v1.WorkspaceMemory
+	(*ExecutionReport)(nil),          // 14: kibotos.node.v1.ExecutionReport
+	(*NetworkStatus)(nil),            // 15: kibotos.node.v1.NetworkStatus
+	(*ConnectResponse)(nil),          // 16: kibotos.node.v1.ConnectResponse
+	(*DesiredState)(nil),             // 17: kibotos.node.v1.DesiredState
+	(*DesiredVolume)(nil),            // 18: kibotos.node.v1.DesiredVolume
+	(*VolumeReport)(nil),             // 19: kibotos.node.v1.VolumeReport
+	(*DesiredWorkspace)(nil),         // 20: kibotos.node.v1.DesiredWorkspace
+	(*WorkspaceVolume)(nil),          // 21: kibotos.node.v1.WorkspaceVolume
+	(*NetworkConfig)(nil),            // 22: kibotos.node.v1.NetworkConfig
+	(*NetworkEgress)(nil),            // 23: kibotos.node.v1.NetworkEgress
+	(*NetworkResolver)(nil),          // 24: kibotos.node.v1.NetworkResolver
+	(*timestamppb.Timestamp)(nil),    // 25: google.protobuf.Timestamp
+	(*v1.EgressStatus)(nil),          // 26: kibotos.ctrl.v1.EgressStatus
+	(*v1.NetworkPolicy)(nil),         // 27: kibotos.ctrl.v1.NetworkPolicy
+	(*v1.EgressSpec)(nil),            // 28: kibotos.ctrl.v1.EgressSpec
+	(*v1.ResolverSpec)(nil),          // 29: kibotos.ctrl.v1.ResolverSpec
 }
 var file_kibotos_node_v1_node_proto_depIdxs = []int32{
-	7,  // 0: kibotos.node.v1.ConnectRequest.hello:type_name -> kibotos.node.v1.Hello
-	11, // 1: kibotos.node.v1.ConnectRequest.report:type_name -> kibotos.node.v1.ExecutionReport
-	10, // 2: kibotos.node.v1.ConnectRequest.heartbeat:type_name -> kibotos.node.v1.Heartbeat
-	9,  // 3: kibotos.node.v1.Hello.capacity:type_name -> kibotos.node.v1.Capacity
-	11, // 4: kibotos.node.v1.Hello.executions:type_name -> kibotos.node.v1.ExecutionReport
-	8,  // 5: kibotos.node.v1.Hello.templates:type_name -> kibotos.node.v1.TemplateInfo
-	19, // 6: kibotos.node.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	0,  // 7: kibotos.node.v1.ExecutionReport.state:type_name -> kibotos.node.v1.ExecState
-	19, // 8: kibotos.node.v1.ExecutionReport.observed_at:type_name -> google.protobuf.Timestamp
-	12, // 9: kibotos.node.v1.ExecutionReport.network:type_name -> kibotos.node.v1.NetworkStatus
-	20, // 10: kibotos.node.v1.NetworkStatus.egresses:type_name -> kibotos.ctrl.v1.EgressStatus
-	14, // 11: kibotos.node.v1.ConnectResponse.desired:type_name -> kibotos.node.v1.DesiredState
-	15, // 12: kibotos.node.v1.DesiredState.workspaces:type_name -> kibotos.node.v1.DesiredWorkspace
-	1,  // 13: kibotos.node.v1.DesiredWorkspace.power:type_name -> kibotos.node.v1.Power
-	16, // 14: kibotos.node.v1.DesiredWorkspace.network:type_name -> kibotos.node.v1.NetworkConfig
-	21, // 15: kibotos.node.v1.NetworkConfig.policy:type_name -> kibotos.ctrl.v1.NetworkPolicy
-	17, // 16: kibotos.node.v1.NetworkConfig.egresses:type_name -> kibotos.node.v1.NetworkEgress
-	18, // 17: kibotos.node.v1.NetworkConfig.resolver:type_name -> kibotos.node.v1.NetworkResolver
-	22, // 18: kibotos.node.v1.NetworkEgress.spec:type_name -> kibotos.ctrl.v1.EgressSpec
-	23, // 19: kibotos.node.v1.NetworkResolver.spec:type_name -> kibotos.ctrl.v1.ResolverSpec
-	6,  // 20: kibotos.node.v1.NodeService.Connect:input_type -> kibotos.node.v1.ConnectRequest
-	2,  // 21: kibotos.node.v1.CertificateService.RenewCertificate:input_type -> kibotos.node.v1.RenewCertificateRequest
-	4,  // 22: kibotos.node.v1.BootstrapService.Enroll:input_type -> kibotos.node.v1.EnrollRequest
-	13, // 23: kibotos.node.v1.NodeService.Connect:output_type -> kibotos.node.v1.ConnectResponse
-	3,  // 24: kibotos.node.v1.CertificateService.RenewCertificate:output_type -> kibotos.node.v1.RenewCertificateResponse
-	5,  // 25: kibotos.node.v1.BootstrapService.Enroll:output_type -> kibotos.node.v1.EnrollResponse
-	23, // [23:26] is the sub-list for method output_type
-	20, // [20:23] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	8,  // 0: kibotos.node.v1.ConnectRequest.hello:type_name -> kibotos.node.v1.Hello
+	14, // 1: kibotos.node.v1.ConnectRequest.report:type_name -> kibotos.node.v1.ExecutionReport
+	11, // 2: kibotos.node.v1.ConnectRequest.heartbeat:type_name -> kibotos.node.v1.Heartbeat
+	19, // 3: kibotos.node.v1.ConnectRequest.volume_report:type_name -> kibotos.node.v1.VolumeReport
+	10, // 4: kibotos.node.v1.Hello.capacity:type_name -> kibotos.node.v1.Capacity
+	14, // 5: kibotos.node.v1.Hello.executions:type_name -> kibotos.node.v1.ExecutionReport
+	9,  // 6: kibotos.node.v1.Hello.templates:type_name -> kibotos.node.v1.TemplateInfo
+	19, // 7: kibotos.node.v1.Hello.volumes:type_name -> kibotos.node.v1.VolumeReport
+	25, // 8: kibotos.node.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	12, // 9: kibotos.node.v1.Heartbeat.memory:type_name -> kibotos.node.v1.MemoryCondition
+	0,  // 10: kibotos.node.v1.MemoryCondition.level:type_name -> kibotos.node.v1.MemoryPressureLevel
+	13, // 11: kibotos.node.v1.MemoryCondition.workspaces:type_name -> kibotos.node.v1.WorkspaceMemory
+	1,  // 12: kibotos.node.v1.ExecutionReport.state:type_name -> kibotos.node.v1.ExecState
+	25, // 13: kibotos.node.v1.ExecutionReport.observed_at:type_name -> google.protobuf.Timestamp
+	15, // 14: kibotos.node.v1.ExecutionReport.network:type_name -> kibotos.node.v1.NetworkStatus
+	26, // 15: kibotos.node.v1.NetworkStatus.egresses:type_name -> kibotos.ctrl.v1.EgressStatus
+	17, // 16: kibotos.node.v1.ConnectResponse.desired:type_name -> kibotos.node.v1.DesiredState
+	20, // 17: kibotos.node.v1.DesiredState.workspaces:type_name -> kibotos.node.v1.DesiredWorkspace
+	18, // 18: kibotos.node.v1.DesiredState.volumes:type_name -> kibotos.node.v1.DesiredVolume
+	2,  // 19: kibotos.node.v1.DesiredWorkspace.power:type_name -> kibotos.node.v1.Power
+	22, // 20: kibotos.node.v1.DesiredWorkspace.network:type_name -> kibotos.node.v1.NetworkConfig
+	21, // 21: kibotos.node.v1.DesiredWorkspace.volume:type_name -> kibotos.node.v1.WorkspaceVolume
+	27, // 22: kibotos.node.v1.NetworkConfig.policy:type_name -> kibotos.ctrl.v1.NetworkPolicy
+	23, // 23: kibotos.node.v1.NetworkConfig.egresses:type_name -> kibotos.node.v1.NetworkEgress
+	24, // 24: kibotos.node.v1.NetworkConfig.resolver:type_name -> kibotos.node.v1.NetworkResolver
+	28, // 25: kibotos.node.v1.NetworkEgress.spec:type_name -> kibotos.ctrl.v1.EgressSpec
+	29, // 26: kibotos.node.v1.NetworkResolver.spec:type_name -> kibotos.ctrl.v1.ResolverSpec
+	7,  // 27: kibotos.node.v1.NodeService.Connect:input_type -> kibotos.node.v1.ConnectRequest
+	3,  // 28: kibotos.node.v1.CertificateService.RenewCertificate:input_type -> kibotos.node.v1.RenewCertificateRequest
+	5,  // 29: kibotos.node.v1.BootstrapService.Enroll:input_type -> kibotos.node.v1.EnrollRequest
+	16, // 30: kibotos.node.v1.NodeService.Connect:output_type -> kibotos.node.v1.ConnectResponse
+	4,  // 31: kibotos.node.v1.CertificateService.RenewCertificate:output_type -> kibotos.node.v1.RenewCertificateResponse
+	6,  // 32: kibotos.node.v1.BootstrapService.Enroll:output_type -> kibotos.node.v1.EnrollResponse
+	30, // [30:33] is the sub-list for method output_type
+	27, // [27:30] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_kibotos_node_v1_node_proto_init() }
@@ -1636,14 +2182,15 @@ func file_kibotos_node_v1_node_proto_init() {
 		(*ConnectRequest_Hello)(nil),
 		(*ConnectRequest_Report)(nil),
 		(*ConnectRequest_Heartbeat)(nil),
+		(*ConnectRequest_VolumeReport)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kibotos_node_v1_node_proto_rawDesc), len(file_kibotos_node_v1_node_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   17,
+			NumEnums:      3,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
