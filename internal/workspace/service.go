@@ -65,6 +65,12 @@ type Service struct {
 	// Recheck is how often a wait re-reads the store without a notification
 	// (store.RecheckInterval by default).
 	Recheck time.Duration
+	// PoolFree returns, inside tx, the bytes still free in the storage pool
+	// of node nodeID (writable layers counted at their capacity, and
+	// Volumes); known is false when the pool's capacity is not known.
+	// ResizeWorkspaceWritableLayer refuses a growth beyond it. Nil: the
+	// growth is checked against the largest node's StorageBytes only.
+	PoolFree func(ctx context.Context, tx store.Tx, nodeID string) (free uint64, known bool, err error)
 }
 
 // The bounds of GetWorkspaceCommand's wait_timeout.
