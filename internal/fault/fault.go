@@ -144,6 +144,9 @@ type Error struct {
 	// failed, for a refusal by its state or one of its revisions: the
 	// caller tells the two apart with it and decides what to do next.
 	ObservedWorkspace *ctrlv1.Workspace
+	// ObservedVolume is the Volume as it was when the request failed, for
+	// a refusal by its state (or by a binding that names it).
+	ObservedVolume *ctrlv1.Volume
 	// Settled marks the recorded result of a command ID: every resend of
 	// the same request gets it again (command_settled in the API).
 	Settled bool
@@ -172,6 +175,7 @@ func (e *Error) Detail() *ctrlv1.ErrorDetail {
 		Field:          e.Field,
 
 		ObservedWorkspace: e.ObservedWorkspace,
+		ObservedVolume:    e.ObservedVolume,
 	}
 }
 
@@ -185,6 +189,7 @@ func FromDetail(kind Kind, d *ctrlv1.ErrorDetail) *Error {
 		Retryable:         d.GetRetryable(),
 		Stage:             d.GetStage(),
 		ObservedWorkspace: d.GetObservedWorkspace(),
+		ObservedVolume:    d.GetObservedVolume(),
 		Settled:           d.GetCommandSettled(),
 	}
 }

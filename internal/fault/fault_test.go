@@ -63,8 +63,8 @@ func TestReasonTable(t *testing.T) {
 // sets, so that a recorded failure replays exactly as it was recorded. A new
 // ErrorDetail field must be carried (or listed here as not set by ctrl).
 func TestDetailFields(t *testing.T) {
-	carried := []string{"reason", "retryable", "command_settled", "message", "stage", "field", "observed_workspace"}
-	notSet := []string{"accepted_bytes", "observed_volume"}
+	carried := []string{"reason", "retryable", "command_settled", "message", "stage", "field", "observed_workspace", "observed_volume"}
+	notSet := []string{"accepted_bytes"}
 	fields := (&ctrlv1.ErrorDetail{}).ProtoReflect().Descriptor().Fields()
 	for i := range fields.Len() {
 		name := string(fields.Get(i).Name())
@@ -83,7 +83,11 @@ func TestDetailFields(t *testing.T) {
 		case protoreflect.EnumKind:
 			d.ProtoReflect().Set(f, protoreflect.ValueOfEnum(ctrlv1.FailureReason_FAILURE_REASON_REVISION_MISMATCH.Number()))
 		case protoreflect.MessageKind:
-			d.ProtoReflect().Set(f, protoreflect.ValueOfMessage((&ctrlv1.Workspace{WorkspaceId: "ws-1"}).ProtoReflect()))
+			var m protoreflect.ProtoMessage = &ctrlv1.Workspace{WorkspaceId: "ws-1"}
+			if name == "observed_volume" {
+				m = &ctrlv1.Volume{VolumeId: "vol-1"}
+			}
+			d.ProtoReflect().Set(f, protoreflect.ValueOfMessage(m.ProtoReflect()))
 		default:
 			t.Fatalf("ErrorDetail.%s: kind %v not handled by the test", name, f.Kind())
 		}
