@@ -484,6 +484,9 @@ type transition struct {
 	id       string
 	expected uint64
 	apply    func(tx store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, now time.Time) error
+	// ctrl marks a command ctrl starts itself: it acts on the Workspace
+	// as it is, with no expected expiration revision.
+	ctrl bool
 }
 
 func run[Req command.Input, Resp proto.Message](ctx context.Context, s *Service, req Req, t transition,
@@ -499,36 +502,64 @@ func run[Req command.Input, Resp proto.Message](ctx context.Context, s *Service,
 	return command.Execute(ctx, s.Engine, command.Spec[Req, Resp]{
 		Method: t.method, ObjectKind: ObjectKind, ObjectID: t.id, CommandKind: int(t.kind), Request: req, NewResponse: empty,
 		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (Resp, error) {
-			w, pub, err := s.load(ctx, tx, t.id)
+			pub, err := s.admit(ctx, tx, rec, t)
 			if err != nil {
 				return zero, err
 			}
-			if err := CheckExpirationRevision(t.expected, pub.GetExpiration()); err != nil {
-				return zero, observed(err, pub)
-			}
-			now := s.now()
-			if err := t.apply(tx, w, pub, now); err != nil {
-				return zero, observed(err, pub)
-			}
-			// A command still waiting for the node is superseded.
-			if w.CommandID != "" && w.CommandID != rec.ID {
-				if err := Supersede(ctx, tx, w.CommandID, rec.ID, now); err != nil {
-					return zero, err
-				}
-			}
-			w.Generation++
-			w.CommandID = rec.ID
-			pub.Failure = nil
-			if err := Save(w, pub, now); err != nil {
-				return zero, err
-			}
-			if err := tx.UpdateWorkspace(ctx, w); err != nil {
-				return zero, err
-			}
-			rec.Status = store.CommandProcessing
 			return respond(pub, acceptance(rec)), nil
 		},
 	})
+}
+
+// admit decides a start, stop or delete inside tx: the Workspace's state
+// and expiration revision, the transition, the superseding of the command
+// in flight, the bumped generation the node acts on. It sets rec.Status.
+func (s *Service) admit(ctx context.Context, tx store.Tx, rec *store.Command, t transition) (*ctrlv1.Workspace, error) {
+	w, pub, err := s.load(ctx, tx, t.id)
+	if err != nil {
+		return nil, err
+	}
+	if !t.ctrl {
+		if err := CheckExpirationRevision(t.expected, pub.GetExpiration()); err != nil {
+			return nil, observed(err, pub)
+		}
+	}
+	now := s.now()
+	if err := t.apply(tx, w, pub, now); err != nil {
+		return nil, observed(err, pub)
+	}
+	// A command still waiting for the node is superseded.
+	if w.CommandID != "" && w.CommandID != rec.ID {
+		if err := Supersede(ctx, tx, w.CommandID, rec.ID, now); err != nil {
+			return nil, err
+		}
+	}
+	w.Generation++
+	w.CommandID = rec.ID
+	pub.Failure = nil
+	if err := Save(w, pub, now); err != nil {
+		return nil, err
+	}
+	if err := tx.UpdateWorkspace(ctx, w); err != nil {
+		return nil, err
+	}
+	rec.Status = store.CommandProcessing
+	return pub, nil
+}
+
+// AdmitCtrlStop admits inside tx a stop that ctrl starts itself under rec
+// (its ID under a reserved prefix, kind STOP, its initiator; ObjectID the
+// Workspace): a caller's StopWorkspace admission without an expected
+// expiration revision and without a new expiration — the same state rules,
+// the command in flight superseded, a STOP policy consumed — which the
+// node then carries out like any stop (a normal one writes back first).
+// force is STOP_MODE_FORCE. It sets rec.Status and returns the Workspace
+// as admitted; the caller inserts rec, notifies the Workspace's topic and
+// kicks the reconciler.
+func (s *Service) AdmitCtrlStop(ctx context.Context, tx store.Tx, rec *store.Command, force bool) (*ctrlv1.Workspace, error) {
+	t := stopTransition(rec.ObjectID, 0, force, nil)
+	t.ctrl = true
+	return s.admit(ctx, tx, rec, t)
 }
 
 // Supersede completes a command that a newer one replaced.
@@ -588,23 +619,7 @@ func (s *Service) Stop(ctx context.Context, req *ctrlv1.StopWorkspaceRequest) (*
 			return nil, err
 		}
 	}
-	_, err := run(ctx, s, req, transition{
-		method: stopMethod, kind: ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_STOP,
-		id: req.GetWorkspaceId(), expected: req.GetExpectedExpirationRevision(),
-		apply: func(_ store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, _ time.Time) error {
-			op := OpStop
-			if force {
-				op = OpForceStop
-			}
-			if err := Admit(op, status(w, pub)); err != nil {
-				return err
-			}
-			w.Power, w.ForceStop = store.PowerStopped, force
-			pub.State = ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPING
-			pub.Expiration, _ = ExpirationAfterStop(pub.GetExpiration(), req.GetExpiration())
-			return nil
-		},
-	}, func(pub *ctrlv1.Workspace, c *ctrlv1.WorkspaceCommand) *ctrlv1.StopWorkspaceResponse {
+	_, err := run(ctx, s, req, stopTransition(req.GetWorkspaceId(), req.GetExpectedExpirationRevision(), force, req.GetExpiration()), func(pub *ctrlv1.Workspace, c *ctrlv1.WorkspaceCommand) *ctrlv1.StopWorkspaceResponse {
 		return &ctrlv1.StopWorkspaceResponse{Workspace: pub, Command: c}
 	}, func() *ctrlv1.StopWorkspaceResponse { return &ctrlv1.StopWorkspaceResponse{} })
 	if err != nil {
@@ -616,6 +631,27 @@ func (s *Service) Stop(ctx context.Context, req *ctrlv1.StopWorkspaceRequest) (*
 	}
 	out := &ctrlv1.StopWorkspaceResponse{}
 	return out, proto.Unmarshal(rec.Result, out)
+}
+
+// stopTransition is the stop of Workspace id, forced or not, committing
+// exp (nil: a STOP policy is consumed, a DELETE policy stays).
+func stopTransition(id string, expected uint64, force bool, exp *ctrlv1.ExpirationSpec) transition {
+	return transition{
+		method: stopMethod, kind: ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_STOP, id: id, expected: expected,
+		apply: func(_ store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, _ time.Time) error {
+			op := OpStop
+			if force {
+				op = OpForceStop
+			}
+			if err := Admit(op, status(w, pub)); err != nil {
+				return err
+			}
+			w.Power, w.ForceStop = store.PowerStopped, force
+			pub.State = ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPING
+			pub.Expiration, _ = ExpirationAfterStop(pub.GetExpiration(), exp)
+			return nil
+		},
+	}
 }
 
 // Delete admits a delete command and waits for it.
