@@ -81,6 +81,17 @@ type Workspace struct {
 	// execution started by an earlier release).
 	PolicyDrainSeconds uint32
 	ExecDNSVersion     uint32
+
+	// ExpirationDeadline is when the Workspace's armed expiration falls due,
+	// zero when none is armed (the query column of internal/expiration,
+	// kept equal to Doc by workspace.Save).
+	ExpirationDeadline time.Time
+}
+
+// ArmedExpiration is an armed expiration deadline of a Workspace.
+type ArmedExpiration struct {
+	WorkspaceID string
+	Deadline    time.Time
 }
 
 // WorkspaceQuery selects a page of Workspaces.
@@ -115,4 +126,12 @@ type WorkspaceTx interface {
 	// and have no command (a placement that failed; they wait for a new
 	// command) are excluded too, so that they never crowd out real work.
 	PendingWorkspaces(ctx context.Context, limit int) ([]*Workspace, error)
+	// DueExpirations returns up to limit armed expirations whose deadline
+	// is at or before before, in (Deadline, WorkspaceID) order, starting
+	// after the cursor after (nil: from the first). It reads only an index
+	// of the armed deadlines.
+	DueExpirations(ctx context.Context, before time.Time, after *ArmedExpiration, limit int) ([]ArmedExpiration, error)
+	// NextExpiration returns the earliest armed deadline later than after;
+	// ok is false when there is none.
+	NextExpiration(ctx context.Context, after time.Time) (deadline time.Time, ok bool, err error)
 }

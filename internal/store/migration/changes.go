@@ -61,6 +61,7 @@ var Changes = []Change{
 	{Name: "node_cert_key", SQLite: 5, Postgres: 4},
 	{Name: "denied_node_keys", SQLite: 6, Postgres: 5},
 	{Name: "network", SQLite: 7, Postgres: 6},
+	{Name: "expiration_deadline", SQLite: 8, Postgres: 7},
 }
 
 // LoadDialect is Load, checking that the files are those Changes lists for

@@ -35,6 +35,7 @@ var workspaceTests = []struct {
 	{"Nodes", testNodes},
 	{"DeniedNodeKeys", testDeniedNodeKeys},
 	{"ConcurrentWorkspaces", testConcurrentWorkspaces},
+	{"Expirations", testExpirations},
 }
 
 func newWorkspace(id string, createdAt time.Time, labels map[string]string) *store.Workspace {
@@ -59,6 +60,9 @@ func storedWorkspace(w *store.Workspace) *store.Workspace {
 	}
 	if !w.ObservedAt.IsZero() {
 		s.ObservedAt = micro(w.ObservedAt)
+	}
+	if !w.ExpirationDeadline.IsZero() {
+		s.ExpirationDeadline = micro(w.ExpirationDeadline)
 	}
 	s.Labels = map[string]string{}
 	for k, v := range w.Labels {
@@ -215,6 +219,7 @@ func testWorkspaces(t *testing.T, s store.Store) {
 		ObservedAt:         time.Date(1969, 7, 20, 20, 17, 40, 123_456_789, time.UTC),
 		PolicyDrainSeconds: math.MaxUint32,
 		ExecDNSVersion:     math.MaxUint32,
+		ExpirationDeadline: time.Date(2035, 1, 2, 3, 4, 5, 678_901_234, zone),
 	}
 	insertWorkspaces(t, s, full)
 	got, err = getWorkspace(t, s, "ws-full")
