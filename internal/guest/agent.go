@@ -521,7 +521,9 @@ var storageFS = map[string]bool{
 }
 
 // Writeback flushes the writable layer ("/") and every other storage
-// filesystem mounted whole in the workspace (future Volumes) with syncfs(2).
+// filesystem mounted whole in the workspace with syncfs(2): the Volume, an
+// ext4 the init shim mounts at its mount path, among them (the sandbox's
+// TestVolumeMountedWrittenBackGrownDeleted checks that it is synced).
 // Mounts under protocol.GuestDir (host directories in listening mode) are
 // skipped: flushing them would flush the host's filesystem.
 func (a *Agent) Writeback() ([]string, error) {

@@ -40,7 +40,8 @@ func (r *Runtime) Delete(ctx context.Context, workspaceID string) error {
 // Resize grows the writable layer to capacityBytes (absolute, whole MiB) and
 // its filesystem with it, keeping every byte. Only without execution
 // (ErrRunning). Equal capacity is a no-op; smaller is ErrCapacity; no layer
-// yet is ErrNoLayer (the caller records the capacity for the first start).
+// yet is ErrNoLayer (the caller records the capacity for the first start);
+// a size the storage pool cannot hold is ErrNoStorage.
 func (r *Runtime) Resize(ctx context.Context, workspaceID string, capacityBytes uint64) error {
 	if r.closed() {
 		return ErrClosed
@@ -69,6 +70,14 @@ func (r *Runtime) Resize(ctx context.Context, workspaceID string, capacityBytes 
 	if loops, err := attachedLoops(img, false); err != nil || len(loops) > 0 {
 		return fmt.Errorf("%w: the layer is still attached (%v)", ErrRunning, loops)
 	}
+	if fi, err := os.Stat(img); err == nil && uint64(fi.Size()) > capacityBytes {
+		return fmt.Errorf("%w: %d bytes is smaller than the layer's %d", ErrCapacity, capacityBytes, fi.Size())
+	}
+	release, err := r.reserveStorage(img, capacityBytes)
+	if err != nil {
+		return err
+	}
+	defer release()
 	if err := growLayer(ctx, img, capacityBytes); err != nil {
 		return err
 	}

@@ -67,6 +67,11 @@ func (r *Runtime) ensureLayer(ctx context.Context, ws string, capacity uint64) (
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return false, err
 	}
+	release, err := r.reserveStorage(path, capacity)
+	if err != nil {
+		return false, err
+	}
+	defer release()
 	_, seedErr, err := createLayerImage(ctx, r.seedDir(), path, capacity)
 	if seedErr != nil {
 		r.log.Warn("writable layer: seed unusable, formatted with mkfs.ext4", "workspace_id", ws,

@@ -14,6 +14,7 @@ import (
 //	runtime.json             the cgroup parent and cgroup of this Root (Leaks reads it)
 //	layers/<ws>.img          writable layers (<ws>.img.new while one is made)
 //	layer-seeds/<bytes>.img  formatted layer seeds, one per capacity (layerseed.go)
+//	volumes/<id>.img         Volume images (<id>.img.new while one is made; volume.go)
 //	exec/<ws>.json           execution records (state.go)
 //	run/<ws>/                per execution: layer/ and root/, the mount points of its shim
 //	logs/<ws>.log            the guest's stdout and stderr (and <ws>.log.1, the one before)

@@ -12,10 +12,18 @@
 //     overlayfs whose lower layer is the read-only template rootfs; both
 //     layers idmapped to the execution's ID range, the overlay handed to the
 //     init shim as a descriptor (userns.go).
+//   - Volume (volume.go; optional, Spec.Volume): an ext4 image of its own
+//     at Root/volumes/<id>.img, made, grown and deleted on the node's word
+//     (EnsureVolume, DeleteVolume) and mounted by one execution at a time:
+//     attached to a loop device like the layer, mounted detached and
+//     idmapped like it, and moved by the init shim onto its mount path,
+//     resolved inside the new root only without following any symbolic
+//     link. With Config.StorageBytes, layers and Volumes together never
+//     exceed the node's storage pool.
 //   - Cgroup (v1 or v2, one interface): memory limit (and no swap), CPU
 //     quota of whole vCPUs (ceil(cpu_millis/1000) × period), pids limit,
 //     a device allow-list (devices.go) and IO limits on the writable
-//     layer's loop device (io.go, Config.IO). Path
+//     layer's loop device and the Volume's (io.go, Config.IO). Path
 //     <CgroupParent>/<root tag>/<ws>, the tag being a hash of Root, so that
 //     two runtimes on one host never touch each other's cgroups.
 //   - Namespaces: user (IDs 0–65535 are a range of host IDs of the
@@ -43,8 +51,8 @@
 //     reads no path the guest can write.
 //   - State: Root/exec/<ws>.json (atomic writes) records PID 1's pid and
 //     start time, the loop device, the cgroup, the generation and the
-//     inodes of the channel and the log pipe, the ID range and the DNS
-//     configuration version the execution started with. The processes do not depend
+//     inodes of the channel and the log pipe, the ID range, the DNS
+//     configuration version the execution started with and its Volume. The processes do not depend
 //     on the node (own session, no parent-death signal), so a restarted node
 //     re-adopts them with Adopt.
 //
@@ -90,6 +98,7 @@
 //   - devices.go: the device list of an execution's cgroup (and its BPF
 //     program for cgroup v2); io.go: IOLimits
 //   - layer.go, layerseed.go: the writable layer image and its seeds
+//   - volume.go: Volume images, their mounts and the storage pool
 //   - loop.go: loop devices
 //   - userns.go: the ID ranges, the idmapped layers and the overlay root
 //   - init.go: the init shim (package initshim)
@@ -119,7 +128,7 @@ import (
 // Config configures a Runtime.
 type Config struct {
 	// Root is the state directory (for example /var/lib/kibotos/node). It
-	// holds layers/, exec/, run/ and logs/.
+	// holds layers/, volumes/, exec/, run/ and logs/.
 	Root string
 	// GuestBinary is the static kibotos-guest on the host; every execution
 	// runs it as PID 1, from a sealed copy in memory made when the Runtime
@@ -162,6 +171,10 @@ type Config struct {
 	// PUBLIC_INTERNET a network (network.go); nil: lo only, and such a
 	// configuration is an invalid spec.
 	Network *Networking
+	// StorageBytes is the storage pool: the sizes of the writable layers
+	// and Volume images together (what each may grow to) never exceed it
+	// (volume.go); 0 is no limit.
+	StorageBytes uint64
 }
 
 // Runtime runs sandbox executions on this host.
@@ -183,6 +196,11 @@ type Runtime struct {
 	// workspace (userns.go).
 	idMu   sync.Mutex
 	idUsed map[uint32]string
+
+	// storMu guards reserved: the capacities of the images being made or
+	// grown, by path (volume.go, reserveStorage).
+	storMu   sync.Mutex
+	reserved map[string]uint64
 
 	mu     sync.Mutex
 	execs  map[string]*execution
@@ -307,7 +325,7 @@ func New(cfg Config) (*Runtime, error) {
 	return r, nil
 }
 
-// prepareRoot makes root and its directories (layers, exec, run, logs) and
+// prepareRoot makes root and its directories (layers, volumes, exec, run, logs) and
 // returns its absolute path, symlinks resolved.
 func prepareRoot(root string) (string, error) {
 	abs, err := filepath.Abs(root)
@@ -324,7 +342,7 @@ func prepareRoot(root string) (string, error) {
 	if err := CheckRoot(abs); err != nil {
 		return "", err
 	}
-	for _, d := range []string{"layers", "exec", "run", "logs"} {
+	for _, d := range []string{"layers", "volumes", "exec", "run", "logs"} {
 		if err := os.MkdirAll(filepath.Join(abs, d), 0o700); err != nil {
 			return "", err
 		}

@@ -31,6 +31,8 @@ type Spec struct {
 	// PUBLIC_INTERNET attaches a TAP before the guest starts (it needs
 	// Config.Network); anything else, nil included, is lo only.
 	Network *nodev1.NetworkConfig
+	// Volume is the Volume the execution mounts (volume.go); nil: none.
+	Volume *VolumeMount
 }
 
 var workspaceIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -66,6 +68,9 @@ func (r *Runtime) validate(s *Spec) error {
 	}
 	if s.PidsMax == 0 {
 		s.PidsMax = r.cfg.DefaultPidsMax
+	}
+	if err := checkVolumeMount(s.Volume); err != nil {
+		return err
 	}
 	return r.checkNetwork(s.Network)
 }

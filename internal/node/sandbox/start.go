@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -67,7 +68,9 @@ func (r *Runtime) Start(ctx context.Context, s Spec) error {
 //  4. prepareRunDir: a fresh run directory (the mount points);
 //  5. the layer (waited for) is attached to a loop device and mounted as
 //     a detached mount (mountLayer); the cgroup's IO limits name it, and
-//     its device list is the workspace's (limitLayerDevice);
+//     its device list is the workspace's (limitLayerDevice); so is the
+//     Volume's, when the spec has one (attachVolume; recordStart claimed
+//     it with the first record);
 //  6. openInitPipes, openGuestFiles, launchShim: the init shim starts in
 //     a new user namespace and new namespaces it owns, born in the cgroup
 //     when the host allows it, with the guest's channel and log pipe;
@@ -77,8 +80,8 @@ func (r *Runtime) Start(ctx context.Context, s Spec) error {
 //     namespace and the Network on it (network.go);
 //  9. makeRoot, configureShim, waitShimSetup: the overlay root, its
 //     layers idmapped through the shim's user namespace, goes to the shim
-//     with its configuration; the shim moves it into place, mounts,
-//     pivots and execs the guest;
+//     with its configuration (and the Volume's mount, idmapped too); the
+//     shim moves it into place, mounts, pivots and execs the guest;
 //  10. waitGuest: the guest's first answer;
 //  11. markRunning: the record, phase running; health pings start.
 //
@@ -92,9 +95,9 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 	if st.IDBase, err = r.allocIDs(ws); err != nil {
 		return fmt.Errorf("%w: user namespace: %v", ErrStart, err)
 	}
-	if err := r.writeState(st); err != nil {
+	if err := r.recordStart(ctx, st, s.Volume); err != nil {
 		r.freeIDs(ws, st.IDBase)
-		return fmt.Errorf("%w: state: %v", ErrStart, err)
+		return err
 	}
 	var e *execution
 	defer func() {
@@ -119,6 +122,9 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 		return fmt.Errorf("%w: %v", ErrStart, err)
 	}
 	lr := layer.wait()
+	if errors.Is(lr.err, ErrNoStorage) {
+		return fmt.Errorf("%w: writable layer: %w", ErrStart, lr.err)
+	}
 	if lr.err != nil {
 		return fmt.Errorf("%w: writable layer: %v", ErrStart, lr.err)
 	}
@@ -136,6 +142,11 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 	if err := r.limitLayerDevice(st.Cgroup, dev); err != nil {
 		return fmt.Errorf("%w: cgroup: %v", ErrStart, err)
 	}
+	vol, err := r.attachVolume(st)
+	defer vol.close()
+	if err != nil {
+		return fmt.Errorf("%w: volume: %v", ErrStart, err)
+	}
 	pipes, err := openInitPipes()
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrStart, err)
@@ -149,7 +160,8 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 	cmd, joined, startErr := r.launchShim(ws, st.Cgroup, func() *exec.Cmd { return r.shimCmd(gf, pipes, st.IDBase) })
 	pipes.closeShimEnds()
 	gf.closeShimEnds()
-	loopf.Close() // the layer's mount holds the device (autoclear)
+	loopf.Close()   // the layer's mount holds the device (autoclear)
+	vol.closeLoop() // so does the Volume's
 	if startErr != nil {
 		return fmt.Errorf("%w: init shim: %v", ErrStart, startErr)
 	}
@@ -182,11 +194,11 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 	if err := r.applyNet(e, s.Network); err != nil {
 		return fmt.Errorf("%w: network: %v", ErrStart, err)
 	}
-	rootMnt, err := r.makeRoot(st, layerMnt)
+	rootMnt, err := r.makeRoot(st, layerMnt, vol.mnt)
 	if err != nil {
 		return fmt.Errorf("%w: root: %v", ErrStart, err)
 	}
-	err = r.configureShim(pipes.cfgW, s, rootMnt)
+	err = r.configureShim(pipes.cfgW, s, rootMnt, vol.mnt)
 	unix.Close(rootMnt)
 	if err != nil {
 		return fmt.Errorf("%w: configure init shim: %v", ErrStart, err)
@@ -369,13 +381,20 @@ func (r *Runtime) shimCmd(g *guestFiles, p initPipes, idBase uint32) *exec.Cmd {
 }
 
 // makeRoot makes the overlay root of the execution st from its layer's
-// detached mount, idmapped through the shim's user namespace.
-func (r *Runtime) makeRoot(st *execState, layerMnt int) (int, error) {
+// detached mount, idmapped through the shim's user namespace; the Volume's
+// detached mount (volMnt, -1 for none) is idmapped the same way.
+func (r *Runtime) makeRoot(st *execState, layerMnt, volMnt int) (int, error) {
 	ns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", st.PID), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("the shim's user namespace: %w", err)
 	}
 	defer unix.Close(ns)
+	if volMnt >= 0 {
+		idmap := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(ns)}
+		if err := unix.MountSetattr(volMnt, "", unix.AT_EMPTY_PATH, idmap); err != nil {
+			return -1, fmt.Errorf("idmap the volume: %w", err)
+		}
+	}
 	return rootMount(st.TemplateDir, layerMnt, ns, st.IDBase)
 }
 
@@ -425,14 +444,19 @@ var userLimits = map[string]uint64{
 	"max_inotify_watches":   65536,
 }
 
-// configureShim sends the shim its configuration and the overlay root
-// (rootMnt) on w and closes w.
-func (r *Runtime) configureShim(w *os.File, s Spec, rootMnt int) error {
+// configureShim sends the shim its configuration, the overlay root
+// (rootMnt) and the Volume's mount (volMnt, -1 for none) on w and closes w.
+func (r *Runtime) configureShim(w *os.File, s Spec, rootMnt, volMnt int) error {
 	cfg := initConfig{
 		WorkspaceID:   s.WorkspaceID,
 		CgroupVersion: r.cg.version(),
 		TmpfsBytes:    uint64(s.MemoryMiB) * limits.MiB / 2,
 		UserLimits:    userLimits,
+	}
+	fds := []int{rootMnt}
+	if volMnt >= 0 {
+		cfg.VolumePath = s.Volume.MountPath
+		fds = append(fds, volMnt)
 	}
 	b, err := json.Marshal(cfg)
 	if err != nil {
@@ -445,7 +469,7 @@ func (r *Runtime) configureShim(w *os.File, s Spec, rootMnt int) error {
 	}
 	var serr error
 	if err := rc.Control(func(fd uintptr) {
-		serr = unix.Sendmsg(int(fd), b, unix.UnixRights(rootMnt), nil, 0)
+		serr = unix.Sendmsg(int(fd), b, unix.UnixRights(fds...), nil, 0)
 	}); err != nil {
 		return err
 	}
@@ -539,4 +563,76 @@ func (r *Runtime) waitGuest(ctx context.Context, e *execution) error {
 		return fmt.Errorf("%w: the execution exited before its guest answered: %s", ErrStart, r.logTail(e))
 	}
 	return fmt.Errorf("%w: %v", ErrGuestNotReady, err)
+}
+
+// recordStart writes the first record of the execution st (phase
+// starting). With a Volume v it first claims it under the Volume's lock
+// (claimVolume) and records it with the execution before unlocking, so that
+// no other start mounts it and nothing grows or deletes it meanwhile.
+func (r *Runtime) recordStart(ctx context.Context, st *execState, v *VolumeMount) error {
+	if v != nil {
+		unlock, err := r.lockVolume(ctx, v.VolumeID)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		if st.Volume, err = r.claimVolume(st.WorkspaceID, v); err != nil {
+			return fmt.Errorf("%w: %w", ErrStart, err)
+		}
+	}
+	if err := r.writeState(st); err != nil {
+		return fmt.Errorf("%w: state: %v", ErrStart, err)
+	}
+	return nil
+}
+
+// startVolume is the Volume of a start being set up: its loop device (held
+// until the shim's mount holds it) and its detached mount.
+type startVolume struct {
+	loop *os.File
+	mnt  int
+}
+
+// attachVolume attaches the Volume st records to a loop device (recorded in
+// st), mounts it as a detached mount and applies the execution's IO limits
+// to the device. Without a Volume it returns mnt -1.
+func (r *Runtime) attachVolume(st *execState) (*startVolume, error) {
+	v := &startVolume{mnt: -1}
+	if st.Volume == nil {
+		return v, nil
+	}
+	f, dev, err := attachLoop(st.Volume.Image)
+	if err != nil {
+		return v, err
+	}
+	v.loop = f
+	st.Volume.Loop = dev
+	if v.mnt, err = mountVolume(dev); err != nil {
+		return v, err
+	}
+	num, err := blockDevice(dev)
+	if err != nil {
+		return v, err
+	}
+	if err := r.cg.limitIO(st.Cgroup, num, r.ioLimits()); err != nil {
+		return v, fmt.Errorf("cgroup: %w", err)
+	}
+	return v, nil
+}
+
+// closeLoop closes the node's hold on the loop device (the mount holds it).
+func (v *startVolume) closeLoop() {
+	if v.loop != nil {
+		v.loop.Close()
+		v.loop = nil
+	}
+}
+
+// close closes what the node still holds of the Volume.
+func (v *startVolume) close() {
+	v.closeLoop()
+	if v.mnt >= 0 {
+		unix.Close(v.mnt)
+		v.mnt = -1
+	}
 }

@@ -62,6 +62,20 @@ type execState struct {
 	// the node's DNS server); 0, absent, is an execution an earlier release
 	// started.
 	DNSVersion uint32 `json:"dns_version,omitempty"`
+	// Volume is the Volume the execution mounts (volume.go), recorded from
+	// the first write on, so that no other execution mounts it, nothing
+	// grows or deletes it, and its loop device is waited for at the
+	// release; nil: none.
+	Volume *execVolume `json:"volume,omitempty"`
+}
+
+// execVolume is the Volume of an execution record.
+type execVolume struct {
+	ID        string `json:"volume_id"`
+	Image     string `json:"image"`
+	MountPath string `json:"mount_path"`
+	// Loop is its loop device ("/dev/loop4"), once attached.
+	Loop string `json:"loop,omitempty"`
 }
 
 // writeState replaces the state file atomically. Which crash does each

@@ -249,14 +249,19 @@ func (r *Runtime) releaseLocked(e *execution) error {
 }
 
 // releaseResources releases what a recorded execution holds once its
-// processes are gone: its loop device (which detaches itself when the
-// execution's mount namespace goes), its cgroup, its run directory and its
-// state file. The layer stays.
+// processes are gone: its loop devices, the layer's and the Volume's (which
+// detach themselves when the execution's mount namespace goes), its cgroup,
+// its run directory and its state file. The layer and the Volume stay.
 func (r *Runtime) releaseResources(st *execState) error {
 	var errs []error
 	t0 := time.Now()
 	if err := waitLoopsDetached(st.Layer, 10*time.Second); err != nil {
 		errs = append(errs, err)
+	}
+	if st.Volume != nil && st.Volume.Image != "" {
+		if err := waitLoopsDetached(st.Volume.Image, 10*time.Second); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	t1 := time.Now()
 	if err := r.removeCgroup(st.Cgroup); err != nil {
@@ -338,6 +343,10 @@ func (r *Runtime) releaseLeftovers(ws string) error {
 	st := &execState{WorkspaceID: ws, Cgroup: rel, Layer: r.layerPath(ws)}
 	if old, err := r.readState(ws); err == nil {
 		signalRecorded(old, unix.SIGKILL)
+		if v := old.Volume; v != nil && checkVolumeID(v.ID) == nil {
+			// The image's path is the runtime's own, never the record's.
+			st.Volume = &execVolume{ID: v.ID, Image: r.volumePath(v.ID)}
+		}
 	}
 	if r.cg.exists(rel) {
 		_ = r.cg.kill(rel)

@@ -42,8 +42,10 @@ const (
 	// stderr), kept by PID 1 for the same reason.
 	LogReadFD = protocol.LogReadFD
 	// ConfigFD is a SOCK_SEQPACKET socket: one message, the Config JSON
-	// with the overlay root (a detached mount, idmapped layers) attached;
-	// end of file without one when the node gave up.
+	// with the overlay root (a detached mount, idmapped layers) attached,
+	// and the Volume's detached mount (idmapped) after it when the
+	// configuration has a VolumePath; end of file without one when the node
+	// gave up.
 	ConfigFD = 6
 	// StatusFD is the write end of a pipe: an error message, or EOF at
 	// the exec of the guest.
@@ -66,6 +68,10 @@ type Config struct {
 	// user namespace (per-namespace kernel limits such as
 	// max_inotify_instances) before the capabilities go.
 	UserLimits map[string]uint64 `json:"user_limits,omitempty"`
+	// VolumePath is where the Volume is mounted inside the root (an
+	// absolute, clean path the node validated); its detached mount comes
+	// with the configuration, after the root's. Empty: no Volume.
+	VolumePath string `json:"volume_path,omitempty"`
 }
 
 // MaybeRun runs the sandbox init shim and never returns when this process
@@ -82,8 +88,9 @@ type Config struct {
 // moves the overlay root the node made (a descriptor sent with the
 // configuration) into place, mounts /proc (sensitive files masked,
 // host-wide knobs read-only), /sys (read-only, firmware and block devices
-// masked), a minimal /dev (the host's devices bound), /tmp and /run, sets
-// the hostname, brings up lo, pivots into the new root, sets the
+// masked), a minimal /dev (the host's devices bound), /tmp and /run, moves
+// the Volume (a second descriptor, when configured) onto its mount path
+// (volume.go), sets the hostname, brings up lo, pivots into the new root, sets the
 // per-user-namespace limits (Config.UserLimits), installs the system call filter, sets no_new_privs,
 // drops capabilities from the bounding set and execs kibotos-guest, which
 // stays PID 1, with descriptors 0 to 2 and the three of the channel
@@ -117,7 +124,7 @@ func runInit() error {
 	}
 	unix.Umask(0)
 	unix.CloseOnExec(StatusFD)
-	cfg, rootFD, err := readConfig()
+	cfg, rootFD, volFD, err := readConfig()
 	if err != nil {
 		return err
 	}
@@ -132,6 +139,11 @@ func runInit() error {
 	}
 	if err := setupRoot(&cfg, root); err != nil {
 		return err
+	}
+	if volFD >= 0 {
+		if err := mountVolume(root, cfg.VolumePath, volFD); err != nil {
+			return err
+		}
 	}
 	if err := unix.Sethostname([]byte(cfg.WorkspaceID)); err != nil {
 		return fmt.Errorf("init: sethostname: %w", err)
@@ -281,32 +293,42 @@ func mountPoint(root, name string, mode os.FileMode) (string, error) {
 	return p, nil
 }
 
-// readConfig reads the configuration and the overlay root's descriptor.
-func readConfig() (Config, int, error) {
+// readConfig reads the configuration, the overlay root's descriptor and,
+// when the configuration has a VolumePath, the Volume's (otherwise -1).
+func readConfig() (Config, int, int, error) {
 	var cfg Config
 	b := make([]byte, 1<<20)
-	oob := make([]byte, unix.CmsgSpace(4))
+	oob := make([]byte, unix.CmsgSpace(2*4))
 	n, oobn, _, _, err := unix.Recvmsg(ConfigFD, b, oob, unix.MSG_CMSG_CLOEXEC)
 	unix.Close(ConfigFD)
 	if err != nil {
-		return cfg, -1, fmt.Errorf("init: read configuration: %w", err)
+		return cfg, -1, -1, fmt.Errorf("init: read configuration: %w", err)
 	}
 	if n == 0 {
-		return cfg, -1, errors.New("init: the node went away before configuring the execution")
+		return cfg, -1, -1, errors.New("init: the node went away before configuring the execution")
 	}
-	fd := -1
+	var fds []int
 	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
-		if fds, err := unix.ParseUnixRights(&msgs[0]); err == nil && len(fds) == 1 {
-			fd = fds[0]
-		}
+		fds, _ = unix.ParseUnixRights(&msgs[0])
 	}
-	if fd < 0 {
-		return cfg, -1, errors.New("init: the configuration came without the root")
+	if len(fds) == 0 {
+		return cfg, -1, -1, errors.New("init: the configuration came without the root")
 	}
 	if err := json.Unmarshal(b[:n], &cfg); err != nil {
-		return cfg, -1, fmt.Errorf("init: configuration: %w", err)
+		return cfg, -1, -1, fmt.Errorf("init: configuration: %w", err)
 	}
-	return cfg, fd, nil
+	want := 1
+	if cfg.VolumePath != "" {
+		want = 2
+	}
+	if len(fds) != want {
+		return cfg, -1, -1, fmt.Errorf("init: the configuration came with %d descriptors, not %d", len(fds), want)
+	}
+	vol := -1
+	if want == 2 {
+		vol = fds[1]
+	}
+	return cfg, fds[0], vol, nil
 }
 
 // attachRoot attaches the overlay root (the detached mount fd) in this
