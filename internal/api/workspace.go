@@ -10,10 +10,11 @@ import (
 	"github.com/kibotos/kibotos/internal/workspace"
 )
 
-// Workspaces serves WorkspaceService. The lifecycle methods and the network
-// policy are served; the other configuration methods (expiration, memory,
-// CPU, writable layer resize, Volume binding) answer unimplemented with an
-// ErrorDetail until their capabilities are served.
+// Workspaces serves WorkspaceService. The lifecycle methods, the network
+// policy, memory, CPU and the writable layer resize (workspace_config.go)
+// are served; the other configuration methods (expiration, Volume binding)
+// answer unimplemented with an ErrorDetail until their capabilities are
+// served.
 type Workspaces struct {
 	ctrlv1connect.UnimplementedWorkspaceServiceHandler
 	svc *workspace.Service

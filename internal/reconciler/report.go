@@ -176,6 +176,13 @@ func (r *Reconciler) applyReport(ctx context.Context, nodeID string, rep *nodev1
 				return err
 			}
 			out := derive(w, pub, rep, policyChange)
+			resize, err := resizeInFlight(ctx, tx, w)
+			if err != nil {
+				return err
+			}
+			if resize != nil {
+				out = resizeOutcome(w, pub, rep, resize, out)
+			}
 			if out.err != nil {
 				pub.Failure = out.err.Detail()
 			}
@@ -183,6 +190,9 @@ func (r *Reconciler) applyReport(ctx context.Context, nodeID string, rep *nodev1
 				w.DeletedAt = now
 				pub.DeletedAt = timestamppb.New(now)
 				if err := tx.SetReferences(ctx, w.ID, nil); err != nil {
+					return err
+				}
+				if err := r.workspaceGone(ctx, tx, pub, now); err != nil {
 					return err
 				}
 			}
@@ -274,9 +284,11 @@ func complete(ctx context.Context, tx store.Tx, w *store.Workspace, pub *ctrlv1.
 	} else {
 		switch ctrlv1.WorkspaceCommandKind(rec.Kind) {
 		case ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_STOP, ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_DELETE,
-			ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_UPDATE_NETWORK_POLICY:
-			// StopWorkspaceResponse, DeleteWorkspaceResponse and
-			// UpdateWorkspaceNetworkPolicyResponse share this shape (workspace
+			ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_UPDATE_NETWORK_POLICY,
+			ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_RESIZE_WRITABLE_LAYER:
+			// StopWorkspaceResponse, DeleteWorkspaceResponse,
+			// UpdateWorkspaceNetworkPolicyResponse and
+			// ResizeWorkspaceWritableLayerResponse share this shape (workspace
 			// = 1, command = 2): a replay answers the Workspace as the command
 			// completed it.
 			final := proto.Clone(pub).(*ctrlv1.Workspace)
@@ -323,4 +335,85 @@ func guestShutdown(ctx context.Context, tx store.Tx, w *store.Workspace, pub *ct
 	pub.State = ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPING
 	pub.Expiration, _ = workspace.ExpirationAfterStop(pub.GetExpiration(), nil)
 	return nil
+}
+
+// resizeInFlight returns w's in-flight command when it is a writable layer
+// resize (ResizeWorkspaceWritableLayer), else nil.
+func resizeInFlight(ctx context.Context, tx store.Tx, w *store.Workspace) (*store.Command, error) {
+	if w.CommandID == "" {
+		return nil, nil
+	}
+	rec, err := tx.GetCommand(ctx, w.CommandID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if ctrlv1.WorkspaceCommandKind(rec.Kind) != ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_RESIZE_WRITABLE_LAYER ||
+		rec.Status != store.CommandProcessing {
+		return nil, nil
+	}
+	return rec, nil
+}
+
+// resizeOutcome ends the writable layer resize rec on the node's report of
+// its generation (desired STOPPED with the new capacity; out is what
+// derive made of it). The node answers once it grew the layer offline,
+// reporting STOPPED and the layer's capacity (layer_capacity_bytes), or
+// FAILED when it could not.
+//
+//   - STOPPED with the layer at the target or more: success, and the
+//     recorded capacity is the one reported. A layer that no longer exists
+//     (none reported) keeps the target: the next start creates it so.
+//   - STOPPED with a smaller layer (a node that did not grow it, or reports
+//     no capacity for an existing layer), or FAILED: the command completes
+//     with the failure (failed_precondition EXECUTION_FAILED, or
+//     resource_exhausted CAPACITY_EXHAUSTED when the node says its storage
+//     is full; stage resize_writable_layer; not retryable with this command
+//     ID, a new one may succeed). A Workspace whose node holds no execution
+//     stays STOPPED. The recorded capacity is restored to what the layer
+//     really has: the node's layer_capacity_bytes, or, when it reports none,
+//     the capacity before the resize (from the command's recorded
+//     acceptance, see workspace.Service.ResizeWritableLayer).
+func resizeOutcome(w *store.Workspace, pub *ctrlv1.Workspace, rep *nodev1.ExecutionReport, rec *store.Command, out outcome) outcome {
+	if !out.done || pub.GetWritableLayer() == nil {
+		return out
+	}
+	target, got := pub.GetWritableLayer().GetCapacityBytes(), rep.GetLayerCapacityBytes()
+	stopped := rep.GetState() == nodev1.ExecState_EXEC_STATE_STOPPED
+	if stopped && (got >= target || (got == 0 && !rep.GetLayerExists())) {
+		if got != 0 {
+			pub.WritableLayer.CapacityBytes = got
+		}
+		return out
+	}
+	restored := got
+	if restored == 0 {
+		before := &ctrlv1.ResizeWorkspaceWritableLayerResponse{}
+		if proto.Unmarshal(rec.Result, before) == nil && before.GetWorkspace().GetWritableLayer().GetCapacityBytes() != 0 {
+			restored = before.GetWorkspace().GetWritableLayer().GetCapacityBytes()
+		} else {
+			restored = target
+		}
+	}
+	pub.WritableLayer.CapacityBytes = restored
+	fe := &fault.Error{Kind: fault.KindFailedPrecondition, Reason: fault.ReasonExecutionFailed, Stage: workspace.ResizeStage}
+	if stopped {
+		fe.Message = fmt.Sprintf("the node did not grow the writable layer to %d bytes", target)
+	} else {
+		fe.Message = fmt.Sprintf("the node could not grow the writable layer to %d bytes", target)
+		if m := rep.GetFailureMessage(); m != "" {
+			fe.Message += ": " + m
+		}
+		if fault.Reason(rep.GetFailureReason()) == fault.ReasonCapacityExhausted {
+			fe.Kind, fe.Reason = fault.KindResourceExhausted, fault.ReasonCapacityExhausted
+		}
+	}
+	fe.Message += fmt.Sprintf("; the layer keeps %d bytes", restored)
+	if !rep.GetHoldsExecution() {
+		pub.State, pub.HoldsExecution = ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED, false
+		w.ObservedState = store.ExecStopped
+	}
+	return outcome{done: true, err: fe}
 }
