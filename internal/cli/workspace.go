@@ -34,6 +34,8 @@ exit 14 without sending anything.`)
 		a.workspaceStart(), a.workspaceStop(), a.workspaceDelete(),
 		a.workspaceLabels(), a.workspaceAnnotations(),
 		a.workspaceNetworkPolicy(),
+		a.workspaceSetMemory(), a.workspaceSetCPU(), a.workspaceResize(),
+		a.workspaceSetExpiration(), a.workspaceBindVolume(),
 		a.workspaceCommandGet(),
 		a.workspaceRevokeDataPlane(), a.workspaceSessionCommand(),
 		a.workspaceExec(),
