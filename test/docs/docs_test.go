@@ -113,7 +113,11 @@ func (u *user) run(doc string, c Command) {
 }
 
 // env is the environment of the user's second terminal: no KIBO_*
-// settings of the test's own, a home of its own.
+// settings of the test's own, a home of its own. Go's module and build
+// caches stay those of the test (unless the environment names others):
+// what the docs prove is that their commands work, and .ci/run's own first
+// build is the cold one; a cold build again under a fresh home took more
+// than the 8 minutes startServer allows on a loaded two-core machine.
 func (u *user) env() []string {
 	var env []string
 	for _, kv := range os.Environ() {
@@ -121,6 +125,14 @@ func (u *user) env() []string {
 			continue
 		}
 		env = append(env, kv)
+	}
+	for _, name := range []string{"GOMODCACHE", "GOCACHE", "GOPATH"} {
+		if os.Getenv(name) != "" {
+			continue
+		}
+		if out, err := exec.Command("go", "env", name).Output(); err == nil && len(bytes.TrimSpace(out)) > 0 {
+			env = append(env, name+"="+string(bytes.TrimSpace(out)))
+		}
 	}
 	return append(env, "HOME="+u.home)
 }
