@@ -71,6 +71,11 @@ func (r *Reconciler) pass(ctx context.Context) error {
 		if w.CommandID == "" && w.NodeID == "" {
 			continue // a failed placement waits for a new command
 		}
+		if refused, err := r.refuseOversized(ctx, w); err != nil {
+			return err
+		} else if refused {
+			continue // beyond its node: the start failed (resources.go)
+		}
 		if w.NodeID == "" {
 			p, done, err := r.place(ctx, w.ID)
 			if err != nil {
@@ -88,6 +93,9 @@ func (r *Reconciler) pass(ctx context.Context) error {
 	}
 	if err := r.push(ctx, placed); err != nil && ctx.Err() == nil {
 		r.log.Warn("push desired state", "error", err.Error())
+	}
+	if err := r.pushVolumes(ctx); err != nil && ctx.Err() == nil {
+		r.log.Warn("push desired volumes", "error", err.Error())
 	}
 	r.flushDeleted()
 	// Turning UNKNOWN completes no command: nobody to wake.
@@ -120,9 +128,14 @@ func (r *Reconciler) push(ctx context.Context, ws []*store.Workspace) error {
 		return nil
 	}
 	msgs := make([]*nodev1.DesiredWorkspace, len(jobs))
+	vols := make([]*nodev1.DesiredVolume, len(jobs)) // each Workspace's Volume, sent with it
 	err := r.store.View(ctx, func(tx store.Tx) error {
 		nr := newNetReader(ctx, tx, r.log)
 		for i, j := range jobs {
+			var err error
+			if vols[i], err = boundVolume(ctx, tx, j.w); err != nil {
+				return err
+			}
 			d, err := nr.desired(j.w)
 			var de *decodeError
 			switch {
@@ -149,7 +162,11 @@ func (r *Reconciler) push(ctx context.Context, ws []*store.Workspace) error {
 	}
 	for i, j := range jobs {
 		if msgs[i] != nil {
-			r.offer(j.nc, j.w.ID, &nodev1.ConnectResponse{Desired: &nodev1.DesiredState{Workspaces: []*nodev1.DesiredWorkspace{msgs[i]}}})
+			ds := &nodev1.DesiredState{Workspaces: []*nodev1.DesiredWorkspace{msgs[i]}}
+			if vols[i] != nil {
+				ds.Volumes = []*nodev1.DesiredVolume{vols[i]}
+			}
+			r.offer(j.nc, j.w.ID, &nodev1.ConnectResponse{Desired: ds})
 		}
 	}
 	return nil
@@ -200,6 +217,7 @@ func (n *netReader) desired(w *store.Workspace) (*nodev1.DesiredWorkspace, error
 		MemoryMib:  pub.GetResources().GetMemoryMib(), CpuMillis: pub.GetResources().GetCpuMillis(),
 		CapacityBytes: pub.GetWritableLayer().GetCapacityBytes(),
 		Network:       network,
+		Volume:        workspaceVolume(pub),
 	}, nil
 }
 

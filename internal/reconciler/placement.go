@@ -10,6 +10,7 @@ import (
 	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/nodewire"
 	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/volume"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
 
@@ -21,6 +22,10 @@ type candidate struct {
 	pool      string            // the storage pool its Workspaces go to
 	usedMiB   uint64            // memory of its Workspaces desired RUNNING
 	network   bool              // it serves workspace networks
+	// freeBytes is what its storage pool has not promised yet
+	// (volume.PoolFree), when storageKnown.
+	freeBytes    uint64
+	storageKnown bool
 }
 
 // demand is what a Workspace asks of its node.
@@ -29,6 +34,12 @@ type demand struct {
 	memoryMiB uint64
 	cpuMillis uint64
 	network   bool // its policy is PUBLIC_INTERNET: only a node that serves networks
+	// storageBytes is what it takes from the pool: its writable layer, and
+	// the Volume of a NEW binding not placed yet.
+	storageBytes uint64
+	// node, when set, is the only node that can run it: the one holding
+	// its Volume.
+	node string
 }
 
 func demandOf(pub *ctrlv1.Workspace) demand {
@@ -37,6 +48,8 @@ func demandOf(pub *ctrlv1.Workspace) demand {
 		memoryMiB: uint64(pub.GetResources().GetMemoryMib()),
 		cpuMillis: uint64(pub.GetResources().GetCpuMillis()),
 		network:   pub.GetNetworkPolicy().GetMode() == ctrlv1.NetworkMode_NETWORK_MODE_PUBLIC_INTERNET,
+
+		storageBytes: pub.GetWritableLayer().GetCapacityBytes(),
 	}
 }
 
@@ -61,9 +74,15 @@ func pick(nodes []candidate, d demand) (*candidate, string) {
 		return nil, ""
 	}
 	var best *candidate
-	holders, networked := 0, 0
+	holders, networked, stored := 0, 0, 0
+	if d.node != "" && !slices.ContainsFunc(nodes, func(c candidate) bool { return c.id == d.node }) {
+		return nil, "" // the node holding its Volume is not connected
+	}
 	for i := range nodes {
 		c := &nodes[i]
+		if d.node != "" && c.id != d.node {
+			continue
+		}
 		if !c.holds(d.template) {
 			continue
 		}
@@ -72,6 +91,10 @@ func pick(nodes []candidate, d demand) (*candidate, string) {
 			continue
 		}
 		networked++
+		if c.storageKnown && c.freeBytes < d.storageBytes {
+			continue
+		}
+		stored++
 		if c.usedMiB+d.memoryMiB > c.capacity.MemoryMiB || d.cpuMillis > c.capacity.CPUMillis {
 			continue
 		}
@@ -85,6 +108,10 @@ func pick(nodes []candidate, d demand) (*candidate, string) {
 	case networked == 0:
 		return nil, "no connected node that holds template " + strconv.Quote(d.template) +
 			" serves workspace networks, which this workspace's PUBLIC_INTERNET policy needs"
+	case stored == 0 && d.node != "":
+		return nil, "node " + strconv.Quote(d.node) + ", which holds this workspace's volume, has no room in its storage pool for the writable layer"
+	case stored == 0:
+		return nil, "no connected node that can run this workspace has room in its storage pool for its writable layer (and new volume)"
 	case best == nil:
 		return nil, "no connected node has the memory and CPU this workspace requests"
 	}
@@ -119,14 +146,27 @@ func (r *Reconciler) connected() []candidate {
 // from tx the memory the candidates' running Workspaces use.
 func (r *Reconciler) choose(ctx context.Context, tx store.Tx, pub *ctrlv1.Workspace) (*candidate, string, error) {
 	nodes, d := r.connected(), demandOf(pub)
+	node, extra, err := volumeDemand(ctx, tx, pub)
+	if err != nil {
+		return nil, "", err
+	}
+	d.node, d.storageBytes = node, d.storageBytes+extra
+	volumeUse, err := volume.PoolUsage(ctx, tx)
+	if err != nil {
+		return nil, "", err
+	}
 	for i := range nodes {
 		c := &nodes[i]
-		if !c.serves(d) {
+		if !c.serves(d) || (d.node != "" && c.id != d.node) {
 			continue
 		}
 		on, err := tx.WorkspacesOnNode(ctx, c.id)
 		if err != nil {
 			return nil, "", err
+		}
+		if size := c.capacity.StorageBytes; size > 0 {
+			used := volumeUse[c.id] + volume.LayerUse(on)
+			c.storageKnown, c.freeBytes = true, size-min(size, used)
 		}
 		for _, o := range on {
 			if o.Power == store.PowerRunning {
@@ -174,6 +214,9 @@ func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bo
 			if err := tx.SetReferences(ctx, w.ID, nil); err != nil {
 				return err
 			}
+			if err := r.workspaceGone(ctx, tx, pub, now); err != nil {
+				return err
+			}
 			return saveRow(ctx, tx, w, pub, now)
 		}
 		node, reason, err := r.choose(ctx, tx, pub)
@@ -185,6 +228,9 @@ func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bo
 			pub.Placement = &ctrlv1.Placement{NodeId: node.id, StoragePool: node.pool}
 			if v := node.templates[pub.GetTemplate().GetTemplateId()]; v != "" && pub.GetTemplate() != nil {
 				pub.Template.Version = v
+			}
+			if err := r.placeVolume(ctx, tx, pub, node, now); err != nil {
+				return err
 			}
 			placed = w
 			return saveRow(ctx, tx, w, pub, now)

@@ -79,6 +79,11 @@ type Reconciler struct {
 	// deleted are the Egresses deleted recently (EgressDeleted), named in
 	// every full state.
 	deleted []deletedEgress
+	// volPending are Volumes this reconciler changed whose node has not
+	// been sent the change yet (volume.go).
+	volPending map[string]bool
+	// mem is the host-memory policy's state (hostmemory.go).
+	mem hostMemory
 	// quiet holds the silent nodes whose Workspaces are all marked UNKNOWN,
 	// so that later passes skip them until the node connects again.
 	quiet map[string]bool
@@ -96,6 +101,7 @@ type nodeConn struct {
 	endErr   error
 	lastSeen time.Time         // last message received, by the reconciler's clock
 	sent     map[string]uint64 // workspace → generation pushed
+	volSent  map[string]uint64 // Volume → generation pushed
 	pool     string
 	stored   time.Time // when lastSeen was last written to the store
 	keyHash  []byte    // the key of the certificate the stream came with
@@ -131,6 +137,7 @@ func New(cfg Config) *Reconciler {
 		templates:        map[string]map[string]string{},
 		features:         map[string]map[string]bool{},
 		quiet:            map[string]bool{},
+		volPending:       map[string]bool{},
 	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)

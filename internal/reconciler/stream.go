@@ -86,6 +86,9 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 				r.report(ctx, id, b.Report)
 			case *nodev1.ConnectRequest_Heartbeat:
 				r.heartbeat(ctx, id)
+				r.memoryCondition(ctx, id, b.Heartbeat.GetMemory())
+			case *nodev1.ConnectRequest_VolumeReport:
+				r.volumeReport(ctx, id, b.VolumeReport)
 			}
 		}
 	}()
@@ -139,7 +142,7 @@ func (r *Reconciler) register(ctx context.Context, hello *nodev1.Hello, mayConne
 func (r *Reconciler) attach(hello *nodev1.Hello, keyHash []byte) *nodeConn {
 	id, c := hello.GetNodeId(), hello.GetCapacity()
 	nc := &nodeConn{id: id, send: make(chan *nodev1.ConnectResponse, 256), replaced: make(chan struct{}),
-		lastSeen: r.now(), sent: map[string]uint64{}, pool: c.GetStoragePool(), keyHash: keyHash}
+		lastSeen: r.now(), sent: map[string]uint64{}, volSent: map[string]uint64{}, pool: c.GetStoragePool(), keyHash: keyHash}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if old := r.nodes[id]; old != nil {
@@ -268,7 +271,8 @@ func (r *Reconciler) fullState(ctx context.Context, nc *nodeConn) (*nodev1.Conne
 			}
 			out.Workspaces = append(out.Workspaces, d)
 		}
-		return nil
+		out.Volumes, err = r.volumesOf(ctx, tx, nc)
+		return err
 	}); err != nil {
 		return nil, err
 	}

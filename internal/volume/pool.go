@@ -1,0 +1,82 @@
+package volume
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/protobuf/proto"
+
+	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/internal/store"
+)
+
+// PoolFree returns the bytes of nodeID's storage pool that nothing is
+// promised yet: the pool's size (store.Node.StorageBytes, from the node's
+// Hello) minus the writable-layer capacity of every Workspace placed on the
+// node whose deletion has not completed, and the capacity of every Volume
+// on the node whose deletion has not completed (the larger of its desired
+// and confirmed capacity, so that a resize in flight counts at its
+// target). known is false for a node the store does not know or that
+// reports no pool size: nobody can judge, the node decides. It is the hook
+// workspace.Service.PoolFree, and what CreateVolume and ResizeVolume
+// judge by.
+func PoolFree(ctx context.Context, tx store.Tx, nodeID string) (free uint64, known bool, err error) {
+	n, err := tx.GetNode(ctx, nodeID)
+	if errors.Is(err, store.ErrNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	use, err := PoolUsage(ctx, tx)
+	if err != nil {
+		return 0, false, err
+	}
+	return freeOf(ctx, tx, n, use)
+}
+
+// freeOf is PoolFree of node n, given what its Volumes use.
+func freeOf(ctx context.Context, tx store.Tx, n *store.Node, volumeUse map[string]uint64) (free uint64, known bool, err error) {
+	if n.StorageBytes == 0 {
+		return 0, false, nil
+	}
+	on, err := tx.WorkspacesOnNode(ctx, n.ID)
+	if err != nil {
+		return 0, false, err
+	}
+	used := volumeUse[n.ID] + LayerUse(on)
+	if used >= n.StorageBytes {
+		return 0, true, nil
+	}
+	return n.StorageBytes - used, true, nil
+}
+
+// LayerUse is the writable-layer capacity the Workspaces ws take
+// (WritableLayer.capacity_bytes of each; a row that does not decode counts
+// nothing).
+func LayerUse(ws []*store.Workspace) uint64 {
+	var sum uint64
+	for _, w := range ws {
+		pub := &ctrlv1.Workspace{}
+		if proto.Unmarshal(w.Doc, pub) == nil {
+			sum += pub.GetWritableLayer().GetCapacityBytes()
+		}
+	}
+	return sum
+}
+
+// PoolUsage returns, by node, the capacity its Volumes whose deletion has
+// not completed take (reading every Volume once).
+func PoolUsage(ctx context.Context, tx store.Tx) (map[string]uint64, error) {
+	all, err := All(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for _, v := range all {
+		if v.Node != "" {
+			out[v.Node] += max(v.Capacity, v.Pub.GetCapacityBytes())
+		}
+	}
+	return out, nil
+}
