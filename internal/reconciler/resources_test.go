@@ -248,3 +248,21 @@ func TestApplyReportResize(t *testing.T) {
 		}
 	})
 }
+
+// TestPassRefusesOversizedStart: a pass fails such a start instead of
+// pushing it to the node.
+func TestPassRefusesOversizedStart(t *testing.T) {
+	r, st, _ := newTest(t, Config{})
+	nc := connectNode(t, r, hello("n1", 1024, 4000, "", workspace.DefaultTemplate))
+	seed(t, st, t0, row{id: "ws-1", node: "n1", power: running, generation: 3, observed: 2, exec: store.ExecStopped, state: wsStart,
+		memMiB: 4096, command: "c-1", kind: ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_START})
+	if err := r.pass(t.Context()); err != nil {
+		t.Fatalf("pass = %v", err)
+	}
+	if len(nc.send) != 0 {
+		t.Fatalf("%d messages sent, want none", len(nc.send))
+	}
+	if _, pub := load(t, st, "ws-1"); pub.GetState() != wsFailed || pub.GetFailure().GetReason() != ctrlv1.FailureReason_FAILURE_REASON_CAPACITY_EXHAUSTED {
+		t.Fatalf("after the pass: %v, failure %v", pub.GetState(), pub.GetFailure())
+	}
+}
