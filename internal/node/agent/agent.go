@@ -44,16 +44,28 @@ type Spec struct {
 	// Network is the network the execution has from its start (nil: mode
 	// NONE, loopback only).
 	Network *nodev1.NetworkConfig
+	// Volume is the Volume the execution mounts from its start (nil:
+	// none); its image is on this node (VolumeRuntime).
+	Volume *VolumeMount
+}
+
+// VolumeMount is a Volume an execution mounts, and where (an absolute,
+// clean path inside the workspace, resolved inside its root only).
+type VolumeMount struct {
+	VolumeID  string
+	MountPath string
 }
 
 // Status is one execution or writable layer the runtime holds.
 type Status struct {
-	WorkspaceID  string
-	Generation   uint64
-	Running      bool
-	LayerExists  bool
-	Guest        ctrlv1.GuestCondition
-	GuestMessage string
+	WorkspaceID string
+	Generation  uint64
+	Running     bool
+	LayerExists bool
+	// LayerCapacityBytes is the writable layer's size when it exists.
+	LayerCapacityBytes uint64
+	Guest              ctrlv1.GuestCondition
+	GuestMessage       string
 	// Network is what the execution's network applies (with the DNS
 	// configuration version it started with); nil without execution or
 	// when the runtime serves no networks.
@@ -110,6 +122,10 @@ type Runtime interface {
 	// CloseEgress ends at once every connection through the Egress, in
 	// every execution (it was deleted).
 	CloseEgress(egressID string)
+	// Resize grows the workspace's writable layer, which exists, to
+	// capacityBytes in place, keeping every byte; only without execution.
+	// Errors no retry can fix (a pool that cannot hold it) are Permanent.
+	Resize(ctx context.Context, workspaceID string, capacityBytes uint64) error
 }
 
 // Config configures an Agent.
@@ -135,6 +151,9 @@ type Config struct {
 	// Hello.features (nodewire.FeatureNetwork when the runtime runs
 	// networks).
 	Features []string
+	// Memory, when set, samples the node's memory condition into every
+	// heartbeat (internal/node/memwatch); nil sends none.
+	Memory func() *nodev1.MemoryCondition
 }
 
 // Agent is a running node agent.
@@ -148,6 +167,9 @@ type Agent struct {
 	desired map[string]*nodev1.DesiredWorkspace
 	busy    map[string]bool // a worker runs for the workspace
 	dirty   map[string]bool // desired changed while the worker ran
+
+	// The Volumes (volumes.go), under mu like the workspaces.
+	vols volumeWork
 }
 
 // New returns an Agent.
@@ -163,6 +185,7 @@ func New(cfg Config) *Agent {
 		desired: map[string]*nodev1.DesiredWorkspace{},
 		busy:    map[string]bool{},
 		dirty:   map[string]bool{},
+		vols:    newVolumeWork(),
 	}
 }
 
@@ -241,6 +264,7 @@ func (a *Agent) session(parent context.Context) error {
 	for _, st := range a.cfg.Runtime.Executions() {
 		hello.Executions = append(hello.Executions, a.statusReport(st, st.Generation))
 	}
+	hello.Volumes = a.heldVolumes()
 	if err := stream.Send(&nodev1.ConnectRequest{Body: &nodev1.ConnectRequest_Hello{Hello: hello}}); err != nil {
 		return err
 	}
@@ -270,13 +294,17 @@ func (a *Agent) session(parent context.Context) error {
 			if !ok {
 				continue
 			}
-			msg = &nodev1.ConnectRequest{Body: &nodev1.ConnectRequest_Report{Report: rep}}
+			msg = rep
 		case <-hb.C:
-			msg = &nodev1.ConnectRequest{Body: &nodev1.ConnectRequest_Heartbeat{Heartbeat: &nodev1.Heartbeat{SentAt: timestamppb.Now()}}}
+			beat := &nodev1.Heartbeat{SentAt: timestamppb.Now()}
+			if a.cfg.Memory != nil {
+				beat.Memory = a.cfg.Memory()
+			}
+			msg = &nodev1.ConnectRequest{Body: &nodev1.ConnectRequest_Heartbeat{Heartbeat: beat}}
 		}
 		if err := stream.Send(msg); err != nil {
-			if rep := msg.GetReport(); rep != nil {
-				a.reports.putBack(rep)
+			if msg.GetReport() != nil || msg.GetVolumeReport() != nil {
+				a.reports.putBack(msg)
 			}
 			return err
 		}
@@ -312,6 +340,7 @@ func (a *Agent) apply(ctx context.Context, d *nodev1.DesiredState) {
 	for id := range listed {
 		a.wake(ctx, id)
 	}
+	a.applyVolumes(ctx, d)
 	for _, id := range orphans {
 		// ctrl does not know this execution: release it, keep its layer.
 		a.cfg.Log.Warn("stopping an execution ctrl does not know", "workspace_id", id)
@@ -364,17 +393,23 @@ func (a *Agent) act(ctx context.Context, d *nodev1.DesiredWorkspace) {
 			return
 		}
 		a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_STARTING, ObservedAt: timestamppb.Now()})
-		err := rt.Start(ctx, Spec{WorkspaceID: id, Generation: gen, TemplateID: d.GetTemplateId(),
+		spec := Spec{WorkspaceID: id, Generation: gen, TemplateID: d.GetTemplateId(),
 			CapacityBytes: d.GetCapacityBytes(), MemoryMiB: d.GetMemoryMib(), CPUMillis: d.GetCpuMillis(),
-			Network: d.GetNetwork()})
+			Network: d.GetNetwork()}
+		if v := d.GetVolume(); v != nil {
+			spec.Volume = &VolumeMount{VolumeID: v.GetVolumeId(), MountPath: v.GetMountPath()}
+		}
+		// A layer resized while the node was not told (a start follows
+		// the resize at once) grows before the start.
+		err := a.growLayer(ctx, d)
+		if err == nil {
+			err = rt.Start(ctx, spec)
+		}
 		if err != nil {
 			// A permanent failure (errors.Is ErrPermanent) is reported as
 			// such: ctrl then calls it not retryable.
 			log.Warn("start failed", "error", failureMessage(err), "permanent", errors.Is(err, ErrPermanent))
-			st := rt.Status(id)
-			a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_FAILED,
-				HoldsExecution: st.Running, LayerExists: st.LayerExists, FailureReason: "EXECUTION_FAILED",
-				FailureMessage: failureMessage(err), Permanent: errors.Is(err, ErrPermanent), ObservedAt: timestamppb.Now()})
+			a.report(failedReport(rt.Status(id), gen, "EXECUTION_FAILED", err))
 			return
 		}
 		st := rt.Status(id)
@@ -390,28 +425,64 @@ func (a *Agent) act(ctx context.Context, d *nodev1.DesiredWorkspace) {
 		st := rt.Status(id)
 		switch {
 		case err == nil && !st.Running:
-			a.report(a.statusReport(st, gen))
+			// Stopped: a layer smaller than desired grows now
+			// (ResizeWorkspaceWritableLayer), before the report.
+			if err := a.growLayer(ctx, d); err != nil {
+				log.Warn("writable layer resize failed", "capacity_bytes", d.GetCapacityBytes(), "error", failureMessage(err),
+					"permanent", errors.Is(err, ErrPermanent))
+				a.report(failedReport(rt.Status(id), gen, "EXECUTION_FAILED", err))
+				return
+			}
+			a.report(a.statusReport(rt.Status(id), gen))
 		case errors.Is(err, ErrWritebackFailed):
-			a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_FAILED,
-				HoldsExecution: true, LayerExists: st.LayerExists, FailureReason: "GUEST_WRITEBACK_FAILED",
-				FailureMessage: failureMessage(err), ObservedAt: timestamppb.Now()})
+			rep := failedReport(st, gen, "GUEST_WRITEBACK_FAILED", err)
+			rep.HoldsExecution, rep.Permanent = true, false
+			a.report(rep)
 		default:
 			log.Warn("stop failed", "error", failureMessage(err))
-			a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_FAILED,
-				HoldsExecution: st.Running, LayerExists: st.LayerExists, FailureReason: "EXECUTION_FAILED",
-				FailureMessage: failureMessage(err), ObservedAt: timestamppb.Now()})
+			rep := failedReport(st, gen, "EXECUTION_FAILED", err)
+			rep.Permanent = false
+			a.report(rep)
 		}
 	case nodev1.Power_POWER_DELETED:
 		if err := rt.Delete(ctx, id); err != nil {
 			log.Warn("delete failed", "error", failureMessage(err))
-			st := rt.Status(id)
-			a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_FAILED,
-				HoldsExecution: st.Running, LayerExists: st.LayerExists, FailureReason: "EXECUTION_FAILED",
-				FailureMessage: failureMessage(err), ObservedAt: timestamppb.Now()})
+			rep := failedReport(rt.Status(id), gen, "EXECUTION_FAILED", err)
+			rep.Permanent = false
+			a.report(rep)
 			return
 		}
 		a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_DELETED, ObservedAt: timestamppb.Now()})
 	}
+}
+
+// growLayer grows the workspace's writable layer to d's capacity when it
+// exists, holds no execution and is smaller (the layer's resize happens on
+// the node while the workspace is stopped); nil when there is nothing to
+// grow.
+func (a *Agent) growLayer(ctx context.Context, d *nodev1.DesiredWorkspace) error {
+	st := a.cfg.Runtime.Status(d.GetWorkspaceId())
+	if !st.LayerExists || st.Running || d.GetCapacityBytes() <= st.LayerCapacityBytes {
+		return nil
+	}
+	err := a.cfg.Runtime.Resize(ctx, d.GetWorkspaceId(), d.GetCapacityBytes())
+	if err == nil {
+		a.cfg.Log.Info("writable layer grown", "workspace_id", d.GetWorkspaceId(), "from_bytes", st.LayerCapacityBytes,
+			"capacity_bytes", d.GetCapacityBytes())
+	}
+	return err
+}
+
+// failedReport is a FAILED report of generation gen about st, with its
+// reason and the cut message of err; permanent when err is.
+func failedReport(st Status, gen uint64, reason string, err error) *nodev1.ExecutionReport {
+	rep := &nodev1.ExecutionReport{WorkspaceId: st.WorkspaceID, Generation: gen, State: nodev1.ExecState_EXEC_STATE_FAILED,
+		HoldsExecution: st.Running, LayerExists: st.LayerExists, FailureReason: reason,
+		FailureMessage: failureMessage(err), Permanent: errors.Is(err, ErrPermanent), ObservedAt: timestamppb.Now()}
+	if st.LayerExists {
+		rep.LayerCapacityBytes = st.LayerCapacityBytes
+	}
+	return rep
 }
 
 // runningReport applies d's network to the workspace's running execution
@@ -440,6 +511,9 @@ func (a *Agent) statusReport(st Status, gen uint64) *nodev1.ExecutionReport {
 	rep := &nodev1.ExecutionReport{WorkspaceId: st.WorkspaceID, Generation: gen, LayerExists: st.LayerExists,
 		HoldsExecution: st.Running, GuestCondition: int32(st.Guest), GuestMessage: nodewire.Cut(st.GuestMessage, nodewire.MaxGuestMessageBytes),
 		ObservedAt: timestamppb.Now()}
+	if st.LayerExists {
+		rep.LayerCapacityBytes = st.LayerCapacityBytes
+	}
 	if st.Running && st.Network != nil {
 		rep.Network = proto.Clone(st.Network).(*nodev1.NetworkStatus)
 		rep.Network.Message = nodewire.Cut(rep.Network.GetMessage(), nodewire.MaxNetworkMessageBytes)

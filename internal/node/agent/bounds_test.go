@@ -39,7 +39,10 @@ func (r *talkative) Executions() []Status { return nil }
 func (r *talkative) ApplyNetwork(context.Context, string, *nodev1.NetworkConfig) (*nodev1.NetworkStatus, error) {
 	return &nodev1.NetworkStatus{AppliedRevision: 1, Message: r.msg}, errors.New("network: " + r.msg)
 }
-func (r *talkative) CloseEgress(string)   {}
+func (r *talkative) CloseEgress(string) {}
+func (r *talkative) Resize(context.Context, string, uint64) error {
+	return errors.New("resize: " + r.msg)
+}
 func (r *talkative) Events() <-chan Event { return r.events }
 
 // TestReportsAreBounded: whatever the runtime hands over, every report the

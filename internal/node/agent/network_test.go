@@ -60,8 +60,9 @@ func (r *netRuntime) Status(id string) Status {
 	}
 	return st
 }
-func (r *netRuntime) Executions() []Status { return nil }
-func (r *netRuntime) Events() <-chan Event { return r.events }
+func (r *netRuntime) Executions() []Status                         { return nil }
+func (r *netRuntime) Resize(context.Context, string, uint64) error { return nil }
+func (r *netRuntime) Events() <-chan Event                         { return r.events }
 func (r *netRuntime) ApplyNetwork(_ context.Context, _ string, nc *nodev1.NetworkConfig) (*nodev1.NetworkStatus, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -11,14 +11,27 @@ func rep(id string, gen uint64, st nodev1.ExecState) *nodev1.ExecutionReport {
 	return &nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: st}
 }
 
+// drain takes every pending report and returns the workspaces' (Volume
+// reports are dropped: drainAll keeps them).
 func drain(o *outbox) []*nodev1.ExecutionReport {
 	var out []*nodev1.ExecutionReport
+	for _, m := range drainAll(o) {
+		if r := m.GetReport(); r != nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// drainAll takes every pending report, in order.
+func drainAll(o *outbox) []*nodev1.ConnectRequest {
+	var out []*nodev1.ConnectRequest
 	for {
-		r, ok := o.take()
+		m, ok := o.take()
 		if !ok {
 			return out
 		}
-		out = append(out, r)
+		out = append(out, m)
 	}
 }
 

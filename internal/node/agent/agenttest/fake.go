@@ -7,11 +7,13 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 
@@ -25,7 +27,8 @@ import (
 	"github.com/kibotos/kibotos/internal/nodewire"
 )
 
-// Runtime records executions in memory.
+// Runtime records executions, writable layers and Volume images in
+// memory (an agent.VolumeRuntime too).
 type Runtime struct {
 	mu     sync.Mutex
 	execs  map[string]*agent.Status
@@ -60,6 +63,27 @@ type Runtime struct {
 	NetworkGate chan struct{}
 	// ClosedEgresses lists the Egresses CloseEgress was called for, in order.
 	ClosedEgresses []string
+	// FailResize, when it has an entry for a workspace, is the error its
+	// Resize fails with (the layer keeps its size).
+	FailResize map[string]error
+	// Resizes counts Resize calls that grew a layer, per workspace.
+	Resizes map[string]int
+	// FailVolume, when it has an entry for a Volume, is the error its
+	// EnsureVolume and DeleteVolume fail with.
+	FailVolume map[string]error
+	// VolumeGate, when set, blocks EnsureVolume and DeleteVolume until it
+	// is closed.
+	VolumeGate chan struct{}
+	// VolumeOps counts EnsureVolume and DeleteVolume calls per Volume.
+	VolumeOps map[string]int
+	// StorageBytes, when set, is the pool: layers and Volumes together
+	// may not exceed it (a permanent error, as the sandbox's).
+	StorageBytes uint64
+
+	// volumes holds the Volume images by id; mounts the Volume each
+	// running execution mounts, by workspace.
+	volumes map[string]uint64
+	mounts  map[string]agent.VolumeMount
 
 	// networks holds the network configuration each execution applies.
 	networks map[string]*nodev1.NetworkConfig
@@ -73,7 +97,9 @@ type Runtime struct {
 func New() *Runtime {
 	return &Runtime{execs: map[string]*agent.Status{}, events: make(chan agent.Event, 64),
 		FailStart: map[string]bool{}, StartError: map[string]error{}, FailWriteback: map[string]bool{}, Starts: map[string]int{},
-		FailNetwork: map[string]error{}, networks: map[string]*nodev1.NetworkConfig{}}
+		FailNetwork: map[string]error{}, networks: map[string]*nodev1.NetworkConfig{},
+		FailResize: map[string]error{}, Resizes: map[string]int{}, FailVolume: map[string]error{}, VolumeOps: map[string]int{},
+		volumes: map[string]uint64{}, mounts: map[string]agent.VolumeMount{}}
 }
 
 func (r *Runtime) get(id string) *agent.Status {
@@ -106,7 +132,24 @@ func (r *Runtime) Start(ctx context.Context, s agent.Spec) error {
 	if r.FailStart[s.WorkspaceID] {
 		return errors.New("injected start failure")
 	}
+	if v := s.Volume; v != nil {
+		if _, ok := r.volumes[v.VolumeID]; !ok {
+			return fmt.Errorf("agenttest: volume %s is not on the node", v.VolumeID)
+		}
+		if ws := r.mountedBy(v.VolumeID); ws != "" && ws != s.WorkspaceID {
+			return fmt.Errorf("agenttest: volume %s is mounted by %s", v.VolumeID, ws)
+		}
+	}
 	st := r.get(s.WorkspaceID)
+	if !st.LayerExists {
+		if err := r.fits(s.CapacityBytes); err != nil {
+			return err
+		}
+		st.LayerCapacityBytes = s.CapacityBytes
+	}
+	if v := s.Volume; v != nil {
+		r.mounts[s.WorkspaceID] = *v
+	}
 	st.Running, st.LayerExists, st.Generation = true, true, s.Generation
 	st.Guest = ctrlv1.GuestCondition_GUEST_CONDITION_READY
 	r.networks[s.WorkspaceID] = s.Network
@@ -123,6 +166,7 @@ func (r *Runtime) Stop(_ context.Context, id string, force bool) error {
 	}
 	st.Running, st.Guest = false, 0
 	delete(r.networks, id)
+	delete(r.mounts, id)
 	return nil
 }
 
@@ -132,7 +176,171 @@ func (r *Runtime) Delete(_ context.Context, id string) error {
 	defer r.mu.Unlock()
 	delete(r.execs, id)
 	delete(r.networks, id)
+	delete(r.mounts, id)
 	return nil
+}
+
+// Resize grows a stopped workspace's layer (FailResize can make it fail;
+// smaller than the layer, or beyond StorageBytes, is permanent).
+func (r *Runtime) Resize(_ context.Context, id string, capacity uint64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.FailResize[id]; err != nil {
+		return err
+	}
+	st := r.execs[id]
+	switch {
+	case st == nil || !st.LayerExists:
+		return fmt.Errorf("agenttest: %s has no writable layer", id)
+	case st.Running:
+		return fmt.Errorf("agenttest: %s holds an execution", id)
+	case capacity < st.LayerCapacityBytes:
+		return agent.Permanent(fmt.Errorf("agenttest: %d bytes is smaller than the layer's %d", capacity, st.LayerCapacityBytes))
+	case capacity == st.LayerCapacityBytes:
+		return nil
+	}
+	if err := r.fits(capacity - st.LayerCapacityBytes); err != nil {
+		return err
+	}
+	st.LayerCapacityBytes = capacity
+	r.Resizes[id]++
+	return nil
+}
+
+// LayerCapacity returns the size of the workspace's layer (0: none).
+func (r *Runtime) LayerCapacity(id string) uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if st := r.execs[id]; st != nil && st.LayerExists {
+		return st.LayerCapacityBytes
+	}
+	return 0
+}
+
+// fits reports, with r.mu held, whether more bytes fit in StorageBytes.
+func (r *Runtime) fits(more uint64) error {
+	if r.StorageBytes == 0 {
+		return nil
+	}
+	used := uint64(0)
+	for _, st := range r.execs {
+		if st.LayerExists {
+			used += st.LayerCapacityBytes
+		}
+	}
+	for _, c := range r.volumes {
+		used += c
+	}
+	if used+more > r.StorageBytes {
+		return agent.Permanent(fmt.Errorf("agenttest: the storage pool cannot hold %d more bytes (%d of %d in use)", more, used, r.StorageBytes))
+	}
+	return nil
+}
+
+// mountedBy returns the workspace whose execution mounts the Volume; r.mu
+// held.
+func (r *Runtime) mountedBy(vol string) string {
+	for ws, m := range r.mounts {
+		if m.VolumeID == vol {
+			return ws
+		}
+	}
+	return ""
+}
+
+// volumeGate waits for VolumeGate.
+func (r *Runtime) volumeGate(ctx context.Context, id string) error {
+	r.mu.Lock()
+	gate := r.VolumeGate
+	r.VolumeOps[id]++
+	r.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// EnsureVolume creates the image or grows it (never shrinks: permanent;
+// not while mounted).
+func (r *Runtime) EnsureVolume(ctx context.Context, id string, capacity uint64) error {
+	if err := r.volumeGate(ctx, id); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.FailVolume[id]; err != nil {
+		return err
+	}
+	cur, ok := r.volumes[id]
+	switch {
+	case ok && capacity < cur:
+		return agent.Permanent(fmt.Errorf("agenttest: %d bytes is smaller than the Volume's %d", capacity, cur))
+	case ok && capacity == cur:
+		return nil
+	case ok && r.mountedBy(id) != "":
+		return fmt.Errorf("agenttest: volume %s is mounted by %s", id, r.mountedBy(id))
+	}
+	if err := r.fits(capacity - cur); err != nil {
+		return err
+	}
+	r.volumes[id] = capacity
+	return nil
+}
+
+// DeleteVolume removes the image (not while mounted).
+func (r *Runtime) DeleteVolume(ctx context.Context, id string) error {
+	if err := r.volumeGate(ctx, id); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.FailVolume[id]; err != nil {
+		return err
+	}
+	if ws := r.mountedBy(id); ws != "" {
+		return fmt.Errorf("agenttest: volume %s is mounted by %s", id, ws)
+	}
+	delete(r.volumes, id)
+	return nil
+}
+
+// VolumeStatus describes one image.
+func (r *Runtime) VolumeStatus(id string) agent.VolumeStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c, ok := r.volumes[id]
+	return agent.VolumeStatus{VolumeID: id, Exists: ok, CapacityBytes: c, Mounted: r.mountedBy(id) != ""}
+}
+
+// Volumes lists the images, sorted by id.
+func (r *Runtime) Volumes() []agent.VolumeStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]agent.VolumeStatus, 0, len(r.volumes))
+	for id, c := range r.volumes {
+		out = append(out, agent.VolumeStatus{VolumeID: id, Exists: true, CapacityBytes: c, Mounted: r.mountedBy(id) != ""})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].VolumeID < out[j].VolumeID })
+	return out
+}
+
+// PutVolume makes an image exist (a node restarted with it on disk).
+func (r *Runtime) PutVolume(id string, capacity uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.volumes[id] = capacity
+}
+
+// Mount returns the Volume the workspace's running execution mounts.
+func (r *Runtime) Mount(id string) (agent.VolumeMount, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m, ok := r.mounts[id]
+	return m, ok
 }
 
 // Status reports one workspace.
@@ -221,6 +429,7 @@ func (r *Runtime) GuestExits(id string) {
 	r.mu.Lock()
 	st := r.get(id)
 	st.Running, st.Guest = false, 0
+	delete(r.mounts, id)
 	r.mu.Unlock()
 	r.events <- agent.Event{WorkspaceID: id, Exited: true}
 }
@@ -290,3 +499,5 @@ func (r *Runtime) OpenLog(id string) (rotated, current *os.File, err error) {
 	}
 	return rotated, current, nil
 }
+
+var _ agent.VolumeRuntime = (*Runtime)(nil)
