@@ -80,18 +80,20 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	capacity, err := measure(cfg)
+	if err != nil {
+		return err
+	}
+	// The storage pool bounds the layers and Volumes together (their
+	// capacities); the sandbox refuses what it cannot hold.
 	rt, err := sandbox.New(sandbox.Config{Root: cfg.StateDir, GuestBinary: cfg.GuestBinary, IO: cfg.IO, Log: cfg.Log,
-		Network: networking(cfg, backstop.Mark)})
+		Network: networking(cfg, backstop.Mark), StorageBytes: capacity.GetStorageBytes()})
 	if err != nil {
 		return err
 	}
 	defer rt.Close()
 	if err := rt.Adopt(ctx); err != nil {
 		return fmt.Errorf("re-adopt executions: %w", err)
-	}
-	capacity, err := measure(cfg)
-	if err != nil {
-		return err
 	}
 	templates := func() []*nodev1.TemplateInfo {
 		list, err := usableTemplates(tmplDir)
@@ -108,7 +110,7 @@ func Run(ctx context.Context, cfg Config) error {
 		"executions", len(rt.Executions()), "cgroup_version", rt.CgroupVersion(), "templates", len(templates()))
 	a := agent.New(agent.Config{
 		NodeID: cfg.NodeID, Endpoint: cfg.Endpoint, HTTP: cfg.HTTP, Log: cfg.Log, Capacity: capacity,
-		Runtime: NewRuntime(rt, tmplDir), Templates: templates, Features: []string{nodewire.FeatureNetwork},
+		Runtime: NewRuntime(rt, tmplDir), Templates: templates, Features: []string{nodewire.FeatureNetwork, nodewire.FeatureVolumes},
 	})
 	return a.Run(ctx)
 }
@@ -221,8 +223,12 @@ func (r *Runtime) Start(ctx context.Context, s agent.Spec) error {
 	if dir == "" {
 		return agent.Permanent(fmt.Errorf("template %q is not on this node", s.TemplateID))
 	}
-	err = r.rt.Start(ctx, sandbox.Spec{WorkspaceID: s.WorkspaceID, Generation: s.Generation, TemplateDir: dir,
-		CapacityBytes: s.CapacityBytes, MemoryMiB: s.MemoryMiB, CPUMillis: s.CPUMillis, Network: s.Network})
+	spec := sandbox.Spec{WorkspaceID: s.WorkspaceID, Generation: s.Generation, TemplateDir: dir,
+		CapacityBytes: s.CapacityBytes, MemoryMiB: s.MemoryMiB, CPUMillis: s.CPUMillis, Network: s.Network}
+	if v := s.Volume; v != nil {
+		spec.Volume = &sandbox.VolumeMount{VolumeID: v.VolumeID, MountPath: v.MountPath}
+	}
+	err = r.rt.Start(ctx, spec)
 	if sandbox.Permanent(err) {
 		return agent.Permanent(err)
 	}
@@ -248,15 +254,15 @@ func (r *Runtime) Delete(ctx context.Context, id string) error { return r.rt.Del
 func (r *Runtime) Status(id string) agent.Status {
 	st, ok := r.rt.Status(id)
 	if !ok {
-		_, err := os.Stat(r.rt.LayerPath(id))
-		return agent.Status{WorkspaceID: id, LayerExists: err == nil}
+		return agent.Status{WorkspaceID: id, LayerExists: st.LayerExists, LayerCapacityBytes: st.LayerBytes}
 	}
 	return convert(st)
 }
 
 func convert(st sandbox.Status) agent.Status {
 	return agent.Status{WorkspaceID: st.WorkspaceID, Generation: st.Generation, Running: st.Running,
-		LayerExists: st.LayerExists, Guest: condition(st.Guest), GuestMessage: st.GuestMessage, Network: st.Network}
+		LayerExists: st.LayerExists, LayerCapacityBytes: st.LayerBytes, Guest: condition(st.Guest), GuestMessage: st.GuestMessage,
+		Network: st.Network}
 }
 
 // ApplyNetwork applies a network configuration to a running execution.
