@@ -233,7 +233,11 @@ func place(ctx context.Context, tx store.Tx, pl *ctrlv1.Placement, capacity uint
 		if err != nil {
 			return "", "", err
 		}
-		p := nodeHello(n).GetCapacity().GetStoragePool()
+		hello := nodeHello(n)
+		if !slices.Contains(hello.GetFeatures(), nodewire.FeatureVolumes) {
+			continue
+		}
+		p := hello.GetCapacity().GetStoragePool()
 		if want := pl.GetStoragePool(); want != "" && want != p {
 			continue
 		}
