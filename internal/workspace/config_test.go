@@ -821,3 +821,28 @@ func TestResizeSupersededByStart(t *testing.T) {
 		}
 	})
 }
+
+// FuzzConfigBounds: the validators of UpdateWorkspaceMemory,
+// UpdateWorkspaceCpu and ResizeWorkspaceWritableLayer accept exactly the
+// documented ranges and name the field they refuse. Seed corpus in
+// testdata/fuzz/FuzzConfigBounds.
+func FuzzConfigBounds(f *testing.F) {
+	f.Add(uint32(16), uint32(1), uint64(16<<20))
+	f.Add(uint32(0), uint32(0), uint64(0))
+	f.Fuzz(func(t *testing.T, mem, cpu uint32, capacity uint64) {
+		check := func(name string, err error, ok bool, field string) {
+			if (err == nil) != ok {
+				t.Fatalf("%s: %v, want accepted %v", name, err, ok)
+			}
+			if err != nil {
+				if fe, isFault := fault.As(err); !isFault || fe.Kind != fault.KindInvalidArgument || fe.Field != field {
+					t.Fatalf("%s: %v, want invalid_argument on %s", name, err, field)
+				}
+			}
+		}
+		check(fmt.Sprint("memory ", mem), workspace.CheckMemory("memory_mib", mem), mem >= 16 && mem <= 1<<20, "memory_mib")
+		check(fmt.Sprint("cpu ", cpu), workspace.CheckCPU("cpu_millis", cpu), cpu >= 1 && cpu <= 1024000, "cpu_millis")
+		check(fmt.Sprint("capacity ", capacity), workspace.CheckLayerCapacity("capacity_bytes", capacity),
+			capacity%(1<<20) == 0 && capacity >= 16<<20, "capacity_bytes")
+	})
+}
