@@ -43,6 +43,12 @@ type Config struct {
 	// Capacity offered to workspaces; zero values are measured: 80% of
 	// MemTotal, every CPU, the free space of StateDir.
 	MemoryMiB, CPUMillis, StorageBytes uint64
+	// MemoryBudgetMiB is the host memory budget the node judges its
+	// memory condition against (memwatch); zero is MemoryMiB as measured.
+	// MemoryOvercommitRatio (1 to MaxOvercommitRatio, zero is 1) makes
+	// the node advertise MemoryMiB × ratio to placement.
+	MemoryBudgetMiB       uint64
+	MemoryOvercommitRatio float64
 	// IO caps each workspace's IO on its writable layer; nil is
 	// sandbox.DefaultIOLimits.
 	IO  *sandbox.IOLimits
@@ -95,6 +101,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := rt.Adopt(ctx); err != nil {
 		return fmt.Errorf("re-adopt executions: %w", err)
 	}
+	memory, budget, err := memoryWatch(cfg, rt, capacity.GetMemoryMib())
+	if err != nil {
+		return err
+	}
+	capacity.MemoryMib = overcommit(capacity.GetMemoryMib(), cfg.MemoryOvercommitRatio)
 	templates := func() []*nodev1.TemplateInfo {
 		list, err := usableTemplates(tmplDir)
 		if err != nil {
@@ -106,11 +117,11 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		return out
 	}
-	cfg.Log.Info("node ready", "node_id", cfg.NodeID, "memory_mib", capacity.GetMemoryMib(), "cpu_millis", capacity.GetCpuMillis(),
+	cfg.Log.Info("node ready", "node_id", cfg.NodeID, "memory_mib", capacity.GetMemoryMib(), "memory_budget_mib", budget, "cpu_millis", capacity.GetCpuMillis(),
 		"executions", len(rt.Executions()), "cgroup_version", rt.CgroupVersion(), "templates", len(templates()))
 	a := agent.New(agent.Config{
 		NodeID: cfg.NodeID, Endpoint: cfg.Endpoint, HTTP: cfg.HTTP, Log: cfg.Log, Capacity: capacity,
-		Runtime: NewRuntime(rt, tmplDir), Templates: templates, Features: []string{nodewire.FeatureNetwork, nodewire.FeatureVolumes},
+		Runtime: NewRuntime(rt, tmplDir), Templates: templates, Features: []string{nodewire.FeatureNetwork, nodewire.FeatureVolumes}, Memory: memory,
 	})
 	return a.Run(ctx)
 }

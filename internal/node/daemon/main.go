@@ -41,6 +41,8 @@ func Main(args []string, stderr io.Writer) int {
 	fs.StringVar(&cfg.Busybox, "busybox", os.Getenv("KIBOTOS_BUSYBOX"), "the static busybox the default template is built from (default: $KIBOTOS_BUSYBOX, else /bin/busybox of Debian's busybox-static)")
 	fs.Uint64Var(&cfg.MemoryMiB, "memory-mib", 0, "memory offered to workspaces (default: 80% of MemTotal)")
 	fs.Uint64Var(&cfg.CPUMillis, "cpu-millis", 0, "CPU offered to workspaces (default: every CPU)")
+	fs.Uint64Var(&cfg.MemoryBudgetMiB, "host-memory-budget-mib", 0, "host memory budget: what the workspaces together may really use; at 95% of it ctrl stops workspaces on this node (default: --memory-mib)")
+	fs.Float64Var(&cfg.MemoryOvercommitRatio, "memory-overcommit-ratio", 1, "placement may admit workspaces whose memory adds up to --memory-mib times this ratio, from 1 to 4")
 	io := sandbox.DefaultIOLimits()
 	cfg.IO = &io
 	fs.Uint64Var(&io.ReadBytesPerSec, "workspace-io-read-bps", io.ReadBytesPerSec, "each workspace's cap on reads from its writable layer, bytes per second (0: none)")
@@ -62,6 +64,10 @@ func Main(args []string, stderr io.Writer) int {
 		return 2
 	}
 	cfg.Log = slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if err := CheckOvercommitRatio(cfg.MemoryOvercommitRatio); err != nil {
+		fmt.Fprintf(stderr, "kibotos-node: %v\n", err)
+		return 2
+	}
 	var err error
 	if cfg.AllowEndpointRanges, err = netguard.ParseAllowList(allow); err != nil {
 		fmt.Fprintf(stderr, "kibotos-node: --allow-endpoint-ranges: %v\n", err)
