@@ -248,14 +248,15 @@ func (r *Runtime) Volumes() []VolumeStatus {
 	if err != nil {
 		return nil
 	}
+	users := r.volumeUsers("")
 	var out []VolumeStatus
 	for _, e := range ents {
 		id, ok := strings.CutSuffix(e.Name(), ".img")
 		if !ok || !volumeIDRe.MatchString(id) || !e.Type().IsRegular() {
 			continue
 		}
-		if st, ok := r.volumeStatus(id); ok {
-			out = append(out, st)
+		if fi, err := e.Info(); err == nil {
+			out = append(out, VolumeStatus{VolumeID: id, CapacityBytes: uint64(fi.Size()), MountedBy: users[id]})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].VolumeID < out[j].VolumeID })
@@ -286,11 +287,18 @@ func (r *Runtime) volumeStatus(id string) (VolumeStatus, bool) {
 // runtime holds, or recorded, or "?" for an image still attached to a loop
 // device that no record accounts for. "" when none.
 func (r *Runtime) volumeUser(id, except string) string {
+	return r.volumeUsers(except)[id]
+}
+
+// volumeUsers maps every Volume in use to its user (see volumeUser), other
+// than except: one pass over the executions, their records and the loop
+// devices.
+func (r *Runtime) volumeUsers(except string) map[string]string {
+	users := map[string]string{}
 	r.mu.Lock()
 	for ws, e := range r.execs {
-		if ws != except && e.st.Volume != nil && e.st.Volume.ID == id {
-			r.mu.Unlock()
-			return ws
+		if ws != except && e.st.Volume != nil {
+			users[e.st.Volume.ID] = ws
 		}
 	}
 	r.mu.Unlock()
@@ -300,14 +308,18 @@ func (r *Runtime) volumeUser(id, except string) string {
 		if !ok || strings.HasPrefix(ws, ".") || ws == except || !workspaceIDRe.MatchString(ws) {
 			continue
 		}
-		if st, err := r.readState(ws); err == nil && st.Volume != nil && st.Volume.ID == id {
-			return ws
+		if st, err := r.readState(ws); err == nil && st.Volume != nil && users[st.Volume.ID] == "" {
+			users[st.Volume.ID] = ws
 		}
 	}
-	if loops, err := attachedLoops(r.volumePath(id), false); err == nil && len(loops) > 0 {
-		return "?"
+	if loops, err := attachedLoops(r.volumesDir(), true); err == nil {
+		for _, l := range loops {
+			if id, ok := strings.CutSuffix(filepath.Base(l.Backing), ".img"); ok && filepath.Dir(l.Backing) == r.volumesDir() && users[id] == "" {
+				users[id] = "?"
+			}
+		}
 	}
-	return ""
+	return users
 }
 
 // claimVolume checks, under the Volume's lock, that the execution of ws may
