@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"time"
 
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 )
@@ -138,6 +139,7 @@ func (a *Agent) wakeVolume(ctx context.Context, vr VolumeRuntime, id string) {
 // actVolume drives one Volume to w and reports the result.
 func (a *Agent) actVolume(ctx context.Context, vr VolumeRuntime, w *volumeWant) {
 	id, gen := w.d.GetVolumeId(), w.d.GetGeneration()
+	a.awaitRelease(ctx, vr, w.d)
 	var err error
 	if w.d.GetDeleted() {
 		err = vr.DeleteVolume(ctx, id)
@@ -161,6 +163,43 @@ func (a *Agent) actVolume(ctx context.Context, vr VolumeRuntime, w *volumeWant) 
 		rep.FailureMessage, rep.Permanent = failureMessage(err), errors.Is(err, ErrPermanent)
 	}
 	a.reports.putVolume(rep)
+}
+
+// releaseWait bounds how long a Volume's deletion or growth waits for the
+// execution that mounts it to be released by a workspace worker at work
+// (a DeleteWorkspace with its Volume, say, arrives in one desired state).
+var releaseWait = 30 * time.Second
+
+// awaitRelease waits, when d deletes or grows a Volume that an execution
+// mounts while some workspace's worker is at work (which may be releasing
+// it), until it is released, no worker is at work, or releaseWait passed;
+// the runtime then decides (a Volume still mounted is refused, a failure
+// a later retry may pass).
+func (a *Agent) awaitRelease(ctx context.Context, vr VolumeRuntime, d *nodev1.DesiredVolume) {
+	deadline := time.Now().Add(releaseWait)
+	for delay := 10 * time.Millisecond; ; delay = min(2*delay, 500*time.Millisecond) {
+		st := vr.VolumeStatus(d.GetVolumeId())
+		if !st.Mounted || (!d.GetDeleted() && d.GetCapacityBytes() <= st.CapacityBytes) || !a.workersBusy() || time.Now().After(deadline) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+	}
+}
+
+// workersBusy reports whether some workspace's worker is at work.
+func (a *Agent) workersBusy() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, b := range a.busy {
+		if b {
+			return true
+		}
+	}
+	return false
 }
 
 // heldVolumes are Hello.volumes: the images the runtime holds, generation

@@ -421,3 +421,36 @@ func TestStoppedLayerGrows(t *testing.T) {
 		t.Errorf("start that grows: %v (starts %d, resizes %v)", r, len(rt.starts), rt.resizes)
 	}
 }
+
+// TestVolumeDeleteWaitsForRelease: a Volume deleted while an execution
+// mounts it and a workspace's worker is at work (DeleteWorkspace with its
+// Volume, in one desired state) waits for the release; with no worker at
+// work the runtime refuses at once, a failure a later retry may pass.
+func TestVolumeDeleteWaitsForRelease(t *testing.T) {
+	rt := newStoreRuntime()
+	rt.volumes["v"], rt.mounted["v"] = 16<<20, true
+	a := newStoreAgent(rt)
+	a.apply(t.Context(), &nodev1.DesiredState{Volumes: []*nodev1.DesiredVolume{{VolumeId: "v", Generation: 1, Deleted: true}}})
+	settle(t, a)
+	if r := volumeReports(t, a)["v"]; !r.GetExists() || r.GetFailureMessage() == "" || r.GetPermanent() {
+		t.Errorf("deleting a mounted Volume with no worker at work: %v", r)
+	}
+	a.mu.Lock()
+	a.busy["w"] = true // the workspace's worker is releasing it
+	a.mu.Unlock()
+	a.apply(t.Context(), &nodev1.DesiredState{Volumes: []*nodev1.DesiredVolume{{VolumeId: "v", Generation: 2, Deleted: true}}})
+	time.Sleep(100 * time.Millisecond)
+	if !rt.VolumeStatus("v").Exists {
+		t.Fatal("deleted while mounted")
+	}
+	rt.mu2.Lock()
+	rt.mounted["v"] = false
+	rt.mu2.Unlock()
+	a.mu.Lock()
+	a.busy["w"] = false
+	a.mu.Unlock()
+	settle(t, a)
+	if r := volumeReports(t, a)["v"]; r.GetExists() || r.GetFailureMessage() != "" || r.GetGeneration() != 2 {
+		t.Errorf("deleted once released: %v", r)
+	}
+}
