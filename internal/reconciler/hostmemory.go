@@ -43,8 +43,11 @@ import (
 //     execution, host-memory/<node>/<n>/<ws>/force forces it.
 //   - The victim: largest use first (ties: smallest workspace ID) among
 //     the workspaces the condition lists that are AVAILABLE on the node,
-//     that no condition listed before HostMemoryMinAge ago (recent
-//     starts), and that the episode did not stop yet (chooseVictim).
+//     that were first listed HostMemoryMinAge ago or more (a recent start
+//     is spared; a workspace already listed by the first condition this
+//     ctrl received of the node counts from its latest report, which
+//     came after its start), and that the episode did not stop yet
+//     (chooseVictim).
 //   - One at a time: the next victim is chosen only from a condition ctrl
 //     received after the previous victim's stop completed (the node sends
 //     the stop's report before any later heartbeat on the same stream, so
@@ -544,6 +547,12 @@ func (r *Reconciler) stepEpisode(ctx context.Context, node string, n uint64, c *
 				}
 				cand.available = w != nil && w.NodeID == node && w.DeletedAt.IsZero() &&
 					pub.GetState() == ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE
+				if cand.listedAt.IsZero() && w != nil {
+					// Listed since this ctrl's first condition of the
+					// node: it started before its latest report at the
+					// latest.
+					cand.listedAt = w.ObservedAt
+				}
 			}
 			cands = append(cands, cand)
 		}

@@ -418,6 +418,26 @@ func TestHostMemoryRecentStart(t *testing.T) {
 	})
 }
 
+// TestHostMemoryRecentStartBaseline: a workspace the first condition
+// this ctrl receives lists already counts from its latest report.
+func TestHostMemoryRecentStartBaseline(t *testing.T) {
+	memDialects(t, func(e *memEnv) {
+		e.available("ws-old", "ws-new")
+		e.report("ws-new", nodev1.ExecState_EXEC_STATE_RUNNING, true) // observed now
+		e.advance(HostMemoryMinAge - time.Second)
+		e.beat(cond(lvCritical, "ws-old", 100, "ws-new", 800))
+		if v := e.victims(1); !cmp.Equal(v, []string{"ws-old"}) {
+			t.Fatalf("victims = %v, want [ws-old] (ws-new reported %v ago)", v, HostMemoryMinAge-time.Second)
+		}
+		e.report("ws-old", nodev1.ExecState_EXEC_STATE_STOPPED, false)
+		e.advance(time.Second)
+		e.beat(cond(lvCritical, "ws-new", 800))
+		if v := e.victims(1); !cmp.Equal(v, []string{"ws-old", "ws-new"}) {
+			t.Fatalf("victims = %v, want [ws-old ws-new]", v)
+		}
+	})
+}
+
 // TestHostMemoryForce: a normal stop still running after
 // HostMemoryForceAfter is forced under .../force (superseding it); a
 // normal stop that failed with the execution held is forced at once;
