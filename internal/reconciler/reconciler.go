@@ -81,7 +81,7 @@ type Reconciler struct {
 	deleted []deletedEgress
 	// volPending are Volumes this reconciler changed whose node has not
 	// been sent the change yet (volume.go).
-	volPending map[string]bool
+	volPending map[string]time.Time
 	// mem is the host-memory policy's state (hostmemory.go).
 	mem hostMemory
 	// quiet holds the silent nodes whose Workspaces are all marked UNKNOWN,
@@ -137,7 +137,7 @@ func New(cfg Config) *Reconciler {
 		templates:        map[string]map[string]string{},
 		features:         map[string]map[string]bool{},
 		quiet:            map[string]bool{},
-		volPending:       map[string]bool{},
+		volPending:       map[string]time.Time{},
 	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)

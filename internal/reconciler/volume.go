@@ -75,22 +75,29 @@ func boundVolume(ctx context.Context, tx store.Tx, w *store.Workspace) (*nodev1.
 }
 
 // volumeChanged remembers that Volume id has a generation its node must
-// hear of; the next pass pushes it.
+// hear of; the next passes push it. It is called inside the transaction
+// that makes the change, which a pass may read before it commits: an ID
+// whose Volume is not pending yet is kept for volPendingKeep.
 func (r *Reconciler) volumeChanged(id string) {
+	now := r.now()
 	r.mu.Lock()
-	r.volPending[id] = true
+	r.volPending[id] = now
 	r.mu.Unlock()
 }
+
+// volPendingKeep is how long a changed Volume that does not read as
+// pending yet is looked at again.
+const volPendingKeep = 10 * time.Second
 
 // pushVolumes sends each connected node the Volumes whose generation it
 // has not answered nor been sent yet.
 func (r *Reconciler) pushVolumes(ctx context.Context) error {
+	now := r.now()
 	r.mu.Lock()
 	ids := make([]string, 0, len(r.volPending))
 	for id := range r.volPending {
 		ids = append(ids, id)
 	}
-	clear(r.volPending)
 	r.mu.Unlock()
 	var vols []*volume.Volume
 	err := r.store.View(ctx, func(tx store.Tx) error {
@@ -107,25 +114,32 @@ func (r *Reconciler) pushVolumes(ctx context.Context) error {
 		sort.Strings(ids)
 		for _, id := range ids {
 			v, err := volume.Load(ctx, tx, id)
-			if err != nil {
-				continue // gone, or a command of no Volume
-			}
-			if v.Pending() {
+			switch {
+			case err != nil:
+				// gone, or a command of no Volume
+			case v.Pending():
 				vols = append(vols, v)
+				continue
+			default:
+				r.mu.Lock()
+				if at, ok := r.volPending[id]; ok && now.Sub(at) < volPendingKeep {
+					r.mu.Unlock()
+					continue // its change may not be committed yet
+				}
+				r.mu.Unlock()
 			}
+			r.mu.Lock()
+			delete(r.volPending, id)
+			r.mu.Unlock()
 		}
 		return nil
 	})
 	if err != nil {
-		r.mu.Lock()
-		for _, id := range ids {
-			r.volPending[id] = true
-		}
-		r.mu.Unlock()
 		return err
 	}
 	for _, v := range vols {
 		r.mu.Lock()
+		delete(r.volPending, v.Res.ID)
 		nc := r.nodes[v.Node]
 		if nc == nil || nc.volSent[v.Res.ID] >= v.Generation {
 			r.mu.Unlock()
@@ -139,7 +153,7 @@ func (r *Reconciler) pushVolumes(ctx context.Context) error {
 		default:
 			r.mu.Lock()
 			delete(nc.volSent, v.Res.ID)
-			r.volPending[v.Res.ID] = true
+			r.volPending[v.Res.ID] = now
 			r.mu.Unlock()
 		}
 	}
