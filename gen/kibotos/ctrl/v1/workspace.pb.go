@@ -897,7 +897,12 @@ type WorkspaceCommand struct {
 	// created_at is when it was accepted.
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// completed_at is when it completed.
-	CompletedAt   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=completed_at,json=completedAt,proto3" json:"completed_at,omitempty"`
+	CompletedAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=completed_at,json=completedAt,proto3" json:"completed_at,omitempty"`
+	// message says why ctrl started a command of its own (initiator
+	// EXPIRATION, HOST_MEMORY or GUEST_SHUTDOWN), e.g. which deadline passed
+	// or which node's memory was exhausted and why this Workspace was chosen.
+	// It is empty for a caller's command. At most 1 KiB of UTF-8.
+	Message       string `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -986,6 +991,13 @@ func (x *WorkspaceCommand) GetCompletedAt() *timestamppb.Timestamp {
 		return x.CompletedAt
 	}
 	return nil
+}
+
+func (x *WorkspaceCommand) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
 }
 
 // StopWorkspaceRequest stops a Workspace.
@@ -2415,7 +2427,7 @@ const file_kibotos_ctrl_v1_workspace_proto_rawDesc = "" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12<\n" +
 	"\fwait_timeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\vwaitTimeout\"Z\n" +
 	"\x1bGetWorkspaceCommandResponse\x12;\n" +
-	"\acommand\x18\x01 \x01(\v2!.kibotos.ctrl.v1.WorkspaceCommandR\acommand\"\xc0\x03\n" +
+	"\acommand\x18\x01 \x01(\v2!.kibotos.ctrl.v1.WorkspaceCommandR\acommand\"\xda\x03\n" +
 	"\x10WorkspaceCommand\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12!\n" +
@@ -2426,7 +2438,8 @@ const file_kibotos_ctrl_v1_workspace_proto_rawDesc = "" +
 	"\x05error\x18\x06 \x01(\v2\x1d.kibotos.ctrl.v1.CommandErrorR\x05error\x129\n" +
 	"\n" +
 	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12=\n" +
-	"\fcompleted_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\"\xa9\x02\n" +
+	"\fcompleted_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x12\x18\n" +
+	"\amessage\x18\t \x01(\tR\amessage\"\xa9\x02\n" +
 	"\x14StopWorkspaceRequest\x12<\n" +
 	"\bmetadata\x18\x01 \x01(\v2 .kibotos.ctrl.v1.CommandMetadataR\bmetadata\x12!\n" +
 	"\fworkspace_id\x18\x02 \x01(\tR\vworkspaceId\x12@\n" +
