@@ -30,7 +30,16 @@ type Command struct {
 	ErrorDetail []byte // encoded ErrorDetail on failure
 	CreatedAt   time.Time
 	CompletedAt time.Time // zero while processing
+	// Message says why ctrl started a command of its own (initiator
+	// EXPIRATION, HOST_MEMORY, GUEST_SHUTDOWN), "" for a caller's; at most
+	// MaxCommandMessage bytes of UTF-8. It is recorded with the command and
+	// never updated.
+	Message string
 }
+
+// MaxCommandMessage bounds Command.Message (the API's
+// WorkspaceCommand.message).
+const MaxCommandMessage = 1024
 
 // CommandTx are the Command operations of a transaction.
 type CommandTx interface {
@@ -42,7 +51,8 @@ type CommandTx interface {
 	// InsertCommand records a command; ErrDuplicate when its ID is taken.
 	InsertCommand(ctx context.Context, c *Command) error
 	// UpdateCommand replaces the mutable fields (Status, Result, ErrorCode,
-	// ErrorDetail, CompletedAt) of a recorded command; ErrNotFound when absent.
+	// ErrorDetail, CompletedAt) of a recorded command, keeping the others
+	// (Message included); ErrNotFound when absent.
 	UpdateCommand(ctx context.Context, c *Command) error
 	// ProcessingCommands returns the commands of objectKind still
 	// PROCESSING, oldest first.

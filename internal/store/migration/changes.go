@@ -62,6 +62,7 @@ var Changes = []Change{
 	{Name: "denied_node_keys", SQLite: 6, Postgres: 5},
 	{Name: "network", SQLite: 7, Postgres: 6},
 	{Name: "expiration_deadline", SQLite: 8, Postgres: 7},
+	{Name: "command_message", SQLite: 9, Postgres: 8},
 }
 
 // LoadDialect is Load, checking that the files are those Changes lists for

@@ -9,7 +9,7 @@ import (
 // CommandColumns are the columns of commands, in the order ScanCommand reads
 // them and CommandArgs returns their values.
 const CommandColumns = `command_id, method, fingerprint, object_kind, object_id, kind, initiator,
-	status, result, error_code, error_detail, created_at, completed_at`
+	status, result, error_code, error_detail, created_at, completed_at, message`
 
 // ScanCommand scans CommandColumns; N is the driver's nullable BIGINT.
 func ScanCommand[N NullInt64](row Scanner) (*store.Command, error) {
@@ -20,7 +20,7 @@ func ScanCommand[N NullInt64](row Scanner) (*store.Command, error) {
 		completed           N
 	)
 	if err := row.Scan(&c.ID, &c.Method, &c.Fingerprint, &c.ObjectKind, &c.ObjectID, &kind, &initr,
-		&status, &c.Result, &c.ErrorCode, &c.ErrorDetail, &created, &completed); err != nil {
+		&status, &c.Result, &c.ErrorCode, &c.ErrorDetail, &created, &completed, &c.Message); err != nil {
 		return nil, err
 	}
 	c.Kind, c.Initiator, c.Status = int(kind), int(initr), store.CommandStatus(status)
@@ -32,11 +32,13 @@ func ScanCommand[N NullInt64](row Scanner) (*store.Command, error) {
 // CommandArgs returns the values of CommandColumns for c.
 func CommandArgs(c *store.Command) []any {
 	return []any{c.ID, c.Method, NonNil(c.Fingerprint), c.ObjectKind, c.ObjectID, int64(c.Kind), int64(c.Initiator),
-		int64(c.Status), NonNil(c.Result), c.ErrorCode, NonNil(c.ErrorDetail), Micros(c.CreatedAt), OptMicros(c.CompletedAt)}
+		int64(c.Status), NonNil(c.Result), c.ErrorCode, NonNil(c.ErrorDetail), Micros(c.CreatedAt), OptMicros(c.CompletedAt),
+		c.Message}
 }
 
 // CommandUpdateArgs returns the values of the mutable columns of commands,
-// status, result, error_code, error_detail and completed_at, for c.
+// status, result, error_code, error_detail and completed_at, for c
+// (message is written once, by CommandArgs).
 func CommandUpdateArgs(c *store.Command) []any {
 	return []any{int64(c.Status), NonNil(c.Result), c.ErrorCode, NonNil(c.ErrorDetail), OptMicros(c.CompletedAt)}
 }

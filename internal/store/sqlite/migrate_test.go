@@ -256,3 +256,32 @@ func TestMigrateNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestMigrateCommandMessage opens a database created at schema version 8
+// with a command recorded in it: migration 9 gives it an empty message (a
+// command recorded before it says nothing of why it started), and the
+// command reads back as it was.
+func TestMigrateCommandMessage(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "ctrl.db")
+	createAtVersion(t, path, 8,
+		`INSERT INTO commands VALUES ('host-memory/n1/1/ws-1', 'ctrl/host-memory', x'', 'workspace', 'ws-1', 3, 3, 2, x'0a01', '', x'', 10, 11)`)
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.View(ctx, func(tx store.Tx) error {
+		c, err := tx.GetCommand(ctx, "host-memory/n1/1/ws-1")
+		if err != nil {
+			return err
+		}
+		if c.Message != "" || c.ObjectID != "ws-1" || c.Initiator != 3 || c.Status != store.CommandCompleted ||
+			string(c.Result) != "\x0a\x01" || c.CompletedAt != rowcodec.FromMicros(11) {
+			t.Errorf("command after migrating: %+v", c)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -9,6 +9,8 @@
 //     empty when there are none; nil and empty maps are stored alike.
 //   - Byte fields (Spec, Fingerprint, Result, ErrorDetail) come back nil when
 //     empty.
+//   - Command.Message is written by InsertCommand only: UpdateCommand
+//     keeps it.
 //   - An ErrDuplicate from InsertCommand or InsertResource leaves the
 //     transaction usable.
 //   - ListResources orders by (CreatedAt, ID), comparing IDs bytewise.
@@ -51,6 +53,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	}{
 		{"Ping", testPing},
 		{"Commands", testCommands},
+		{"CommandMessage", testCommandMessage},
 		{"Resources", testResources},
 		{"EmptyMaps", testEmptyMaps},
 		{"LabelsReplaced", testLabelsReplaced},
