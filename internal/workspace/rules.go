@@ -120,7 +120,8 @@ func shortState(s ctrlv1.WorkspaceState) string {
 const DefaultTemplate = "default"
 
 // CheckExpirationSpec validates an expiration a request sets. A policy needs
-// a deadline in the future; no policy clears.
+// a deadline in the future, at most MaxExpirationHorizon after now; no
+// policy clears.
 func CheckExpirationSpec(field string, e *ctrlv1.ExpirationSpec, now time.Time) error {
 	if e == nil || e.GetPolicy() == ctrlv1.ExpirationPolicy_EXPIRATION_POLICY_UNSPECIFIED {
 		if e.GetDeadline() != nil {
@@ -136,6 +137,9 @@ func CheckExpirationSpec(field string, e *ctrlv1.ExpirationSpec, now time.Time) 
 	}
 	if !e.GetDeadline().AsTime().After(now) {
 		return fault.Invalid(field+".deadline", "the deadline must be in the future")
+	}
+	if e.GetDeadline().AsTime().After(now.Add(MaxExpirationHorizon)) {
+		return fault.Invalid(field+".deadline", "the deadline must be at most %d days after now", MaxExpirationHorizon/(24*time.Hour))
 	}
 	return nil
 }

@@ -109,6 +109,7 @@ func Save(w *store.Workspace, pub *ctrlv1.Workspace, now time.Time) error {
 	w.GuestCondition = int32(pub.GetGuestObservation().GetCondition())
 	w.HoldsExecution = pub.GetHoldsExecution()
 	w.Labels = pub.GetLabels()
+	w.ExpirationDeadline = ArmedDeadline(pub)
 	if pub.GetDeletedAt() != nil {
 		w.DeletedAt = pub.GetDeletedAt().AsTime()
 	}
@@ -195,9 +196,6 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 	if err := netpolicy.Validate("network_policy", req.GetNetworkPolicy()); err != nil {
 		return nil, err
 	}
-	if err := CheckExpirationSpec("expiration", req.GetExpiration(), now); err != nil {
-		return nil, err
-	}
 	if err := labels.ValidateLabels("labels", req.GetLabels()); err != nil {
 		return nil, err
 	}
@@ -206,10 +204,16 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 	}
 	normalize := func(r *ctrlv1.CreateWorkspaceRequest) { normalizePolicyInput(r.GetNetworkPolicy()) }
 	defer s.kick()
+	if req.GetExpiration() != nil {
+		defer s.Store.Notify(ExpirationTopic) // wakes the expiration engine
+	}
 	return command.Execute(ctx, s.Engine, command.Spec[*ctrlv1.CreateWorkspaceRequest, *ctrlv1.CreateWorkspaceResponse]{
 		Method: createMethod, ObjectKind: ObjectKind,
 		CommandKind: int(ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_CREATE), Request: req, Normalize: normalize,
 		NewResponse: func() *ctrlv1.CreateWorkspaceResponse { return &ctrlv1.CreateWorkspaceResponse{} },
+		// Judged by the clock only when nothing is recorded: a resend
+		// replays after the deadline passed.
+		Prepare: func(context.Context) error { return CheckExpirationSpec("expiration", req.GetExpiration(), s.now()) },
 		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (*ctrlv1.CreateWorkspaceResponse, error) {
 			if c := s.MaxCapacity(); c.MemoryMiB > 0 && (uint64(res.GetMemoryMib()) > c.MemoryMiB || uint64(res.GetCpuMillis()) > c.CPUMillis ||
 				(c.StorageBytes > 0 && capacity > c.StorageBytes)) {
@@ -487,6 +491,8 @@ type transition struct {
 	// ctrl marks a command ctrl starts itself: it acts on the Workspace
 	// as it is, with no expected expiration revision.
 	ctrl bool
+	// prepare, when set, is the command's Prepare.
+	prepare func(context.Context) error
 }
 
 func run[Req command.Input, Resp proto.Message](ctx context.Context, s *Service, req Req, t transition,
@@ -501,6 +507,7 @@ func run[Req command.Input, Resp proto.Message](ctx context.Context, s *Service,
 	defer s.Store.Notify(store.WorkspaceTopic(t.id))
 	return command.Execute(ctx, s.Engine, command.Spec[Req, Resp]{
 		Method: t.method, ObjectKind: ObjectKind, ObjectID: t.id, CommandKind: int(t.kind), Request: req, NewResponse: empty,
+		Prepare: t.prepare,
 		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (Resp, error) {
 			pub, err := s.admit(ctx, tx, rec, t)
 			if err != nil {
@@ -614,16 +621,19 @@ func (s *Service) Stop(ctx context.Context, req *ctrlv1.StopWorkspaceRequest) (*
 	if _, ok := ctrlv1.StopMode_name[int32(req.GetMode())]; !ok {
 		return nil, fault.Invalid("mode", "unknown stop mode %d", req.GetMode())
 	}
+	t := stopTransition(req.GetWorkspaceId(), req.GetExpectedExpirationRevision(), force, req.GetExpiration())
 	if req.GetExpiration() != nil {
-		if err := CheckExpirationSpec("expiration", req.GetExpiration(), s.now()); err != nil {
-			return nil, err
-		}
+		// Judged by the clock only when nothing is recorded.
+		t.prepare = func(context.Context) error { return CheckExpirationSpec("expiration", req.GetExpiration(), s.now()) }
 	}
-	_, err := run(ctx, s, req, stopTransition(req.GetWorkspaceId(), req.GetExpectedExpirationRevision(), force, req.GetExpiration()), func(pub *ctrlv1.Workspace, c *ctrlv1.WorkspaceCommand) *ctrlv1.StopWorkspaceResponse {
+	_, err := run(ctx, s, req, t, func(pub *ctrlv1.Workspace, c *ctrlv1.WorkspaceCommand) *ctrlv1.StopWorkspaceResponse {
 		return &ctrlv1.StopWorkspaceResponse{Workspace: pub, Command: c}
 	}, func() *ctrlv1.StopWorkspaceResponse { return &ctrlv1.StopWorkspaceResponse{} })
 	if err != nil {
 		return nil, err
+	}
+	if req.GetExpiration() != nil {
+		s.Store.Notify(ExpirationTopic) // wakes the expiration engine
 	}
 	rec, err := s.wait(ctx, req.GetMetadata().GetCommandId(), req.GetWorkspaceId())
 	if err != nil {
@@ -656,18 +666,7 @@ func stopTransition(id string, expected uint64, force bool, exp *ctrlv1.Expirati
 
 // Delete admits a delete command and waits for it.
 func (s *Service) Delete(ctx context.Context, req *ctrlv1.DeleteWorkspaceRequest) (*ctrlv1.DeleteWorkspaceResponse, error) {
-	_, err := run(ctx, s, req, transition{
-		method: deleteMethod, kind: ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_DELETE,
-		id: req.GetWorkspaceId(), expected: req.GetExpectedExpirationRevision(),
-		apply: func(_ store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, _ time.Time) error {
-			if err := Admit(OpDelete, status(w, pub)); err != nil {
-				return err
-			}
-			w.Power, w.ForceStop = store.PowerDeleted, true
-			pub.State = ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETING
-			return nil
-		},
-	}, func(pub *ctrlv1.Workspace, c *ctrlv1.WorkspaceCommand) *ctrlv1.DeleteWorkspaceResponse {
+	_, err := run(ctx, s, req, deleteTransition(req.GetWorkspaceId(), req.GetExpectedExpirationRevision()), func(pub *ctrlv1.Workspace, c *ctrlv1.WorkspaceCommand) *ctrlv1.DeleteWorkspaceResponse {
 		return &ctrlv1.DeleteWorkspaceResponse{Workspace: pub, Command: c}
 	}, func() *ctrlv1.DeleteWorkspaceResponse { return &ctrlv1.DeleteWorkspaceResponse{} })
 	if err != nil {
@@ -679,6 +678,21 @@ func (s *Service) Delete(ctx context.Context, req *ctrlv1.DeleteWorkspaceRequest
 	}
 	out := &ctrlv1.DeleteWorkspaceResponse{}
 	return out, proto.Unmarshal(rec.Result, out)
+}
+
+// deleteTransition is the delete of Workspace id.
+func deleteTransition(id string, expected uint64) transition {
+	return transition{
+		method: deleteMethod, kind: ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_DELETE, id: id, expected: expected,
+		apply: func(_ store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, _ time.Time) error {
+			if err := Admit(OpDelete, status(w, pub)); err != nil {
+				return err
+			}
+			w.Power, w.ForceStop = store.PowerDeleted, true
+			pub.State = ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETING
+			return nil
+		},
+	}
 }
 
 // RevokeDataPlane serves RevokeWorkspaceDataPlane: one transaction raises

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -123,7 +124,7 @@ func TestExpirationRules(t *testing.T) {
 		"deadline without policy": {&ctrlv1.ExpirationSpec{Deadline: future}, "expiration.deadline"},
 		"unknown policy":          {&ctrlv1.ExpirationSpec{Policy: 42, Deadline: future}, "expiration.policy"},
 	} {
-		_, err := s.Create(ctx, createReq("bad-"+name, tc.exp))
+		_, err := s.Create(ctx, createReq("bad-"+strings.ReplaceAll(name, " ", "-"), tc.exp))
 		wantFault(t, "Create("+name+")", err, fault.KindInvalidArgument, tc.field)
 	}
 
