@@ -18,6 +18,7 @@ import (
 	"github.com/kibotos/kibotos/internal/ids"
 	"github.com/kibotos/kibotos/internal/labels"
 	"github.com/kibotos/kibotos/internal/netpolicy"
+	"github.com/kibotos/kibotos/internal/nodewire"
 	"github.com/kibotos/kibotos/internal/paging"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/workspace/limits"
@@ -152,6 +153,8 @@ func CommandMessage(rec *store.Command) *ctrlv1.WorkspaceCommand {
 	if !rec.CompletedAt.IsZero() {
 		c.CompletedAt = timestamppb.New(rec.CompletedAt)
 	}
+	// Why ctrl started it, bounded again whoever recorded it.
+	c.Message = nodewire.Cut(rec.Message, store.MaxCommandMessage)
 	if rec.ErrorCode != "" {
 		d := &ctrlv1.ErrorDetail{}
 		_ = proto.Unmarshal(rec.ErrorDetail, d)
@@ -194,6 +197,9 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 	// a network policy beyond NONE, expiration) never reach here: the server
 	// refuses them by capability.FieldNeeds before any handler runs.
 	if err := netpolicy.Validate("network_policy", req.GetNetworkPolicy()); err != nil {
+		return nil, err
+	}
+	if err := checkBinding("volume_binding", req.GetVolumeBinding(), true); err != nil {
 		return nil, err
 	}
 	if err := labels.ValidateLabels("labels", req.GetLabels()); err != nil {
@@ -246,6 +252,9 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 				Labels:              nonNil(req.GetLabels()), LabelsRevision: 1,
 				Annotations: nonNil(req.GetAnnotations()), AnnotationsRevision: 1,
 				CreatedAt: timestamppb.New(now),
+			}
+			if err := admitBinding(ctx, tx, pub, req.GetVolumeBinding()); err != nil {
+				return nil, err
 			}
 			w := &store.Workspace{ID: id, CreatedAt: now, Power: store.PowerRunning, Generation: 1, CommandID: rec.ID}
 			if err := Save(w, pub, now); err != nil {
