@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/kibotos/kibotos/internal/commandid"
 	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/ids"
+	"github.com/kibotos/kibotos/internal/nodewire"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
@@ -40,7 +42,10 @@ import (
 //     StopWorkspace is (workspace.Service.AdmitCtrlStop): a normal stop,
 //     writeback first. When it has not completed HostMemoryForceAfter
 //     after it began, or failed leaving the workspace holding its
-//     execution, host-memory/<node>/<n>/<ws>/force forces it.
+//     execution, host-memory/<node>/<n>/<ws>/force forces it. Each says
+//     why in its message (WorkspaceCommand.message): the node's use
+//     against its budget and the victim's use (stopMessage), or why the
+//     stop was forced (forceMessage).
 //   - The victim: largest use first (ties: smallest workspace ID) among
 //     the workspaces the condition lists that are AVAILABLE on the node,
 //     that were first listed HostMemoryMinAge ago or more (a recent start
@@ -512,7 +517,7 @@ func (r *Reconciler) stepEpisode(ctx context.Context, node string, n uint64, c *
 				return nil
 			case victimForce:
 				id := victimID(node, n, last) + "/force"
-				admitted, err := r.admitHostMemoryStop(ctx, tx, svc, id, last, now, true)
+				admitted, err := r.admitHostMemoryStop(ctx, tx, svc, id, last, now, true, forceMessage(node, c, stop, forceAfter))
 				if err != nil && !refused(err) {
 					return err
 				}
@@ -563,7 +568,8 @@ func (r *Reconciler) stepEpisode(ctx context.Context, node string, n uint64, c *
 				return nil
 			}
 			id := victimID(node, n, v.id)
-			admitted, err := r.admitHostMemoryStop(ctx, tx, svc, id, v.id, now, false)
+			msg := stopMessage(node, c, v.usedMiB, minAge, len(victims)+1, maxStops, epID)
+			admitted, err := r.admitHostMemoryStop(ctx, tx, svc, id, v.id, now, false, msg)
 			if err != nil {
 				if !refused(err) {
 					return err
@@ -624,10 +630,10 @@ func (r *Reconciler) stepEpisode(ctx context.Context, node string, n uint64, c *
 }
 
 // admitHostMemoryStop records, inside tx, the policy's stop of Workspace
-// ws under command ID id, unless id is recorded already (admitted false).
-// A refusal of the Workspace's state is returned as its fault, with
-// nothing written.
-func (r *Reconciler) admitHostMemoryStop(ctx context.Context, tx store.Tx, svc *workspace.Service, id, ws string, now time.Time, force bool) (bool, error) {
+// ws under command ID id, saying why in message, unless id is recorded
+// already (admitted false). A refusal of the Workspace's state is
+// returned as its fault, with nothing written.
+func (r *Reconciler) admitHostMemoryStop(ctx context.Context, tx store.Tx, svc *workspace.Service, id, ws string, now time.Time, force bool, message string) (bool, error) {
 	if err := tx.LockCommand(ctx, id); err != nil {
 		return false, err
 	}
@@ -638,7 +644,8 @@ func (r *Reconciler) admitHostMemoryStop(ctx context.Context, tx store.Tx, svc *
 	}
 	rec := &store.Command{ID: id, Method: hostMemoryMethod, ObjectKind: workspace.ObjectKind, ObjectID: ws,
 		Kind:      int(ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_STOP),
-		Initiator: int(ctrlv1.CommandInitiator_COMMAND_INITIATOR_HOST_MEMORY), CreatedAt: now}
+		Initiator: int(ctrlv1.CommandInitiator_COMMAND_INITIATOR_HOST_MEMORY), CreatedAt: now,
+		Message: nodewire.Cut(message, store.MaxCommandMessage)}
 	pub, err := svc.AdmitCtrlStop(ctx, tx, rec, force)
 	if err != nil {
 		return false, err
@@ -650,6 +657,47 @@ func (r *Reconciler) admitHostMemoryStop(ctx context.Context, tx store.Tx, svc *
 		return false, err
 	}
 	return true, nil
+}
+
+// stopMessage says why the policy stops a victim using usedMiB, the
+// stop-th of episode epID, on condition c of node, e.g. "host memory:
+// node n1 used 622 MiB of its 512 MiB budget (CRITICAL); stopped as the
+// largest user (604 MiB) among AVAILABLE workspaces listed 30 s or more;
+// stop 1 of at most 8 in episode host-memory/n1/1".
+func stopMessage(node string, c *nodev1.MemoryCondition, usedMiB uint64, minAge time.Duration, stop, maxStops int, epID string) string {
+	return fmt.Sprintf("host memory: node %s used %d MiB of its %d MiB budget (%s); stopped as the largest user (%d MiB) "+
+		"among AVAILABLE workspaces listed %s or more; stop %d of at most %d in episode %s",
+		node, c.GetUsedMib(), c.GetLimitMib(), levelName(c.GetLevel()), usedMiB, seconds(minAge), stop, maxStops, epID)
+}
+
+// forceMessage says why the policy forces the normal stop stop (its
+// record) on condition c of node: it did not complete within bound, or
+// it failed leaving the workspace holding its execution.
+func forceMessage(node string, c *nodev1.MemoryCondition, stop *store.Command, bound time.Duration) string {
+	why := fmt.Sprintf("the normal stop %s did not complete within %s", stop.ID, seconds(bound))
+	if stop.Status == store.CommandCompleted {
+		code := stop.ErrorCode
+		d := &ctrlv1.ErrorDetail{}
+		if proto.Unmarshal(stop.ErrorDetail, d) == nil && d.GetReason() != ctrlv1.FailureReason_FAILURE_REASON_UNSPECIFIED {
+			code += ", " + strings.TrimPrefix(d.GetReason().String(), "FAILURE_REASON_")
+		}
+		why = fmt.Sprintf("the normal stop %s failed (%s) and the workspace still holds its execution", stop.ID, code)
+	}
+	return fmt.Sprintf("host memory: node %s still used %d MiB of its %d MiB budget (%s); forced because %s",
+		node, c.GetUsedMib(), c.GetLimitMib(), levelName(c.GetLevel()), why)
+}
+
+// levelName is a pressure level's name without its prefix ("CRITICAL").
+func levelName(l nodev1.MemoryPressureLevel) string {
+	return strings.TrimPrefix(l.String(), "MEMORY_PRESSURE_LEVEL_")
+}
+
+// seconds writes d as "30 s" when it is whole seconds.
+func seconds(d time.Duration) string {
+	if d%time.Second == 0 {
+		return strconv.FormatInt(int64(d/time.Second), 10) + " s"
+	}
+	return d.String()
 }
 
 // refused reports whether err is the admission's refusal of a Workspace

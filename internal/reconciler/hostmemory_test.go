@@ -308,7 +308,10 @@ func TestHostMemoryEpisode(t *testing.T) {
 		want := &ctrlv1.WorkspaceCommand{CommandId: "host-memory/n1/1/ws-b", WorkspaceId: "ws-b",
 			Kind:      ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_STOP,
 			Initiator: ctrlv1.CommandInitiator_COMMAND_INITIATOR_HOST_MEMORY,
-			Status:    ctrlv1.WorkspaceCommandStatus_WORKSPACE_COMMAND_STATUS_PROCESSING}
+			Status:    ctrlv1.WorkspaceCommandStatus_WORKSPACE_COMMAND_STATUS_PROCESSING,
+			// It says why (workspace.CommandMessage copies the record's).
+			Message: "host memory: node n1 used 990 MiB of its 1000 MiB budget (CRITICAL); stopped as the largest user (500 MiB) " +
+				"among AVAILABLE workspaces listed 30 s or more; stop 1 of at most 8 in episode host-memory/n1/1"}
 		if d := cmp.Diff(want, got, protocmp.Transform(), protocmp.IgnoreFields(&ctrlv1.WorkspaceCommand{}, "created_at")); d != "" {
 			t.Errorf("GetWorkspaceCommand (-want +got):\n%s", d)
 		}
@@ -343,6 +346,14 @@ func TestHostMemoryEpisode(t *testing.T) {
 		e.beat(cond(lvCritical, "ws-a", 300, "ws-c", 100))
 		if v := e.victims(1); !cmp.Equal(v, []string{"ws-b", "ws-a"}) {
 			t.Fatalf("victims = %v, want [ws-b ws-a]", v)
+		}
+		if m := workspace.CommandMessage(e.command(victimID("n1", 1, "ws-a"))).GetMessage(); !strings.Contains(m, "the largest user (300 MiB)") ||
+			!strings.HasSuffix(m, "; stop 2 of at most 8 in episode host-memory/n1/1") {
+			t.Errorf("message of the second stop = %q", m)
+		}
+		// The completed stop still says why.
+		if m := workspace.CommandMessage(e.command(stopB)).GetMessage(); m != want.GetMessage() {
+			t.Errorf("message of %s once completed = %q, want %q", stopB, m, want.GetMessage())
 		}
 		e.report("ws-a", nodev1.ExecState_EXEC_STATE_STOPPED, false)
 
@@ -461,6 +472,10 @@ func TestHostMemoryForce(t *testing.T) {
 		if c := e.command(stopA); c.Status != store.CommandCompleted || c.ErrorCode == "" {
 			t.Errorf("%s after the force = %+v, want superseded", stopA, c)
 		}
+		if m, want := workspace.CommandMessage(force).GetMessage(), "host memory: node n1 still used 990 MiB of its 1000 MiB budget (CRITICAL); "+
+			"forced because the normal stop host-memory/n1/1/ws-a did not complete within 30 s"; m != want {
+			t.Errorf("message of %s/force = %q, want %q", stopA, m, want)
+		}
 		if w, _ := load(t, e.st, "ws-a"); !w.ForceStop || w.CommandID != stopA+"/force" {
 			t.Errorf("ws-a = force %v command %q, want the forced stop in flight", w.ForceStop, w.CommandID)
 		}
@@ -481,6 +496,9 @@ func TestHostMemoryForce(t *testing.T) {
 		e.beat(cond(lvCritical, "ws-b", 200, "ws-c", 100))
 		if c := e.command(stopB + "/force"); c == nil {
 			t.Fatalf("a failed normal stop holding its execution was not forced")
+		} else if m, want := workspace.CommandMessage(c).GetMessage(), "host memory: node n1 still used 990 MiB of its 1000 MiB budget (CRITICAL); "+
+			"forced because the normal stop host-memory/n1/1/ws-b failed (failed_precondition, GUEST_WRITEBACK_FAILED) and the workspace still holds its execution"; m != want {
+			t.Errorf("message of %s/force = %q, want %q", stopB, m, want)
 		}
 		// The forced stop hangs: past the bound the next victim follows.
 		e.advance(HostMemoryForceAfter - time.Second)
