@@ -41,6 +41,9 @@ type ServerInfo struct {
 	// Network reports whether a node that serves workspace networks has
 	// registered (capability.Features.Network).
 	Network func() bool
+	// Volumes reports whether a node that serves Volumes is connected
+	// (capability.Features.Volumes).
+	Volumes func() bool
 }
 
 var _ ctrlv1connect.ServerInfoServiceHandler = (*ServerInfo)(nil)
@@ -48,7 +51,8 @@ var _ ctrlv1connect.ServerInfoServiceHandler = (*ServerInfo)(nil)
 // Capabilities returns the capabilities the deployment serves now, sorted.
 func (s *ServerInfo) Capabilities() []string {
 	return capability.Served(capability.Features{Nodes: s.HasNodes != nil && s.HasNodes(), Enrollment: s.Enrollment,
-		DataPlaneForTests: s.DataPlaneForTests, Network: s.Network != nil && s.Network()})
+		DataPlaneForTests: s.DataPlaneForTests, Network: s.Network != nil && s.Network(),
+		Volumes: s.Volumes != nil && s.Volumes()})
 }
 
 // GetServerInfo returns the source revision and the served capabilities.
@@ -98,9 +102,4 @@ func RefuseUnservedFields(served func() []string) connect.UnaryInterceptorFunc {
 					proc[strings.LastIndexByte(proc, '/')+1:], strings.Join(missing, " and "))}
 		}
 	}
-}
-
-// Volumes serves VolumeService; not served yet, like Workspaces.
-type Volumes struct {
-	ctrlv1connect.UnimplementedVolumeServiceHandler
 }

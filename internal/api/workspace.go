@@ -18,6 +18,10 @@ import (
 type Workspaces struct {
 	ctrlv1connect.UnimplementedWorkspaceServiceHandler
 	svc *workspace.Service
+	// Served, when set, returns the capabilities served now: methods whose
+	// capability depends on the nodes (UpdateWorkspaceVolumeBinding) refuse
+	// while it is not served.
+	Served func() []string
 }
 
 // NewWorkspaces returns the WorkspaceService handler.

@@ -63,6 +63,14 @@ var withNetwork = []string{
 	ResolverTCP,
 }
 
+// withVolumes are served while a node that serves Volumes (its Hello lists
+// the "volumes" feature) is connected: Volumes live in the nodes' storage
+// pools.
+var withVolumes = []string{
+	VolumeCreate,
+	WorkspaceVolumeBinding,
+}
+
 // withNodes are served once at least one node has registered: without a
 // node no workspace can run, so they would not work end to end.
 var withNodes = []string{
@@ -86,6 +94,9 @@ type Features struct {
 	// Network: a node that serves workspace networks (policies, SOCKS5
 	// Egresses with TLS and UDP, Resolvers) has registered.
 	Network bool
+	// Volumes: a node that serves Volumes (its Hello lists the "volumes"
+	// feature) is connected.
+	Volumes bool
 	// DataPlaneForTests serves workspace.exec and workspace.filesystem
 	// without a node: tests only (ctrl.Config and ctrltest set it; no flag
 	// does), so that the issuing of data-plane credentials is exercised
@@ -104,6 +115,9 @@ func Served(f Features) []string {
 	}
 	if f.Network {
 		out = append(out, withNetwork...)
+	}
+	if f.Volumes {
+		out = append(out, withVolumes...)
 	}
 	if f.DataPlaneForTests {
 		out = append(out, WorkspaceExec, WorkspaceFilesystem)

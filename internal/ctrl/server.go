@@ -41,6 +41,7 @@ import (
 	"github.com/kibotos/kibotos/internal/reconciler"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/tunnel"
+	"github.com/kibotos/kibotos/internal/volume"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
 
@@ -153,7 +154,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.dplane = &dataplane.Service{Engine: engine, Store: cfg.Store, Key: dpKey, Endpoint: cfg.DataPlaneURL, Now: cfg.Now}
 	info := &api.ServerInfo{SourceRevision: cfg.SourceRevision,
 		HasNodes: func() bool { return s.recon.MaxCapacity().MemoryMiB > 0 }, Enrollment: s.enroll.Available(),
-		DataPlaneForTests: cfg.DataPlaneForTests, Network: func() bool { return s.recon.ServesNetwork() }}
+		DataPlaneForTests: cfg.DataPlaneForTests, Network: func() bool { return s.recon.ServesNetwork() },
+		Volumes: func() bool { return s.recon.ServesVolumes() }}
 	opts := connect.WithHandlerOptions(append(codecs(),
 		connect.WithInterceptors(s.metrics.interceptor(log), apierr.NewInterceptor(log), decodeInterceptor(),
 			api.RefuseUnservedFields(info.Capabilities)),
@@ -177,11 +179,15 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	})
 	resolvers.OnUpdate = s.recon.Kick
 	mux.Handle(ctrlv1connect.NewResolverServiceHandler(resolvers, opts))
-	mux.Handle(ctrlv1connect.NewWorkspaceServiceHandler(api.NewWorkspaces(&workspace.Service{
+	workspaces := &workspace.Service{
 		Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 		Templates:   s.recon.Template,
 		MaxCapacity: s.recon.MaxCapacity, Kick: s.recon.Kick, WaitBound: cfg.WaitBound,
-	}), opts))
+		PoolFree: volume.PoolFree,
+	}
+	wsHandler := api.NewWorkspaces(workspaces)
+	wsHandler.Served = info.Capabilities
+	mux.Handle(ctrlv1connect.NewWorkspaceServiceHandler(wsHandler, opts))
 	// NodeService streams carry a node's Hello and full desired state, larger
 	// than any other request, and no more: every message is bounded.
 	mux.Handle(nodev1connect.NewNodeServiceHandler(s.recon, connect.WithInterceptors(apierr.NewInterceptor(log)),
@@ -213,7 +219,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		Node: func(node, ws string) nodev1connect.WorkspaceLogServiceClient {
 			return nodev1connect.NewWorkspaceLogServiceClient(tunnelHTTP, tunnel.NodeURL(node)+agent.DataPath(ws), toNode)
 		}}, dataOpts))
-	mux.Handle(ctrlv1connect.NewVolumeServiceHandler(&api.Volumes{}, opts))
+	mux.Handle(ctrlv1connect.NewVolumeServiceHandler(api.NewVolumes(&volume.Service{
+		Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
+		Connected: s.recon.VolumeNodes, Kick: s.recon.Kick, WaitBound: cfg.WaitBound,
+	}, info.Capabilities), opts))
 	mux.Handle(ctrlv1connect.NewSessionServiceHandler(api.NewSessions(s.dplane), opts))
 	enrollments := api.NewEnrollments(s.enroll)
 	mux.Handle(ctrlv1connect.NewEnrollmentServiceHandler(enrollments, opts))

@@ -64,6 +64,11 @@ type Options struct {
 	// NodeMemoryMiB and NodeCPUMillis are the node's capacity (defaults 8192
 	// and 4000).
 	NodeMemoryMiB, NodeCPUMillis uint64
+	// NodeStorageBytes is the node's storage pool (default 100 GiB).
+	NodeStorageBytes uint64
+	// NodeFeatures are the features the node's Hello lists
+	// (nodewire.Feature*); none by default.
+	NodeFeatures []string
 	// WaitBound bounds stop and delete waits (default one minute).
 	WaitBound time.Duration
 	// NodeGrace is how long a node may be silent (default 15s).
@@ -186,11 +191,16 @@ func (e *Env) StartNodeWith(t testing.TB, id, cert, key string, o Options) (stop
 	if cpu == 0 {
 		cpu = 4000
 	}
+	storage := o.NodeStorageBytes
+	if storage == 0 {
+		storage = 100 << 30
+	}
 	hc := e.Client(t, cert, key)
 	hc.Timeout = 0 // the stream lives as long as the agent
 	a := agent.New(agent.Config{
 		NodeID: id, Endpoint: e.URL, HTTP: hc, Runtime: o.Runtime,
-		Capacity: &nodev1.Capacity{MemoryMib: mem, CpuMillis: cpu, StorageBytes: 100 << 30, StoragePool: "default"},
+		Capacity: &nodev1.Capacity{MemoryMib: mem, CpuMillis: cpu, StorageBytes: storage, StoragePool: "default"},
+		Features: o.NodeFeatures,
 		Log:      slog.New(slog.NewJSONHandler(e.Log, nil)), Heartbeat: 200 * time.Millisecond,
 		Templates: func() []*nodev1.TemplateInfo {
 			return []*nodev1.TemplateInfo{{TemplateId: "default", Version: "test-1"}}
