@@ -323,6 +323,8 @@ func guestShutdown(ctx context.Context, tx store.Tx, w *store.Workspace, pub *ct
 		Kind:      int(ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_STOP),
 		Initiator: int(ctrlv1.CommandInitiator_COMMAND_INITIATOR_GUEST_SHUTDOWN),
 		Status:    store.CommandProcessing, CreatedAt: now,
+		Message: fmt.Sprintf("guest shutdown: the guest of generation %d powered itself off; "+
+			"a forced stop releases its execution (no guest is left to write back)", w.Generation),
 	})
 	if errors.Is(err, store.ErrDuplicate) {
 		return nil

@@ -14,6 +14,7 @@ import (
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/workspace"
 )
 
 const (
@@ -389,6 +390,10 @@ func TestApplyReportGuestShutdownCommand(t *testing.T) {
 	if c.Initiator != int(ctrlv1.CommandInitiator_COMMAND_INITIATOR_GUEST_SHUTDOWN) || c.Status != store.CommandProcessing ||
 		c.Kind != int(ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_STOP) || c.ObjectID != "ws-1" {
 		t.Errorf("guest-shutdown command = %+v", c)
+	}
+	if m, want := workspace.CommandMessage(c).GetMessage(), "guest shutdown: the guest of generation 2 powered itself off; "+
+		"a forced stop releases its execution (no guest is left to write back)"; m != want {
+		t.Errorf("guest-shutdown message = %q, want %q", m, want)
 	}
 	w, _ := load(t, st, "ws-1")
 	if !w.ForceStop {
