@@ -80,6 +80,8 @@ var withNodes = []string{
 	WorkspaceDelete,
 	WorkspaceCommandWait,
 	WorkspaceDataPlaneRevoke,
+	WorkspaceResources,
+	WorkspaceWritableLayerGrow,
 	WorkspaceExec,       // ProcessService, over the nodes' data tunnels
 	WorkspaceFilesystem, // FileService, likewise
 }
