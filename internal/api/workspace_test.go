@@ -273,24 +273,15 @@ func TestExpirationRevisionChecked(t *testing.T) {
 	wantErr(t, err, connect.CodeFailedPrecondition, ctrlv1.FailureReason_FAILURE_REASON_EXPIRATION_REVISION_MISMATCH, true)
 	_, err = c.Workspace.DeleteWorkspace(ctx, connect.NewRequest(&ctrlv1.DeleteWorkspaceRequest{Metadata: md("er-del"), WorkspaceId: w.GetWorkspaceId()}))
 	wantErr(t, err, connect.CodeFailedPrecondition, ctrlv1.FailureReason_FAILURE_REASON_EXPIRATION_REVISION_MISMATCH, true)
-	// A stop that carries an expiration is refused while expirations are not
-	// served (the rule is tested in internal/workspace): nothing is recorded
-	// and the revision stays.
+	// A stop that carries an expiration commits it in its admission (the
+	// rules are tested in internal/workspace): the revision moves.
 	deadline := time.Now().Add(time.Hour)
-	_, err = c.Workspace.StopWorkspace(ctx, connect.NewRequest(&ctrlv1.StopWorkspaceRequest{Metadata: md("er-stop-exp"), WorkspaceId: w.GetWorkspaceId(), ExpectedExpirationRevision: 1,
+	r, err := c.Workspace.StopWorkspace(ctx, connect.NewRequest(&ctrlv1.StopWorkspaceRequest{Metadata: md("er-stop-exp"), WorkspaceId: w.GetWorkspaceId(), ExpectedExpirationRevision: 1,
 		Expiration: &ctrlv1.ExpirationSpec{Policy: ctrlv1.ExpirationPolicy_EXPIRATION_POLICY_DELETE, Deadline: timestamppbNew(deadline)}}))
-	if d := wantErr(t, err, connect.CodeUnimplemented, ctrlv1.FailureReason_FAILURE_REASON_CAPABILITY_UNAVAILABLE, false); d.GetField() != "expiration" {
-		t.Fatalf("field = %q, want expiration", d.GetField())
-	}
-	if exp := getWS(t, c, w.GetWorkspaceId()).GetExpiration(); exp.GetRevision() != 1 {
-		t.Fatalf("expiration after a refused stop = %v, want revision 1", exp)
-	}
-	// The refused command ID is free: a plain stop under it is served.
-	r, err := c.Workspace.StopWorkspace(ctx, connect.NewRequest(&ctrlv1.StopWorkspaceRequest{Metadata: md("er-stop-exp"), WorkspaceId: w.GetWorkspaceId(), ExpectedExpirationRevision: 1}))
-	if err != nil || r.Msg.GetWorkspace().GetState() != ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED {
+	if err != nil || r.Msg.GetWorkspace().GetState() != ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED || r.Msg.GetWorkspace().GetExpiration().GetRevision() != 2 {
 		t.Fatalf("stop = %v, %v", r, err)
 	}
-	_, err = c.Workspace.StartWorkspace(ctx, connect.NewRequest(&ctrlv1.StartWorkspaceRequest{Metadata: md("er-start"), WorkspaceId: w.GetWorkspaceId(), ExpectedExpirationRevision: 2}))
+	_, err = c.Workspace.StartWorkspace(ctx, connect.NewRequest(&ctrlv1.StartWorkspaceRequest{Metadata: md("er-start"), WorkspaceId: w.GetWorkspaceId(), ExpectedExpirationRevision: 1}))
 	wantErr(t, err, connect.CodeFailedPrecondition, ctrlv1.FailureReason_FAILURE_REASON_EXPIRATION_REVISION_MISMATCH, true)
 }
 
@@ -312,10 +303,8 @@ func TestCreateWorkspaceBadInput(t *testing.T) {
 		{"unknown template", &ctrlv1.CreateWorkspaceRequest{Resources: &ctrlv1.Resources{MemoryMib: 64, CpuMillis: 100}, TemplateId: "nope"}, connect.CodeInvalidArgument, "template_id"},
 		{"memory above capacity", &ctrlv1.CreateWorkspaceRequest{Resources: &ctrlv1.Resources{MemoryMib: 4096, CpuMillis: 100}}, connect.CodeResourceExhausted, "resources"},
 		{"cpu above capacity", &ctrlv1.CreateWorkspaceRequest{Resources: &ctrlv1.Resources{MemoryMib: 64, CpuMillis: 3000}}, connect.CodeResourceExhausted, "resources"},
-		// Expirations are not served: refused before their value is looked
-		// at (internal/workspace tests the rules of the value).
 		{"past deadline", &ctrlv1.CreateWorkspaceRequest{Resources: &ctrlv1.Resources{MemoryMib: 64, CpuMillis: 100},
-			Expiration: &ctrlv1.ExpirationSpec{Policy: ctrlv1.ExpirationPolicy_EXPIRATION_POLICY_STOP, Deadline: timestamppbNew(time.Now().Add(-time.Minute))}}, connect.CodeUnimplemented, "expiration"},
+			Expiration: &ctrlv1.ExpirationSpec{Policy: ctrlv1.ExpirationPolicy_EXPIRATION_POLICY_STOP, Deadline: timestamppbNew(time.Now().Add(-time.Minute))}}, connect.CodeInvalidArgument, "expiration.deadline"},
 	}
 	for i, tt := range tests {
 		tt.req.Metadata = md(fmt.Sprintf("bad-ws-%d", i))

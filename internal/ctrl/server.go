@@ -33,6 +33,7 @@ import (
 	"github.com/kibotos/kibotos/internal/command"
 	"github.com/kibotos/kibotos/internal/dataplane"
 	"github.com/kibotos/kibotos/internal/enrollment"
+	"github.com/kibotos/kibotos/internal/expiration"
 	"github.com/kibotos/kibotos/internal/netguard"
 	"github.com/kibotos/kibotos/internal/node/agent"
 	"github.com/kibotos/kibotos/internal/nodepeer"
@@ -41,7 +42,6 @@ import (
 	"github.com/kibotos/kibotos/internal/reconciler"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/tunnel"
-	"github.com/kibotos/kibotos/internal/volume"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
 
@@ -104,6 +104,7 @@ type Server struct {
 	health  *grpchealth.StaticChecker
 	metrics *metrics
 	recon   *reconciler.Reconciler
+	expire  *expiration.Engine
 	enroll  *enrollment.Service
 	dplane  *dataplane.Service
 	// tunnels are the nodes' data connections to this ctrl.
@@ -154,8 +155,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.dplane = &dataplane.Service{Engine: engine, Store: cfg.Store, Key: dpKey, Endpoint: cfg.DataPlaneURL, Now: cfg.Now}
 	info := &api.ServerInfo{SourceRevision: cfg.SourceRevision,
 		HasNodes: func() bool { return s.recon.MaxCapacity().MemoryMiB > 0 }, Enrollment: s.enroll.Available(),
-		DataPlaneForTests: cfg.DataPlaneForTests, Network: func() bool { return s.recon.ServesNetwork() },
-		Volumes: func() bool { return s.recon.ServesVolumes() }}
+		DataPlaneForTests: cfg.DataPlaneForTests, Network: func() bool { return s.recon.ServesNetwork() }}
 	opts := connect.WithHandlerOptions(append(codecs(),
 		connect.WithInterceptors(s.metrics.interceptor(log), apierr.NewInterceptor(log), decodeInterceptor(),
 			api.RefuseUnservedFields(info.Capabilities)),
@@ -183,11 +183,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 		Templates:   s.recon.Template,
 		MaxCapacity: s.recon.MaxCapacity, Kick: s.recon.Kick, WaitBound: cfg.WaitBound,
-		PoolFree: volume.PoolFree,
 	}
-	wsHandler := api.NewWorkspaces(workspaces)
-	wsHandler.Served = info.Capabilities
-	mux.Handle(ctrlv1connect.NewWorkspaceServiceHandler(wsHandler, opts))
+	s.expire = &expiration.Engine{Store: cfg.Store, Fire: workspaces.FireExpiration, Log: log}
+	mux.Handle(ctrlv1connect.NewWorkspaceServiceHandler(api.NewWorkspaces(workspaces), opts))
 	// NodeService streams carry a node's Hello and full desired state, larger
 	// than any other request, and no more: every message is bounded.
 	mux.Handle(nodev1connect.NewNodeServiceHandler(s.recon, connect.WithInterceptors(apierr.NewInterceptor(log)),
@@ -219,10 +217,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		Node: func(node, ws string) nodev1connect.WorkspaceLogServiceClient {
 			return nodev1connect.NewWorkspaceLogServiceClient(tunnelHTTP, tunnel.NodeURL(node)+agent.DataPath(ws), toNode)
 		}}, dataOpts))
-	mux.Handle(ctrlv1connect.NewVolumeServiceHandler(api.NewVolumes(&volume.Service{
-		Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
-		Connected: s.recon.VolumeNodes, Kick: s.recon.Kick, WaitBound: cfg.WaitBound,
-	}, info.Capabilities), opts))
+	mux.Handle(ctrlv1connect.NewVolumeServiceHandler(&api.Volumes{}, opts))
 	mux.Handle(ctrlv1connect.NewSessionServiceHandler(api.NewSessions(s.dplane), opts))
 	enrollments := api.NewEnrollments(s.enroll)
 	mux.Handle(ctrlv1connect.NewEnrollmentServiceHandler(enrollments, opts))
@@ -445,6 +440,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsc *tls.Config) e
 		}
 	}()
 	defer func() { stopRecon(); <-reconDone }()
+	expireDone := make(chan struct{})
+	go func() { defer close(expireDone); _ = s.expire.Run(reconCtx) }()
+	defer func() { stopRecon(); <-expireDone }()
 	defer s.tunnels.Close() // Shutdown does not close hijacked connections
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ServeTLS(ln, "", "") }()
