@@ -54,8 +54,14 @@ func TestServerInfo(t *testing.T) {
 func TestUnimplementedCarriesDetail(t *testing.T) {
 	t.Parallel()
 	_, c := newEnv(t)
-	_, err := c.Workspace.UpdateWorkspaceMemory(t.Context(), connect.NewRequest(&ctrlv1.UpdateWorkspaceMemoryRequest{Metadata: md("ws-1")}))
-	wantErr(t, err, connect.CodeUnimplemented, ctrlv1.FailureReason_FAILURE_REASON_CAPABILITY_UNAVAILABLE, false)
+	// The test environment's node does not serve Volumes: a Volume binding
+	// and VolumeService are refused.
+	_, err := c.Workspace.CreateWorkspace(t.Context(), connect.NewRequest(&ctrlv1.CreateWorkspaceRequest{Metadata: md("ws-1"),
+		Resources:     &ctrlv1.Resources{MemoryMib: 64, CpuMillis: 100},
+		VolumeBinding: &ctrlv1.VolumeBinding{Mode: ctrlv1.VolumeBindingMode_VOLUME_BINDING_MODE_BOUND, VolumeId: "vol-1", MountPath: "/data"}}))
+	if d := wantErr(t, err, connect.CodeUnimplemented, ctrlv1.FailureReason_FAILURE_REASON_CAPABILITY_UNAVAILABLE, false); d.GetField() != "volume_binding" {
+		t.Errorf("field %q, want volume_binding", d.GetField())
+	}
 	_, err = c.Volume.GetVolume(t.Context(), connect.NewRequest(&ctrlv1.GetVolumeRequest{VolumeId: "vol-1"}))
 	wantErr(t, err, connect.CodeUnimplemented, ctrlv1.FailureReason_FAILURE_REASON_CAPABILITY_UNAVAILABLE, false)
 }
