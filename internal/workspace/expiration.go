@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -151,6 +152,13 @@ func (f Firing) String() string {
 	return "none"
 }
 
+// expirationMessage is the message of the command expiration exp starts:
+// "expiration: the STOP deadline 2026-01-02T03:04:05Z passed; " and what.
+func expirationMessage(exp *ctrlv1.Expiration, what string) string {
+	return fmt.Sprintf("expiration: the %s deadline %s passed; %s", strings.TrimPrefix(exp.GetPolicy().String(), "EXPIRATION_POLICY_"),
+		exp.GetDeadline().AsTime().UTC().Format(time.RFC3339Nano), what)
+}
+
 // FireExpiration carries out the expiration of Workspace id if one is
 // armed and due, in one transaction that moves expiration.revision and
 // records the command ExpirationCommandID(id, armed revision) (kind STOP or
@@ -214,7 +222,10 @@ func (s *Service) FireExpiration(ctx context.Context, id string) (Firing, string
 			switch {
 			case Admit(OpStop, st) == nil:
 				t = stopTransition(id, 0, false, nil) // consumes the STOP policy
+				rec.Message = expirationMessage(exp, "a normal stop, as StopWorkspace would (writeback first)")
 			case st.State == ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED || st.State == ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED:
+				rec.Message = expirationMessage(exp, "the workspace was "+strings.TrimPrefix(st.State.String(), "WORKSPACE_STATE_")+
+					": the policy is consumed without a stop")
 				pub.Expiration = &ctrlv1.Expiration{Revision: exp.GetRevision() + 1}
 				if err := Save(w, pub, now); err != nil {
 					return err
@@ -240,6 +251,7 @@ func (s *Service) FireExpiration(ctx context.Context, id string) (Firing, string
 				return nil
 			}
 			rec.Kind = int(ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_DELETE)
+			rec.Message = expirationMessage(exp, "deleted as DeleteWorkspace would")
 			t = deleteTransition(id, 0)
 			del := t.apply
 			t.apply = func(tx store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, now time.Time) error {

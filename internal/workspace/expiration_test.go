@@ -440,16 +440,18 @@ func specOf(t *testing.T, st store.Store, id string) *ctrlv1.ExpirationSpec {
 func TestFireExpiration(t *testing.T) {
 	t.Parallel()
 	const (
-		creating  = ctrlv1.WorkspaceState_WORKSPACE_STATE_CREATING
-		starting  = ctrlv1.WorkspaceState_WORKSPACE_STATE_STARTING
-		available = ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE
-		stopping  = ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPING
-		stopped   = ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED
-		failed    = ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED
-		deleting  = ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETING
-		unknown   = ctrlv1.WorkspaceState_WORKSPACE_STATE_UNKNOWN
-		stopKind  = ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_STOP
-		delKind   = ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_DELETE
+		creating   = ctrlv1.WorkspaceState_WORKSPACE_STATE_CREATING
+		starting   = ctrlv1.WorkspaceState_WORKSPACE_STATE_STARTING
+		available  = ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE
+		stopping   = ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPING
+		stopped    = ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED
+		failed     = ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED
+		deleting   = ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETING
+		unknown    = ctrlv1.WorkspaceState_WORKSPACE_STATE_UNKNOWN
+		stopKind   = ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_STOP
+		delKind    = ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_DELETE
+		normalStop = "a normal stop, as StopWorkspace would (writeback first)"
+		deleted    = "deleted as DeleteWorkspace would"
 	)
 	tests := []struct {
 		policy ctrlv1.ExpirationPolicy
@@ -457,31 +459,35 @@ func TestFireExpiration(t *testing.T) {
 		want   workspace.Firing
 		kind   ctrlv1.WorkspaceCommandKind
 		after  ctrlv1.WorkspaceState // the state the firing leaves
+		// why: the command's message after "expiration: the <policy>
+		// deadline <deadline> passed; "
+		why string
 	}{
-		{expStop, available, workspace.FiringStarted, stopKind, stopping},
-		{expStop, unknown, workspace.FiringStarted, stopKind, stopping}, // over AVAILABLE, as StopWorkspace
-		{expStop, stopped, workspace.FiringConsumed, stopKind, stopped},
-		{expStop, failed, workspace.FiringConsumed, stopKind, failed},
-		{expStop, creating, workspace.FiringWaits, 0, creating},
-		{expStop, starting, workspace.FiringWaits, 0, starting},
-		{expStop, stopping, workspace.FiringWaits, 0, stopping},
-		{expStop, deleting, workspace.FiringWaits, 0, deleting},
-		{expDelete, available, workspace.FiringStarted, delKind, deleting},
-		{expDelete, creating, workspace.FiringStarted, delKind, deleting},
-		{expDelete, starting, workspace.FiringStarted, delKind, deleting},
-		{expDelete, stopping, workspace.FiringStarted, delKind, deleting},
-		{expDelete, stopped, workspace.FiringStarted, delKind, deleting},
-		{expDelete, failed, workspace.FiringStarted, delKind, deleting},
-		{expDelete, unknown, workspace.FiringStarted, delKind, deleting},
-		{expDelete, deleting, workspace.FiringWaits, 0, deleting},
+		{expStop, available, workspace.FiringStarted, stopKind, stopping, normalStop},
+		{expStop, unknown, workspace.FiringStarted, stopKind, stopping, normalStop}, // over AVAILABLE, as StopWorkspace
+		{expStop, stopped, workspace.FiringConsumed, stopKind, stopped, "the workspace was STOPPED: the policy is consumed without a stop"},
+		{expStop, failed, workspace.FiringConsumed, stopKind, failed, "the workspace was FAILED: the policy is consumed without a stop"},
+		{expStop, creating, workspace.FiringWaits, 0, creating, ""},
+		{expStop, starting, workspace.FiringWaits, 0, starting, ""},
+		{expStop, stopping, workspace.FiringWaits, 0, stopping, ""},
+		{expStop, deleting, workspace.FiringWaits, 0, deleting, ""},
+		{expDelete, available, workspace.FiringStarted, delKind, deleting, deleted},
+		{expDelete, creating, workspace.FiringStarted, delKind, deleting, deleted},
+		{expDelete, starting, workspace.FiringStarted, delKind, deleting, deleted},
+		{expDelete, stopping, workspace.FiringStarted, delKind, deleting, deleted},
+		{expDelete, stopped, workspace.FiringStarted, delKind, deleting, deleted},
+		{expDelete, failed, workspace.FiringStarted, delKind, deleting, deleted},
+		{expDelete, unknown, workspace.FiringStarted, delKind, deleting, deleted},
+		{expDelete, deleting, workspace.FiringWaits, 0, deleting, ""},
 	}
 	bothDialects(t, func(t *testing.T, st store.Store) {
 		s, clk := expService(t, st)
 		ctx := t.Context()
 		type armed struct {
-			id  string
-			rev uint64
-			cmd string // the command in flight before the firing
+			id       string
+			rev      uint64
+			cmd      string // the command in flight before the firing
+			deadline time.Time
 		}
 		var ids []armed
 		for i, tc := range tests {
@@ -490,8 +496,8 @@ func TestFireExpiration(t *testing.T) {
 				t.Fatal(err)
 			}
 			state(t, s, st, id, tc.state)
-			w, _ := row(t, st, id)
-			ids = append(ids, armed{id, revOf(t, st, id), w.CommandID})
+			w, pub := row(t, st, id)
+			ids = append(ids, armed{id, revOf(t, st, id), w.CommandID, pub.GetExpiration().GetDeadline().AsTime()})
 		}
 		// Not due yet: nothing.
 		for _, a := range ids {
@@ -535,6 +541,11 @@ func TestFireExpiration(t *testing.T) {
 			if c.GetKind() != tc.kind || c.GetInitiator() != ctrlv1.CommandInitiator_COMMAND_INITIATOR_EXPIRATION ||
 				c.GetStatus() != wantStatus || c.GetError() != nil || c.GetWorkspaceId() != a.id {
 				t.Errorf("%s: command %v, want %v by EXPIRATION, %v, no error", name, c, tc.kind, wantStatus)
+			}
+			// It says why.
+			if want := fmt.Sprintf("expiration: the %s deadline %s passed; %s", strings.TrimPrefix(tc.policy.String(), "EXPIRATION_POLICY_"),
+				a.deadline.UTC().Format(time.RFC3339Nano), tc.why); c.GetMessage() != want {
+				t.Errorf("%s: message %q, want %q", name, c.GetMessage(), want)
 			}
 			if f == workspace.FiringStarted {
 				// Exactly as a caller's: a normal stop (not forced) or a
