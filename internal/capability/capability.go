@@ -84,6 +84,7 @@ var withNodes = []string{
 	WorkspaceWritableLayerGrow,
 	WorkspaceExec,       // ProcessService, over the nodes' data tunnels
 	WorkspaceFilesystem, // FileService, likewise
+	WorkspaceExpiration, // the engine runs in ctrl; firings act through the nodes
 }
 
 // Features are the parts of a deployment that decide what it serves.

@@ -42,6 +42,7 @@ import (
 	"github.com/kibotos/kibotos/internal/reconciler"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/tunnel"
+	"github.com/kibotos/kibotos/internal/volume"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
 
@@ -155,7 +156,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.dplane = &dataplane.Service{Engine: engine, Store: cfg.Store, Key: dpKey, Endpoint: cfg.DataPlaneURL, Now: cfg.Now}
 	info := &api.ServerInfo{SourceRevision: cfg.SourceRevision,
 		HasNodes: func() bool { return s.recon.MaxCapacity().MemoryMiB > 0 }, Enrollment: s.enroll.Available(),
-		DataPlaneForTests: cfg.DataPlaneForTests, Network: func() bool { return s.recon.ServesNetwork() }}
+		DataPlaneForTests: cfg.DataPlaneForTests, Network: func() bool { return s.recon.ServesNetwork() },
+		Volumes: func() bool { return s.recon.ServesVolumes() }}
 	opts := connect.WithHandlerOptions(append(codecs(),
 		connect.WithInterceptors(s.metrics.interceptor(log), apierr.NewInterceptor(log), decodeInterceptor(),
 			api.RefuseUnservedFields(info.Capabilities)),
@@ -183,9 +185,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 		Templates:   s.recon.Template,
 		MaxCapacity: s.recon.MaxCapacity, Kick: s.recon.Kick, WaitBound: cfg.WaitBound,
+		PoolFree: volume.PoolFree,
 	}
 	s.expire = &expiration.Engine{Store: cfg.Store, Fire: workspaces.FireExpiration, Log: log}
-	mux.Handle(ctrlv1connect.NewWorkspaceServiceHandler(api.NewWorkspaces(workspaces), opts))
+	wsHandler := api.NewWorkspaces(workspaces)
+	wsHandler.Served = info.Capabilities
+	mux.Handle(ctrlv1connect.NewWorkspaceServiceHandler(wsHandler, opts))
 	// NodeService streams carry a node's Hello and full desired state, larger
 	// than any other request, and no more: every message is bounded.
 	mux.Handle(nodev1connect.NewNodeServiceHandler(s.recon, connect.WithInterceptors(apierr.NewInterceptor(log)),
@@ -217,7 +222,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		Node: func(node, ws string) nodev1connect.WorkspaceLogServiceClient {
 			return nodev1connect.NewWorkspaceLogServiceClient(tunnelHTTP, tunnel.NodeURL(node)+agent.DataPath(ws), toNode)
 		}}, dataOpts))
-	mux.Handle(ctrlv1connect.NewVolumeServiceHandler(&api.Volumes{}, opts))
+	mux.Handle(ctrlv1connect.NewVolumeServiceHandler(api.NewVolumes(&volume.Service{
+		Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
+		Connected: s.recon.VolumeNodes, Kick: s.recon.Kick, WaitBound: cfg.WaitBound,
+	}, info.Capabilities), opts))
 	mux.Handle(ctrlv1connect.NewSessionServiceHandler(api.NewSessions(s.dplane), opts))
 	enrollments := api.NewEnrollments(s.enroll)
 	mux.Handle(ctrlv1connect.NewEnrollmentServiceHandler(enrollments, opts))
