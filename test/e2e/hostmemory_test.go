@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -152,6 +154,15 @@ func TestHostMemoryStopsLargest(t *testing.T) {
 		c.GetInitiator() != ctrlv1.CommandInitiator_COMMAND_INITIATOR_HOST_MEMORY ||
 		c.GetStatus() != ctrlv1.WorkspaceCommandStatus_WORKSPACE_COMMAND_STATUS_COMPLETED || c.GetError() != nil {
 		t.Errorf("GetWorkspaceCommand(%s) = %v, want a completed STOP of %s by HOST_MEMORY without error", id, c, big.id)
+	}
+	// It says why: the node's use against its budget, big's use, the
+	// policy's choice.
+	why := regexp.MustCompile(`^host memory: node mem-node used \d+ MiB of its 512 MiB budget \(CRITICAL\); stopped as the largest user \((\d+) MiB\) ` +
+		`among AVAILABLE workspaces listed 30 s or more; stop 1 of at most 8 in episode host-memory/mem-node/1$`)
+	if m := why.FindStringSubmatch(c.GetMessage()); m == nil {
+		t.Errorf("message of %s = %q, want it to match %s", id, c.GetMessage(), why)
+	} else if used, _ := strconv.Atoi(m[1]); used < 500 {
+		t.Errorf("message of %s = %q: big used %d MiB, want 500 or more (it filled 600 MiB of its /dev/shm)", id, c.GetMessage(), used)
 	}
 	// A normal stop: no forced one was needed.
 	if _, err := ws.GetWorkspaceCommand(t.Context(), connect.NewRequest(&ctrlv1.GetWorkspaceCommandRequest{CommandId: id + "/force"})); connect.CodeOf(err) != connect.CodeNotFound {
