@@ -112,3 +112,14 @@ func (l *LocalNotifier) Waiters() int {
 	defer l.mu.Unlock()
 	return l.total
 }
+
+// TopicWaiters returns the number of subscriptions of topic neither
+// notified nor released yet.
+func (l *LocalNotifier) TopicWaiters(topic string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w := l.topics[topic]; w != nil {
+		return w.n
+	}
+	return 0
+}
