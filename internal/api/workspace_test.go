@@ -298,7 +298,7 @@ func TestCreateWorkspaceBadInput(t *testing.T) {
 	}{
 		{"no resources", &ctrlv1.CreateWorkspaceRequest{}, connect.CodeInvalidArgument, "resources"},
 		{"zero memory", &ctrlv1.CreateWorkspaceRequest{Resources: &ctrlv1.Resources{CpuMillis: 1}}, connect.CodeInvalidArgument, "resources.memory_mib"},
-		{"zero cpu", &ctrlv1.CreateWorkspaceRequest{Resources: &ctrlv1.Resources{MemoryMib: 1}}, connect.CodeInvalidArgument, "resources.cpu_millis"},
+		{"zero cpu", &ctrlv1.CreateWorkspaceRequest{Resources: &ctrlv1.Resources{MemoryMib: 64}}, connect.CodeInvalidArgument, "resources.cpu_millis"},
 		{"not whole MiB", &ctrlv1.CreateWorkspaceRequest{Resources: &ctrlv1.Resources{MemoryMib: 64, CpuMillis: 100}, WritableLayerCapacityBytes: 64<<20 + 1}, connect.CodeInvalidArgument, "writable_layer_capacity_bytes"},
 		{"unknown template", &ctrlv1.CreateWorkspaceRequest{Resources: &ctrlv1.Resources{MemoryMib: 64, CpuMillis: 100}, TemplateId: "nope"}, connect.CodeInvalidArgument, "template_id"},
 		{"memory above capacity", &ctrlv1.CreateWorkspaceRequest{Resources: &ctrlv1.Resources{MemoryMib: 4096, CpuMillis: 100}}, connect.CodeResourceExhausted, "resources"},

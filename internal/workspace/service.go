@@ -170,10 +170,14 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 	switch {
 	case res == nil:
 		return nil, fault.Invalid("resources", "resources are required")
-	case res.GetMemoryMib() == 0:
-		return nil, fault.Invalid("resources.memory_mib", "memory_mib must be greater than zero")
-	case res.GetCpuMillis() == 0:
-		return nil, fault.Invalid("resources.cpu_millis", "cpu_millis must be greater than zero")
+	}
+	// The bounds of UpdateWorkspaceMemory and UpdateWorkspaceCpu: a value
+	// the node would refuse at start is refused here.
+	if err := CheckMemory("resources.memory_mib", res.GetMemoryMib()); err != nil {
+		return nil, err
+	}
+	if err := CheckCPU("resources.cpu_millis", res.GetCpuMillis()); err != nil {
+		return nil, err
 	}
 	capacity := req.GetWritableLayerCapacityBytes()
 	if capacity == 0 {
