@@ -156,7 +156,9 @@ func (s *Service) UpdateVolumeBinding(ctx context.Context, req *ctrlv1.UpdateWor
 	return command.Execute(ctx, s.Engine, command.Spec[*ctrlv1.UpdateWorkspaceVolumeBindingRequest, *ctrlv1.UpdateWorkspaceVolumeBindingResponse]{
 		Method: updateBindingMethod, ObjectKind: ObjectKind, ObjectID: id,
 		CommandKind: int(ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_UPDATE_VOLUME_BINDING), Request: req,
-		NewResponse: func() *ctrlv1.UpdateWorkspaceVolumeBindingResponse { return &ctrlv1.UpdateWorkspaceVolumeBindingResponse{} },
+		NewResponse: func() *ctrlv1.UpdateWorkspaceVolumeBindingResponse {
+			return &ctrlv1.UpdateWorkspaceVolumeBindingResponse{}
+		},
 		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (*ctrlv1.UpdateWorkspaceVolumeBindingResponse, error) {
 			w, pub, err := s.load(ctx, tx, id)
 			if err != nil {
