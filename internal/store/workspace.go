@@ -86,6 +86,20 @@ type Workspace struct {
 	// zero when none is armed (the query column of internal/expiration,
 	// kept equal to Doc by workspace.Save).
 	ExpirationDeadline time.Time
+
+	// MemoryMiB (Resources.memory_mib) and LayerBytes
+	// (WritableLayer.capacity_bytes) are what the Workspace asks of its
+	// node: the query columns NodeUsage sums, kept equal to Doc by
+	// workspace.Save.
+	MemoryMiB  uint64
+	LayerBytes uint64
+}
+
+// NodeUsage is what the Workspaces placed on a node whose deletion has not
+// completed ask of it.
+type NodeUsage struct {
+	RunningMemoryMiB uint64 // MemoryMiB of those whose Power is PowerRunning
+	LayerBytes       uint64 // LayerBytes of all of them
 }
 
 // ArmedExpiration is an armed expiration deadline of a Workspace.
@@ -120,6 +134,10 @@ type WorkspaceTx interface {
 	// WorkspacesOnNode returns the Workspaces placed on a node whose
 	// deletion has not completed, in (CreatedAt, ID) order.
 	WorkspacesOnNode(ctx context.Context, nodeID string) ([]*Workspace, error)
+	// NodeUsage sums the query columns MemoryMiB and LayerBytes of the
+	// Workspaces WorkspacesOnNode returns, reading only an index of them
+	// (never their documents).
+	NodeUsage(ctx context.Context, nodeID string) (NodeUsage, error)
 	// PendingWorkspaces returns up to limit Workspaces whose Generation is
 	// ahead of ObservedGeneration or that wait for placement (NodeID ""),
 	// deleted ones excluded, oldest first. Workspaces that are not placed

@@ -63,6 +63,7 @@ var Changes = []Change{
 	{Name: "network", SQLite: 7, Postgres: 6},
 	{Name: "expiration_deadline", SQLite: 8, Postgres: 7},
 	{Name: "command_message", SQLite: 9, Postgres: 8},
+	{Name: "workspace_usage", SQLite: 10, Postgres: 9},
 }
 
 // LoadDialect is Load, checking that the files are those Changes lists for
@@ -88,8 +89,7 @@ func check(d Dialect, ms []Migration, changes []Change) error {
 	}
 	got := make([]string, len(ms))
 	for i, m := range ms {
-		_, name, _ := strings.Cut(strings.TrimSuffix(m.Name, ".sql"), "_")
-		got[i] = fmt.Sprintf("%d %s", m.Version, name)
+		got[i] = fmt.Sprintf("%d %s", m.Version, m.Change())
 	}
 	if strings.Join(got, ", ") != strings.Join(want, ", ") {
 		return fmt.Errorf("%s migrations [%s] are not those migration.Changes lists [%s]",

@@ -20,6 +20,13 @@ type Migration struct {
 	SQL     string
 }
 
+// Change is the name of the change m applies: its file name between
+// "NNNN_" and ".sql", as migration.Changes lists it.
+func (m Migration) Change() string {
+	_, name, _ := strings.Cut(strings.TrimSuffix(m.Name, ".sql"), "_")
+	return name
+}
+
 // Load reads the .sql files of dir in fsys in version order. A name that
 // does not start with a positive version and '_', and two files with one
 // version, are errors.

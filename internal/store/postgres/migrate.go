@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/internal/store/migration"
+	"github.com/kibotos/kibotos/internal/store/rowcodec"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -83,6 +84,11 @@ func migrate(ctx context.Context, cfg *pgx.ConnConfig) (err error) {
 			if _, err := tx.Exec(ctx, m.SQL); err != nil {
 				return err
 			}
+			if m.Change() == rowcodec.BackfillWorkspaceUsage {
+				if err := backfillWorkspaceUsage(ctx, tx); err != nil {
+					return err
+				}
+			}
 			_, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)`,
 				m.Version, m.Name, time.Now().UnixMicro())
 			return err
@@ -92,4 +98,52 @@ func migrate(ctx context.Context, cfg *pgx.ConnConfig) (err error) {
 		}
 	}
 	return nil
+}
+
+// backfillWorkspaceUsage fills memory_mib and layer_bytes of the Workspaces
+// stored before the migration that added them, from their documents
+// (rowcodec.WorkspaceUsage), in the migration's transaction.
+func backfillWorkspaceUsage(ctx context.Context, tx pgx.Tx) error {
+	rows, err := tx.Query(ctx, `SELECT id, doc FROM workspaces`)
+	if err != nil {
+		return err
+	}
+	var ids []string
+	var memories, layers []int64
+	for rows.Next() {
+		var (
+			id  string
+			doc []byte
+		)
+		if err := rows.Scan(&id, &doc); err != nil {
+			rows.Close()
+			return err
+		}
+		memory, layer, _ := rowcodec.WorkspaceUsage(doc)
+		if memory == 0 && layer == 0 {
+			continue
+		}
+		m, err := rowcodec.U2I("memory", memory)
+		if err != nil {
+			rows.Close()
+			return err
+		}
+		l, err := rowcodec.U2I("layer bytes", layer)
+		if err != nil {
+			rows.Close()
+			return err
+		}
+		ids, memories, layers = append(ids, id), append(memories, m), append(layers, l)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	_, err = tx.Exec(ctx, `UPDATE workspaces w SET memory_mib = u.memory, layer_bytes = u.layer
+		FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[]) AS u(id, memory, layer) WHERE w.id = u.id`,
+		ids, memories, layers)
+	return err
 }

@@ -269,6 +269,25 @@ func (t *txn) WorkspacesOnNode(ctx context.Context, nodeID string) ([]*store.Wor
 	return t.workspaces(ctx, workspacesOnNodeSQL, nodeID)
 }
 
+// nodeUsageSQL sums the covering partial index workspaces_node_usage
+// (migration 9): it reads no document and no table row. Its WHERE
+// clause repeats the index's.
+var nodeUsageSQL = `SELECT COALESCE(SUM(CASE WHEN w.power = ` + strconv.Itoa(int(store.PowerRunning)) + ` THEN w.memory_mib ELSE 0 END), 0)::BIGINT,
+		COALESCE(SUM(w.layer_bytes), 0)::BIGINT
+	FROM workspaces w WHERE w.node_id = $1 AND w.deleted_at IS NULL`
+
+// NodeUsage implements store.Tx.
+func (t *txn) NodeUsage(ctx context.Context, nodeID string) (store.NodeUsage, error) {
+	var memory, layer int64
+	err := t.query(ctx, nodeUsageSQL, []any{nodeID}, func(rows pgx.Rows) error {
+		return rows.Scan(&memory, &layer)
+	})
+	if err != nil {
+		return store.NodeUsage{}, err
+	}
+	return store.NodeUsage{RunningMemoryMiB: uint64(memory), LayerBytes: uint64(layer)}, nil
+}
+
 // pendingWorkspacesSQL is a scan of the workspaces_pending partial index,
 // which holds only the Workspaces it returns; its WHERE clause repeats the
 // index's.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kibotos/kibotos/internal/store/migration"
+	"github.com/kibotos/kibotos/internal/store/rowcodec"
 )
 
 //go:embed migrations/*.sql
@@ -65,10 +66,66 @@ func migrate(ctx context.Context, db *sql.DB) error {
 		if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
 			return fmt.Errorf("%s: %w", m.Name, err)
 		}
+		if m.Change() == rowcodec.BackfillWorkspaceUsage {
+			if err := backfillWorkspaceUsage(ctx, tx); err != nil {
+				return fmt.Errorf("%s: %w", m.Name, err)
+			}
+		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`,
 			m.Version, m.Name, time.Now().UnixMicro()); err != nil {
 			return fmt.Errorf("%s: %w", m.Name, err)
 		}
 	}
 	return tx.Commit()
+}
+
+// backfillWorkspaceUsage fills memory_mib and layer_bytes of the Workspaces
+// stored before the migration that added them, from their documents
+// (rowcodec.WorkspaceUsage), in the migration's transaction.
+func backfillWorkspaceUsage(ctx context.Context, tx *sql.Tx) error {
+	type usage struct {
+		id            string
+		memory, layer int64
+	}
+	var fill []usage
+	rows, err := tx.QueryContext(ctx, `SELECT id, doc FROM workspaces`)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var (
+			id  string
+			doc []byte
+		)
+		if err := rows.Scan(&id, &doc); err != nil {
+			rows.Close()
+			return err
+		}
+		memory, layer, _ := rowcodec.WorkspaceUsage(doc)
+		if memory > 0 || layer > 0 {
+			m, err := rowcodec.U2I("memory", memory)
+			if err != nil {
+				rows.Close()
+				return err
+			}
+			l, err := rowcodec.U2I("layer bytes", layer)
+			if err != nil {
+				rows.Close()
+				return err
+			}
+			fill = append(fill, usage{id, m, l})
+		}
+	}
+	if err := rows.Close(); err != nil {
+		return err
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, u := range fill {
+		if _, err := tx.ExecContext(ctx, `UPDATE workspaces SET memory_mib = ?, layer_bytes = ? WHERE id = ?`, u.memory, u.layer, u.id); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -30,6 +30,7 @@ var workspaceTests = []struct {
 	{"ListWorkspacesFilters", testListWorkspacesFilters},
 	{"ListWorkspacesPaging", testListWorkspacesPaging},
 	{"WorkspacesOnNode", testWorkspacesOnNode},
+	{"NodeUsage", testNodeUsage},
 	{"PendingWorkspaces", testPendingWorkspaces},
 	{"ProcessingCommands", testProcessingCommands},
 	{"Nodes", testNodes},
@@ -220,6 +221,8 @@ func testWorkspaces(t *testing.T, s store.Store) {
 		PolicyDrainSeconds: math.MaxUint32,
 		ExecDNSVersion:     math.MaxUint32,
 		ExpirationDeadline: time.Date(2035, 1, 2, 3, 4, 5, 678_901_234, zone),
+		MemoryMiB:          math.MaxInt64,
+		LayerBytes:         math.MaxInt64 - 1,
 	}
 	insertWorkspaces(t, s, full)
 	got, err = getWorkspace(t, s, "ws-full")
@@ -690,6 +693,108 @@ func testWorkspacesOnNode(t *testing.T, s store.Store) {
 	}
 	if got := workspaceIDs(onNode("node-c")); !slices.Equal(got, []string{want[0].ID}) {
 		t.Errorf("WorkspacesOnNode(node-c) after moves: %v, want [%s]", got, want[0].ID)
+	}
+}
+
+// testNodeUsage: NodeUsage sums the memory of the node's Workspaces desired
+// RUNNING and the writable layers of all of them whose deletion has not
+// completed, and follows every change of the columns, the power, the node
+// and the deletion.
+func testNodeUsage(t *testing.T, s store.Store) {
+	usage := func(node string) store.NodeUsage {
+		t.Helper()
+		var u store.NodeUsage
+		view(t, s, func(ctx context.Context, tx store.Tx) (err error) {
+			u, err = tx.NodeUsage(ctx, node)
+			return err
+		})
+		return u
+	}
+	if got := usage("node-a"); got != (store.NodeUsage{}) {
+		t.Errorf("NodeUsage of an empty store: %+v, want zero", got)
+	}
+	want := map[string]store.NodeUsage{}
+	inTx(t, s, func(ctx context.Context, tx store.Tx) error {
+		for i := range 60 {
+			w := newWorkspace(fmt.Sprintf("ws-%02d", i), base.Add(time.Duration(i)*time.Second), nil)
+			w.MemoryMiB, w.LayerBytes = uint64(1+i), uint64(1000*(1+i))<<20
+			w.NodeID = []string{"node-a", "node-b", ""}[i%3]
+			switch i % 4 {
+			case 1:
+				w.Power = store.PowerStopped
+			case 2:
+				w.Power = store.PowerDeleted // deleting: its layer still counts
+			case 3:
+				if i%8 == 7 {
+					// Deletion completed: counts nothing.
+					w.Power, w.State, w.DeletedAt = store.PowerDeleted, store.WorkspaceStateDeleted, base.Add(time.Hour)
+				}
+			}
+			if w.NodeID != "" && w.DeletedAt.IsZero() {
+				u := want[w.NodeID]
+				u.LayerBytes += w.LayerBytes
+				if w.Power == store.PowerRunning {
+					u.RunningMemoryMiB += w.MemoryMiB
+				}
+				want[w.NodeID] = u
+			}
+			if err := tx.InsertWorkspace(ctx, w); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	for _, node := range []string{"node-a", "node-b", "node-c"} {
+		if got := usage(node); got != want[node] {
+			t.Errorf("NodeUsage(%s) = %+v, want %+v", node, got, want[node])
+		}
+	}
+	// A change of memory, layer, power, node or deletion is seen at once,
+	// in the transaction that makes it and after.
+	inTx(t, s, func(ctx context.Context, tx store.Tx) error {
+		update := func(id string, f func(w *store.Workspace)) {
+			t.Helper()
+			w, err := tx.GetWorkspace(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f(w)
+			if err := tx.UpdateWorkspace(ctx, w); err != nil {
+				t.Fatal(err)
+			}
+		}
+		a := want["node-a"]
+		update("ws-00", func(w *store.Workspace) { w.MemoryMiB, w.LayerBytes = 4096, 5<<30 }) // node-a, running: 1 MiB, 1000 MiB
+		a.RunningMemoryMiB += 4096 - 1
+		a.LayerBytes += 5<<30 - 1000<<20
+		update("ws-12", func(w *store.Workspace) { w.Power = store.PowerStopped }) // node-a, running: 13 MiB
+		a.RunningMemoryMiB -= 13
+		update("ws-13", func(w *store.Workspace) { w.Power = store.PowerRunning }) // node-b, stopped: 14 MiB → node-a
+		update("ws-13", func(w *store.Workspace) { w.NodeID = "node-a" })
+		b := want["node-b"]
+		b.LayerBytes -= 14000 << 20
+		a.RunningMemoryMiB += 14
+		a.LayerBytes += 14000 << 20
+		update("ws-06", func(w *store.Workspace) { // node-a, deleting: 7000 MiB
+			w.State, w.DeletedAt = store.WorkspaceStateDeleted, base.Add(2*time.Hour)
+		})
+		a.LayerBytes -= 7000 << 20
+		want["node-a"], want["node-b"] = a, b
+		for _, node := range []string{"node-a", "node-b"} {
+			got, err := tx.NodeUsage(ctx, node)
+			if err != nil {
+				return err
+			}
+			if got != want[node] {
+				t.Errorf("NodeUsage(%s) in the transaction = %+v, want %+v", node, got, want[node])
+			}
+		}
+		return nil
+	})
+	for _, node := range []string{"node-a", "node-b"} {
+		if got := usage(node); got != want[node] {
+			t.Errorf("NodeUsage(%s) after the changes = %+v, want %+v", node, got, want[node])
+		}
 	}
 }
 
