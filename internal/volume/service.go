@@ -305,56 +305,11 @@ func (s *Service) finish(ctx context.Context, out *result) (*result, error) {
 	return &result{Volume: v, Command: CommandMessage(rec)}, nil
 }
 
-// wait blocks until the command completes or the bound passes. A completed
-// failure is returned as its recorded error; past the bound the answer is a
-// retryable unavailable (TIMED_OUT) while the command goes on.
+// wait blocks until the command completes or the bound passes (see
+// command.Awaiter.Wait): the Volume's topic wakes it.
 func (s *Service) wait(ctx context.Context, id, volumeID string) (*store.Command, error) {
-	bound := s.bound()
-	rec, done, err := s.await(ctx, id, volumeID, bound)
-	switch {
-	case err != nil:
-		return nil, err
-	case !done:
-		fe := fault.Unavailable(fault.ReasonTimedOut, "the node has not completed command %q within %s; it goes on: resend the same command ID or read GetVolumeCommand", id, bound)
-		fe.Stage = "wait"
-		return nil, fe
-	case rec.ErrorCode != "":
-		return nil, fault.Decode(rec.ErrorCode, rec.ErrorDetail)
-	}
-	return rec, nil
-}
-
-// await waits until command id of volume volumeID is COMPLETED or d
-// passes, waking on the Volume's topic and re-reading every Recheck.
-func (s *Service) await(ctx context.Context, id, volumeID string, d time.Duration) (rec *store.Command, done bool, err error) {
-	limit := time.NewTimer(d)
-	defer limit.Stop()
-	recheck := time.NewTimer(s.recheck())
-	defer recheck.Stop()
-	changed, release := s.Store.Subscribe(Topic(volumeID))
-	defer func() { release() }()
-	for {
-		if rec, err = s.readCommand(ctx, id); err != nil {
-			return nil, false, err
-		}
-		if rec.Status == store.CommandCompleted {
-			return rec, true, nil
-		}
-		select {
-		case <-changed:
-			release()
-			changed, release = s.Store.Subscribe(Topic(volumeID)) // before the next read
-		case <-recheck.C:
-			recheck.Reset(s.recheck())
-		case <-limit.C:
-			if rec, err = s.readCommand(ctx, id); err != nil {
-				return nil, false, err
-			}
-			return rec, rec.Status == store.CommandCompleted, nil
-		case <-ctx.Done():
-			return nil, false, ctx.Err()
-		}
-	}
+	a := command.Awaiter{Store: s.Store, Read: s.readCommand, Topic: Topic, Recheck: s.recheck(), Retrieve: "GetVolumeCommand"}
+	return a.Wait(ctx, id, volumeID, s.bound())
 }
 
 // readCommand reads a Volume command; not_found for an unknown ID, a

@@ -440,58 +440,17 @@ func (s *Service) recheck() time.Duration {
 	return store.RecheckInterval
 }
 
-// await waits until the command id is COMPLETED or d passes, and returns it
-// as it is then; done reports whether it completed. It wakes on the store's
-// notifications of the command's Workspace (workspaceID when the caller
-// knows it, else read from the command) and re-reads the store every
-// Recheck besides, so a missed notification costs at most that. It starts
-// no goroutine and releases its subscription when it returns.
-func (s *Service) await(ctx context.Context, id, workspaceID string, d time.Duration) (rec *store.Command, done bool, err error) {
-	limit := time.NewTimer(d)
-	defer limit.Stop()
-	recheck := time.NewTimer(s.recheck())
-	defer recheck.Stop()
-	var (
-		topic   string
-		changed <-chan struct{}
-		release = func() {}
-	)
-	defer func() { release() }()
-	subscribe := func(t string) {
-		release()
-		topic = t
-		changed, release = s.Store.Subscribe(t)
-	}
-	if workspaceID != "" {
-		subscribe(store.WorkspaceTopic(workspaceID))
-	}
-	for {
-		if rec, err = s.readCommand(ctx, id); err != nil {
-			return nil, false, err
-		}
-		if rec.Status == store.CommandCompleted {
-			return rec, true, nil
-		}
-		if t := store.WorkspaceTopic(rec.ObjectID); t != topic {
-			// Subscribe, then read again: a completion committed after
-			// that read cannot be missed.
-			subscribe(t)
-			continue
-		}
-		select {
-		case <-changed:
-			subscribe(topic) // before the next read, for the same reason
-		case <-recheck.C:
-			recheck.Reset(s.recheck())
-		case <-limit.C:
-			if rec, err = s.readCommand(ctx, id); err != nil {
-				return nil, false, err
-			}
-			return rec, rec.Status == store.CommandCompleted, nil
-		case <-ctx.Done():
-			return nil, false, ctx.Err()
-		}
-	}
+// awaiter waits for the commands of Workspaces: on the Workspace's topic,
+// re-reading every Recheck.
+func (s *Service) awaiter() command.Awaiter {
+	return command.Awaiter{Store: s.Store, Read: s.readCommand, Topic: store.WorkspaceTopic, Recheck: s.recheck(),
+		Retrieve: "GetWorkspaceCommand"}
+}
+
+// await waits until the command id is COMPLETED or d passes (see
+// command.Awaiter.Await).
+func (s *Service) await(ctx context.Context, id, workspaceID string, d time.Duration) (*store.Command, bool, error) {
+	return s.awaiter().Await(ctx, id, workspaceID, d)
 }
 
 // transition is the common shape of start, stop and delete.
@@ -747,23 +706,10 @@ func (s *Service) RevokeDataPlane(ctx context.Context, req *ctrlv1.RevokeWorkspa
 	})
 }
 
-// wait blocks until the command completes or the bound passes. A completed
-// failure is returned as its recorded error; past the bound the answer is a
-// retryable unavailable (TIMED_OUT) while the command goes on.
+// wait blocks until the command completes or the bound passes (see
+// command.Awaiter.Wait).
 func (s *Service) wait(ctx context.Context, id, workspaceID string) (*store.Command, error) {
-	bound := s.bound()
-	rec, done, err := s.await(ctx, id, workspaceID, bound)
-	switch {
-	case err != nil:
-		return nil, err
-	case !done:
-		fe := fault.Unavailable(fault.ReasonTimedOut, "command %q has not completed within %s; it goes on: resend the same command ID or read GetWorkspaceCommand", id, bound)
-		fe.Stage = "wait"
-		return nil, fe
-	case rec.ErrorCode != "":
-		return nil, fault.Decode(rec.ErrorCode, rec.ErrorDetail)
-	}
-	return rec, nil
+	return s.awaiter().Wait(ctx, id, workspaceID, s.bound())
 }
 
 // UpdateMap replaces labels or annotations under CAS on their own revision.
