@@ -143,7 +143,9 @@ func (r *Reconciler) connected() []candidate {
 }
 
 // choose picks a node for pub among the connected ones (see pick), reading
-// from tx the memory the candidates' running Workspaces use.
+// from tx what the candidates' Workspaces ask of them: the memory of those
+// desired RUNNING and the writable layers of all (store.Tx.NodeUsage, sums
+// of an index, whatever the number of Workspaces on the node).
 func (r *Reconciler) choose(ctx context.Context, tx store.Tx, pub *ctrlv1.Workspace) (*candidate, string, error) {
 	nodes, d := r.connected(), demandOf(pub)
 	node, extra, err := volumeDemand(ctx, tx, pub)
@@ -160,23 +162,14 @@ func (r *Reconciler) choose(ctx context.Context, tx store.Tx, pub *ctrlv1.Worksp
 		if !c.serves(d) || (d.node != "" && c.id != d.node) {
 			continue
 		}
-		on, err := tx.WorkspacesOnNode(ctx, c.id)
+		u, err := tx.NodeUsage(ctx, c.id)
 		if err != nil {
 			return nil, "", err
 		}
 		if size := c.capacity.StorageBytes; size > 0 {
-			used := volumeUse[c.id] + volume.LayerUse(on)
-			c.storageKnown, c.freeBytes = true, size-min(size, used)
+			c.storageKnown, c.freeBytes = true, volume.Free(size, volumeUse[c.id], u.LayerBytes)
 		}
-		for _, o := range on {
-			if o.Power == store.PowerRunning {
-				op, err := workspace.Decode(o)
-				if err != nil {
-					return nil, "", err
-				}
-				c.usedMiB += uint64(op.GetResources().GetMemoryMib())
-			}
-		}
+		c.usedMiB = u.RunningMemoryMiB
 	}
 	c, reason := pick(nodes, d)
 	return c, reason, nil

@@ -249,7 +249,8 @@ func seedWorkspace(t *testing.T, st store.Store, id, node string, layer uint64, 
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	pub := &ctrlv1.Workspace{WorkspaceId: id, State: ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED,
 		WritableLayer: &ctrlv1.WritableLayer{CapacityBytes: layer}}
-	w := &store.Workspace{ID: id, CreatedAt: now, UpdatedAt: now, NodeID: node, Power: store.PowerStopped, Generation: 1}
+	w := &store.Workspace{ID: id, CreatedAt: now, UpdatedAt: now, NodeID: node, Power: store.PowerStopped, Generation: 1,
+		LayerBytes: layer} // the query column workspace.Save keeps equal to the document
 	if deleted {
 		pub.State = ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETED
 		w.DeletedAt, w.Power = now, store.PowerDeleted

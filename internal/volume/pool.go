@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 
-	"google.golang.org/protobuf/proto"
-
-	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/internal/store"
 )
 
@@ -35,34 +32,28 @@ func PoolFree(ctx context.Context, tx store.Tx, nodeID string) (free uint64, kno
 	return freeOf(ctx, tx, n, use)
 }
 
-// freeOf is PoolFree of node n, given what its Volumes use.
+// freeOf is PoolFree of node n, given what its Volumes use. The writable
+// layers are a sum the store reads from an index (store.Tx.NodeUsage),
+// whatever the number of Workspaces on the node.
 func freeOf(ctx context.Context, tx store.Tx, n *store.Node, volumeUse map[string]uint64) (free uint64, known bool, err error) {
 	if n.StorageBytes == 0 {
 		return 0, false, nil
 	}
-	on, err := tx.WorkspacesOnNode(ctx, n.ID)
+	u, err := tx.NodeUsage(ctx, n.ID)
 	if err != nil {
 		return 0, false, err
 	}
-	used := volumeUse[n.ID] + LayerUse(on)
-	if used >= n.StorageBytes {
-		return 0, true, nil
-	}
-	return n.StorageBytes - used, true, nil
+	return Free(n.StorageBytes, volumeUse[n.ID], u.LayerBytes), true, nil
 }
 
-// LayerUse is the writable-layer capacity the Workspaces ws take
-// (WritableLayer.capacity_bytes of each; a row that does not decode counts
-// nothing).
-func LayerUse(ws []*store.Workspace) uint64 {
-	var sum uint64
-	for _, w := range ws {
-		pub := &ctrlv1.Workspace{}
-		if proto.Unmarshal(w.Doc, pub) == nil {
-			sum += pub.GetWritableLayer().GetCapacityBytes()
-		}
+// Free is what a pool of size bytes has not promised yet when its Volumes
+// take volumes bytes and its Workspaces' writable layers layers.
+func Free(size, volumes, layers uint64) uint64 {
+	used := volumes + layers
+	if used < volumes || used >= size { // overflow or full
+		return 0
 	}
-	return sum
+	return size - used
 }
 
 // PoolUsage returns, by node, the capacity its Volumes whose deletion has

@@ -111,6 +111,8 @@ func Save(w *store.Workspace, pub *ctrlv1.Workspace, now time.Time) error {
 	w.HoldsExecution = pub.GetHoldsExecution()
 	w.Labels = pub.GetLabels()
 	w.ExpirationDeadline = ArmedDeadline(pub)
+	w.MemoryMiB = uint64(pub.GetResources().GetMemoryMib())
+	w.LayerBytes = pub.GetWritableLayer().GetCapacityBytes()
 	if pub.GetDeletedAt() != nil {
 		w.DeletedAt = pub.GetDeletedAt().AsTime()
 	}
