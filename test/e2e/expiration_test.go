@@ -210,6 +210,7 @@ func retry[T any](t *testing.T, f func() (T, error)) T {
 func (e *soakEnv) createMany(prefix, tmpl string, n int, mib uint32) []string {
 	t := e.t
 	ids := make([]string, n)
+	started := time.Now()
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range 16 {
@@ -231,7 +232,11 @@ func (e *soakEnv) createMany(prefix, tmpl string, n int, mib uint32) []string {
 		}()
 	}
 	wg.Wait()
+	created := time.Since(started)
 	e.waitStates(ids, ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE, 10*time.Minute)
+	all := time.Since(started)
+	t.Logf("created %d %s workspaces in %v, all AVAILABLE after %v (%.0f a second)", n, prefix, created.Round(time.Millisecond),
+		all.Round(time.Millisecond), float64(n)/all.Seconds())
 	return ids
 }
 
