@@ -117,8 +117,9 @@ func TestWorkspaceLifecycleAgainstServer(t *testing.T) {
 	if !regexp.MustCompile(`^ws-[a-z0-9]{20}$`).MatchString(id) {
 		t.Fatalf("workspace create -q printed %q", r.stdout)
 	}
-	// A flag whose capability the server does not list sends nothing.
-	kibo(t, args(c, "workspace", "create", "--memory-mib", "256", "--cpu-millis", "500", "--expiration", "delete", "--expire-in", "1h")...).want(t, ExitUnavailable)
+	// A flag whose capability the server does not list (its node serves no
+	// Volumes) sends nothing.
+	kibo(t, args(c, "workspace", "create", "--memory-mib", "256", "--cpu-millis", "500", "--volume", "vol-abcdefghijklmnopqrst", "--mount-path", "/data")...).want(t, ExitUnavailable)
 	if r := kibo(t, args(c, "workspace", "list", "-o", "name", "--include-deleted")...).want(t, ExitOK); r.stdout != id+"\n" {
 		t.Errorf("workspaces after the refused create: %q, want only %s", r.stdout, id)
 	}
