@@ -337,7 +337,9 @@ type soakResult struct {
 // deadline fired once, never early, and how late.
 func (e *soakEnv) soak(fake, real []string, rev uint64, window time.Duration, restarts int) soakResult {
 	t := e.t
-	lead := 3 * time.Second
+	// The first deadlines fall after every one is armed: arming 10,000
+	// takes longer than 3 s, and a deadline already past is refused.
+	lead := 3*time.Second + time.Duration(len(fake)+len(real))*5*time.Millisecond
 	start := time.Now().Add(lead)
 	var xs []armed
 	spread := func(ids []string, isReal bool) {
