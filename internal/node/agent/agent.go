@@ -337,10 +337,13 @@ func (a *Agent) apply(ctx context.Context, d *nodev1.DesiredState) {
 		}
 	}
 	a.mu.Unlock()
+	// Volumes first: a workspace worker that starts with a Volume waits
+	// for that Volume's worker (awaitVolume), which must be known as busy
+	// by then.
+	a.applyVolumes(ctx, d)
 	for id := range listed {
 		a.wake(ctx, id)
 	}
-	a.applyVolumes(ctx, d)
 	for _, id := range orphans {
 		// ctrl does not know this execution: release it, keep its layer.
 		a.cfg.Log.Warn("stopping an execution ctrl does not know", "workspace_id", id)
@@ -393,6 +396,9 @@ func (a *Agent) act(ctx context.Context, d *nodev1.DesiredWorkspace) {
 			return
 		}
 		a.report(&nodev1.ExecutionReport{WorkspaceId: id, Generation: gen, State: nodev1.ExecState_EXEC_STATE_STARTING, ObservedAt: timestamppb.Now()})
+		if v := d.GetVolume(); v != nil {
+			a.awaitVolume(ctx, v.GetVolumeId())
+		}
 		spec := Spec{WorkspaceID: id, Generation: gen, TemplateID: d.GetTemplateId(),
 			CapacityBytes: d.GetCapacityBytes(), MemoryMiB: d.GetMemoryMib(), CPUMillis: d.GetCpuMillis(),
 			Network: d.GetNetwork()}

@@ -215,3 +215,23 @@ func (a *Agent) heldVolumes() []*nodev1.VolumeReport {
 	}
 	return out
 }
+
+// awaitVolume waits, at most releaseWait, while the Volume's worker runs:
+// a workspace created with a NEW Volume receives both in one desired
+// state, and its start must find the image the Volume's worker is making.
+func (a *Agent) awaitVolume(ctx context.Context, id string) {
+	deadline := time.Now().Add(releaseWait)
+	for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
+		a.mu.Lock()
+		busy := a.vols.busy[id]
+		a.mu.Unlock()
+		if !busy || time.Now().After(deadline) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+	}
+}

@@ -454,3 +454,43 @@ func TestVolumeDeleteWaitsForRelease(t *testing.T) {
 		t.Errorf("deleted once released: %v", r)
 	}
 }
+
+// TestStartWaitsForItsVolume: a workspace created with a NEW Volume comes
+// in the same desired state as the Volume; its start waits for the Volume's
+// worker, so it never runs before the image exists.
+func TestStartWaitsForItsVolume(t *testing.T) {
+	rt := newStoreRuntime()
+	rt.gate = make(chan struct{})
+	a := newStoreAgent(rt)
+	a.apply(t.Context(), &nodev1.DesiredState{
+		Volumes: []*nodev1.DesiredVolume{dv("v1", 1, 16<<20)},
+		Workspaces: []*nodev1.DesiredWorkspace{{WorkspaceId: "ws-1", Generation: 1, Power: nodev1.Power_POWER_RUNNING,
+			CapacityBytes: 64 << 20, Volume: &nodev1.WorkspaceVolume{VolumeId: "v1", MountPath: "/data"}}},
+	})
+	time.Sleep(100 * time.Millisecond)
+	rt.netRuntime.mu.Lock()
+	early := len(rt.starts)
+	rt.netRuntime.mu.Unlock()
+	if early != 0 {
+		t.Fatal("the workspace started while its Volume was still being made")
+	}
+	close(rt.gate)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rt.netRuntime.mu.Lock()
+		n := len(rt.starts)
+		rt.netRuntime.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d starts 10 s after the Volume was made", n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	rt.mu2.Lock()
+	defer rt.mu2.Unlock()
+	if rt.volumes["v1"] != 16<<20 {
+		t.Fatalf("volume %d bytes", rt.volumes["v1"])
+	}
+}
