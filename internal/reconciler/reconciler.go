@@ -30,6 +30,7 @@
 package reconciler
 
 import (
+	"context"
 	"log/slog"
 	"sync"
 	"time"
@@ -58,6 +59,9 @@ type Config struct {
 	// OnDenyNodeKey, when set, is called after DenyNodeKey committed, with
 	// the denied key: ctrl closes the data tunnels opened with it.
 	OnDenyNodeKey func(keyHash []byte)
+	// FetchArtifact serves NodeService.FetchArtifact to a verified node
+	// peer (internal/artifact); nil answers unimplemented.
+	FetchArtifact func(ctx context.Context, req *nodev1.FetchArtifactRequest, send func(*nodev1.FetchArtifactResponse) error) error
 }
 
 // Reconciler is ctrl's control loop and the server side of NodeService.
@@ -68,6 +72,7 @@ type Reconciler struct {
 	nodeGrace        time.Duration
 	placementTimeout time.Duration
 	onDeny           func(keyHash []byte)
+	fetchArtifact    func(ctx context.Context, req *nodev1.FetchArtifactRequest, send func(*nodev1.FetchArtifactResponse) error) error
 
 	kick chan struct{}
 
@@ -131,6 +136,7 @@ func New(cfg Config) *Reconciler {
 		nodeGrace:        cfg.NodeGrace,
 		placementTimeout: cfg.PlacementTimeout,
 		onDeny:           cfg.OnDenyNodeKey,
+		fetchArtifact:    cfg.FetchArtifact,
 		kick:             make(chan struct{}, 1),
 		nodes:            map[string]*nodeConn{},
 		caps:             map[string]workspace.Capacity{},

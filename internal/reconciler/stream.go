@@ -112,6 +112,30 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 	}
 }
 
+// FetchArtifact streams a published artifact's bytes to a node: the caller
+// must be a verified node certificate whose key is not denied.
+func (r *Reconciler) FetchArtifact(ctx context.Context, req *connect.Request[nodev1.FetchArtifactRequest], stream *connect.ServerStream[nodev1.FetchArtifactResponse]) error {
+	peer, ok := nodepeer.From(ctx)
+	if !ok {
+		return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
+			Message: "NodeService needs a node certificate"}
+	}
+	if err := r.store.InTx(ctx, func(tx store.Tx) error {
+		n, err := tx.GetNode(ctx, peer.NodeID)
+		if err != nil {
+			return err
+		}
+		return peer.Admit(ctx, tx, n)
+	}); err != nil {
+		return err
+	}
+	if r.fetchArtifact == nil {
+		return &fault.Error{Kind: fault.KindUnimplemented, Reason: fault.ReasonCapabilityUnavailable,
+			Message: "this ctrl does not serve artifacts"}
+	}
+	return r.fetchArtifact(ctx, req.Msg, stream.Send)
+}
+
 // register records a Hello in the store: the node (created on its first
 // Hello), its capacity and templates, and that it was seen now. mayConnect
 // vets the stored node first.

@@ -608,6 +608,10 @@ const (
 	CommandInitiator_COMMAND_INITIATOR_HOST_MEMORY CommandInitiator = 3
 	// ctrl, because the guest powered itself off ("guest-shutdown/...").
 	CommandInitiator_COMMAND_INITIATOR_GUEST_SHUTDOWN CommandInitiator = 4
+	// ctrl, because an operator drained the node with stop_workspaces
+	// ("<DrainNode command ID>#stop/<workspace>": '#' keeps it apart from
+	// every ID a caller can send).
+	CommandInitiator_COMMAND_INITIATOR_NODE_DRAIN CommandInitiator = 5
 )
 
 // Enum value maps for CommandInitiator.
@@ -618,6 +622,7 @@ var (
 		2: "COMMAND_INITIATOR_EXPIRATION",
 		3: "COMMAND_INITIATOR_HOST_MEMORY",
 		4: "COMMAND_INITIATOR_GUEST_SHUTDOWN",
+		5: "COMMAND_INITIATOR_NODE_DRAIN",
 	}
 	CommandInitiator_value = map[string]int32{
 		"COMMAND_INITIATOR_UNSPECIFIED":    0,
@@ -625,6 +630,7 @@ var (
 		"COMMAND_INITIATOR_EXPIRATION":     2,
 		"COMMAND_INITIATOR_HOST_MEMORY":    3,
 		"COMMAND_INITIATOR_GUEST_SHUTDOWN": 4,
+		"COMMAND_INITIATOR_NODE_DRAIN":     5,
 	}
 )
 
@@ -2378,13 +2384,14 @@ const file_kibotos_ctrl_v1_types_proto_rawDesc = "" +
 	"\x15VOLUME_STATE_CREATING\x10\x01\x12\x1a\n" +
 	"\x16VOLUME_STATE_AVAILABLE\x10\x02\x12\x19\n" +
 	"\x15VOLUME_STATE_DELETING\x10\x03\x12\x18\n" +
-	"\x14VOLUME_STATE_DELETED\x10\x04*\xbe\x01\n" +
+	"\x14VOLUME_STATE_DELETED\x10\x04*\xe0\x01\n" +
 	"\x10CommandInitiator\x12!\n" +
 	"\x1dCOMMAND_INITIATOR_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18COMMAND_INITIATOR_CALLER\x10\x01\x12 \n" +
 	"\x1cCOMMAND_INITIATOR_EXPIRATION\x10\x02\x12!\n" +
 	"\x1dCOMMAND_INITIATOR_HOST_MEMORY\x10\x03\x12$\n" +
-	" COMMAND_INITIATOR_GUEST_SHUTDOWN\x10\x04B7Z5github.com/kibotos/kibotos/gen/kibotos/ctrl/v1;ctrlv1b\x06proto3"
+	" COMMAND_INITIATOR_GUEST_SHUTDOWN\x10\x04\x12 \n" +
+	"\x1cCOMMAND_INITIATOR_NODE_DRAIN\x10\x05B7Z5github.com/kibotos/kibotos/gen/kibotos/ctrl/v1;ctrlv1b\x06proto3"
 
 var (
 	file_kibotos_ctrl_v1_types_proto_rawDescOnce sync.Once

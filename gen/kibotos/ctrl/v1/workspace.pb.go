@@ -248,9 +248,12 @@ type CreateWorkspaceRequest struct {
 	// labels follow the label rules.
 	Labels map[string]string `protobuf:"bytes,8,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// annotations follow the annotation rules.
-	Annotations   map[string]string `protobuf:"bytes,9,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Annotations map[string]string `protobuf:"bytes,9,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// template_version selects a version of a published Template (its
+	// revision in decimal); empty selects the Template's default version.
+	TemplateVersion string `protobuf:"bytes,10,opt,name=template_version,json=templateVersion,proto3" json:"template_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CreateWorkspaceRequest) Reset() {
@@ -344,6 +347,13 @@ func (x *CreateWorkspaceRequest) GetAnnotations() map[string]string {
 		return x.Annotations
 	}
 	return nil
+}
+
+func (x *CreateWorkspaceRequest) GetTemplateVersion() string {
+	if x != nil {
+		return x.TemplateVersion
+	}
+	return ""
 }
 
 // CreateWorkspaceResponse is the acceptance of CreateWorkspace.
@@ -2370,7 +2380,7 @@ var File_kibotos_ctrl_v1_workspace_proto protoreflect.FileDescriptor
 
 const file_kibotos_ctrl_v1_workspace_proto_rawDesc = "" +
 	"\n" +
-	"\x1fkibotos/ctrl/v1/workspace.proto\x12\x0fkibotos.ctrl.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bkibotos/ctrl/v1/types.proto\"\xe7\x05\n" +
+	"\x1fkibotos/ctrl/v1/workspace.proto\x12\x0fkibotos.ctrl.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bkibotos/ctrl/v1/types.proto\"\x92\x06\n" +
 	"\x16CreateWorkspaceRequest\x12<\n" +
 	"\bmetadata\x18\x01 \x01(\v2 .kibotos.ctrl.v1.CommandMetadataR\bmetadata\x12\x1f\n" +
 	"\vtemplate_id\x18\x02 \x01(\tR\n" +
@@ -2383,7 +2393,9 @@ const file_kibotos_ctrl_v1_workspace_proto_rawDesc = "" +
 	"expiration\x18\a \x01(\v2\x1f.kibotos.ctrl.v1.ExpirationSpecR\n" +
 	"expiration\x12K\n" +
 	"\x06labels\x18\b \x03(\v23.kibotos.ctrl.v1.CreateWorkspaceRequest.LabelsEntryR\x06labels\x12Z\n" +
-	"\vannotations\x18\t \x03(\v28.kibotos.ctrl.v1.CreateWorkspaceRequest.AnnotationsEntryR\vannotations\x1a9\n" +
+	"\vannotations\x18\t \x03(\v28.kibotos.ctrl.v1.CreateWorkspaceRequest.AnnotationsEntryR\vannotations\x12)\n" +
+	"\x10template_version\x18\n" +
+	" \x01(\tR\x0ftemplateVersion\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +

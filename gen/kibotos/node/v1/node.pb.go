@@ -203,6 +203,181 @@ func (Power) EnumDescriptor() ([]byte, []int) {
 	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{2}
 }
 
+// FetchArtifactRequest names the bytes to fetch.
+type FetchArtifactRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// digest is the version's digest ("sha256:" and 64 hex digits).
+	Digest string `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	// offset is where to start (a resumed fetch).
+	Offset        uint64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchArtifactRequest) Reset() {
+	*x = FetchArtifactRequest{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchArtifactRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchArtifactRequest) ProtoMessage() {}
+
+func (x *FetchArtifactRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchArtifactRequest.ProtoReflect.Descriptor instead.
+func (*FetchArtifactRequest) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *FetchArtifactRequest) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *FetchArtifactRequest) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+// FetchArtifactResponse is a piece of the bytes.
+type FetchArtifactResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// size_bytes is the whole size (every message).
+	SizeBytes uint64 `protobuf:"varint,1,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// data follows the bytes of the preceding message.
+	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchArtifactResponse) Reset() {
+	*x = FetchArtifactResponse{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchArtifactResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchArtifactResponse) ProtoMessage() {}
+
+func (x *FetchArtifactResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchArtifactResponse.ProtoReflect.Descriptor instead.
+func (*FetchArtifactResponse) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *FetchArtifactResponse) GetSizeBytes() uint64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *FetchArtifactResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+// ArtifactSource is where a node gets a published artifact version:
+// FetchArtifact with digest.
+type ArtifactSource struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// digest is "sha256:" and 64 hex digits.
+	Digest string `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	// size_bytes is its size.
+	SizeBytes uint64 `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// format is its layout.
+	Format        v1.ArtifactFormat `protobuf:"varint,3,opt,name=format,proto3,enum=kibotos.ctrl.v1.ArtifactFormat" json:"format,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ArtifactSource) Reset() {
+	*x = ArtifactSource{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ArtifactSource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ArtifactSource) ProtoMessage() {}
+
+func (x *ArtifactSource) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ArtifactSource.ProtoReflect.Descriptor instead.
+func (*ArtifactSource) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ArtifactSource) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *ArtifactSource) GetSizeBytes() uint64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *ArtifactSource) GetFormat() v1.ArtifactFormat {
+	if x != nil {
+		return x.Format
+	}
+	return v1.ArtifactFormat(0)
+}
+
 // RenewCertificateRequest asks for a fresh certificate.
 type RenewCertificateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -214,7 +389,7 @@ type RenewCertificateRequest struct {
 
 func (x *RenewCertificateRequest) Reset() {
 	*x = RenewCertificateRequest{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[0]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -226,7 +401,7 @@ func (x *RenewCertificateRequest) String() string {
 func (*RenewCertificateRequest) ProtoMessage() {}
 
 func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[0]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -239,7 +414,7 @@ func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{0}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RenewCertificateRequest) GetCsr() []byte {
@@ -260,7 +435,7 @@ type RenewCertificateResponse struct {
 
 func (x *RenewCertificateResponse) Reset() {
 	*x = RenewCertificateResponse{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[1]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -272,7 +447,7 @@ func (x *RenewCertificateResponse) String() string {
 func (*RenewCertificateResponse) ProtoMessage() {}
 
 func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[1]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -285,7 +460,7 @@ func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{1}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RenewCertificateResponse) GetCertificate() []byte {
@@ -314,7 +489,7 @@ type EnrollRequest struct {
 
 func (x *EnrollRequest) Reset() {
 	*x = EnrollRequest{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[2]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -326,7 +501,7 @@ func (x *EnrollRequest) String() string {
 func (*EnrollRequest) ProtoMessage() {}
 
 func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[2]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -339,7 +514,7 @@ func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollRequest.ProtoReflect.Descriptor instead.
 func (*EnrollRequest) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{2}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *EnrollRequest) GetToken() string {
@@ -383,7 +558,7 @@ type EnrollResponse struct {
 
 func (x *EnrollResponse) Reset() {
 	*x = EnrollResponse{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[3]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -395,7 +570,7 @@ func (x *EnrollResponse) String() string {
 func (*EnrollResponse) ProtoMessage() {}
 
 func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[3]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -408,7 +583,7 @@ func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollResponse.ProtoReflect.Descriptor instead.
 func (*EnrollResponse) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{3}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *EnrollResponse) GetNodeId() string {
@@ -443,7 +618,7 @@ type ConnectRequest struct {
 
 func (x *ConnectRequest) Reset() {
 	*x = ConnectRequest{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[4]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -455,7 +630,7 @@ func (x *ConnectRequest) String() string {
 func (*ConnectRequest) ProtoMessage() {}
 
 func (x *ConnectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[4]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -468,7 +643,7 @@ func (x *ConnectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectRequest.ProtoReflect.Descriptor instead.
 func (*ConnectRequest) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{4}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ConnectRequest) GetBody() isConnectRequest_Body {
@@ -562,14 +737,19 @@ type Hello struct {
 	// per-workspace networks with policies, Egresses and Resolvers.
 	Features []string `protobuf:"bytes,5,rep,name=features,proto3" json:"features,omitempty"`
 	// volumes are the Volume images the node holds right now.
-	Volumes       []*VolumeReport `protobuf:"bytes,6,rep,name=volumes,proto3" json:"volumes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Volumes []*VolumeReport `protobuf:"bytes,6,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	// platforms are the Platform versions the node holds.
+	Platforms []*TemplateInfo `protobuf:"bytes,7,rep,name=platforms,proto3" json:"platforms,omitempty"`
+	// guest_protocol_version is the node-guest protocol version the node
+	// speaks; it starts executions only with a Platform that speaks it.
+	GuestProtocolVersion uint32 `protobuf:"varint,8,opt,name=guest_protocol_version,json=guestProtocolVersion,proto3" json:"guest_protocol_version,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[5]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -581,7 +761,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[5]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -594,7 +774,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{5}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Hello) GetNodeId() string {
@@ -639,20 +819,37 @@ func (x *Hello) GetVolumes() []*VolumeReport {
 	return nil
 }
 
+func (x *Hello) GetPlatforms() []*TemplateInfo {
+	if x != nil {
+		return x.Platforms
+	}
+	return nil
+}
+
+func (x *Hello) GetGuestProtocolVersion() uint32 {
+	if x != nil {
+		return x.GuestProtocolVersion
+	}
+	return 0
+}
+
 // TemplateInfo is a template a node holds.
 type TemplateInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// template_id names the template ("default", ...).
 	TemplateId string `protobuf:"bytes,1,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
 	// version is the version the node starts new executions from.
-	Version       string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	// digest is the digest of a published version; empty for one built on
+	// the node.
+	Digest        string `protobuf:"bytes,3,opt,name=digest,proto3" json:"digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TemplateInfo) Reset() {
 	*x = TemplateInfo{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[6]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -664,7 +861,7 @@ func (x *TemplateInfo) String() string {
 func (*TemplateInfo) ProtoMessage() {}
 
 func (x *TemplateInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[6]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -677,7 +874,7 @@ func (x *TemplateInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TemplateInfo.ProtoReflect.Descriptor instead.
 func (*TemplateInfo) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{6}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TemplateInfo) GetTemplateId() string {
@@ -694,6 +891,13 @@ func (x *TemplateInfo) GetVersion() string {
 	return ""
 }
 
+func (x *TemplateInfo) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
 // Capacity is what a node can hold.
 type Capacity struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -704,14 +908,17 @@ type Capacity struct {
 	// storage_bytes is the storage pool size.
 	StorageBytes uint64 `protobuf:"varint,3,opt,name=storage_bytes,json=storageBytes,proto3" json:"storage_bytes,omitempty"`
 	// storage_pool names the node's storage pool.
-	StoragePool   string `protobuf:"bytes,4,opt,name=storage_pool,json=storagePool,proto3" json:"storage_pool,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	StoragePool string `protobuf:"bytes,4,opt,name=storage_pool,json=storagePool,proto3" json:"storage_pool,omitempty"`
+	// memory_overcommit_ratio is --memory-overcommit-ratio when given (zero
+	// otherwise): the node's ratio while SetNodeOvercommit set none.
+	MemoryOvercommitRatio float64 `protobuf:"fixed64,5,opt,name=memory_overcommit_ratio,json=memoryOvercommitRatio,proto3" json:"memory_overcommit_ratio,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *Capacity) Reset() {
 	*x = Capacity{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[7]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -723,7 +930,7 @@ func (x *Capacity) String() string {
 func (*Capacity) ProtoMessage() {}
 
 func (x *Capacity) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[7]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -736,7 +943,7 @@ func (x *Capacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capacity.ProtoReflect.Descriptor instead.
 func (*Capacity) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{7}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Capacity) GetMemoryMib() uint64 {
@@ -767,6 +974,13 @@ func (x *Capacity) GetStoragePool() string {
 	return ""
 }
 
+func (x *Capacity) GetMemoryOvercommitRatio() float64 {
+	if x != nil {
+		return x.MemoryOvercommitRatio
+	}
+	return 0
+}
+
 // Heartbeat says the node is alive.
 type Heartbeat struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -781,7 +995,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[8]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -793,7 +1007,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[8]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -806,7 +1020,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{8}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Heartbeat) GetSentAt() *timestamppb.Timestamp {
@@ -846,7 +1060,7 @@ type MemoryCondition struct {
 
 func (x *MemoryCondition) Reset() {
 	*x = MemoryCondition{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[9]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -858,7 +1072,7 @@ func (x *MemoryCondition) String() string {
 func (*MemoryCondition) ProtoMessage() {}
 
 func (x *MemoryCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[9]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -871,7 +1085,7 @@ func (x *MemoryCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryCondition.ProtoReflect.Descriptor instead.
 func (*MemoryCondition) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *MemoryCondition) GetLevel() MemoryPressureLevel {
@@ -922,7 +1136,7 @@ type WorkspaceMemory struct {
 
 func (x *WorkspaceMemory) Reset() {
 	*x = WorkspaceMemory{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -934,7 +1148,7 @@ func (x *WorkspaceMemory) String() string {
 func (*WorkspaceMemory) ProtoMessage() {}
 
 func (x *WorkspaceMemory) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -947,7 +1161,7 @@ func (x *WorkspaceMemory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceMemory.ProtoReflect.Descriptor instead.
 func (*WorkspaceMemory) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{10}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WorkspaceMemory) GetWorkspaceId() string {
@@ -1008,7 +1222,7 @@ type ExecutionReport struct {
 
 func (x *ExecutionReport) Reset() {
 	*x = ExecutionReport{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[11]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1020,7 +1234,7 @@ func (x *ExecutionReport) String() string {
 func (*ExecutionReport) ProtoMessage() {}
 
 func (x *ExecutionReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[11]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1033,7 +1247,7 @@ func (x *ExecutionReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecutionReport.ProtoReflect.Descriptor instead.
 func (*ExecutionReport) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{11}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecutionReport) GetWorkspaceId() string {
@@ -1158,7 +1372,7 @@ type NetworkStatus struct {
 
 func (x *NetworkStatus) Reset() {
 	*x = NetworkStatus{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[12]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1170,7 +1384,7 @@ func (x *NetworkStatus) String() string {
 func (*NetworkStatus) ProtoMessage() {}
 
 func (x *NetworkStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[12]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1183,7 +1397,7 @@ func (x *NetworkStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkStatus.ProtoReflect.Descriptor instead.
 func (*NetworkStatus) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{12}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *NetworkStatus) GetAppliedRevision() uint64 {
@@ -1233,7 +1447,7 @@ type ConnectResponse struct {
 
 func (x *ConnectResponse) Reset() {
 	*x = ConnectResponse{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[13]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1245,7 +1459,7 @@ func (x *ConnectResponse) String() string {
 func (*ConnectResponse) ProtoMessage() {}
 
 func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[13]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1258,7 +1472,7 @@ func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
 func (*ConnectResponse) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{13}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ConnectResponse) GetDesired() *DesiredState {
@@ -1282,14 +1496,20 @@ type DesiredState struct {
 	// volumes are the desired Volume images of the node (all of them when
 	// full is set: the node then deletes the images it holds that are not
 	// listed and no workspace of it mounts).
-	Volumes       []*DesiredVolume `protobuf:"bytes,4,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	Volumes []*DesiredVolume `protobuf:"bytes,4,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	// reclaimed_digests are artifact versions reclaimed since: the node
+	// deletes its cached copies that no execution uses.
+	ReclaimedDigests []string `protobuf:"bytes,5,rep,name=reclaimed_digests,json=reclaimedDigests,proto3" json:"reclaimed_digests,omitempty"`
+	// platform is the Platform version the node starts new executions with;
+	// unset: its own guest agent. Sent with full state and when it changes.
+	Platform      *DesiredPlatform `protobuf:"bytes,6,opt,name=platform,proto3" json:"platform,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DesiredState) Reset() {
 	*x = DesiredState{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[14]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +1521,7 @@ func (x *DesiredState) String() string {
 func (*DesiredState) ProtoMessage() {}
 
 func (x *DesiredState) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[14]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +1534,7 @@ func (x *DesiredState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredState.ProtoReflect.Descriptor instead.
 func (*DesiredState) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{14}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DesiredState) GetFull() bool {
@@ -1345,6 +1565,93 @@ func (x *DesiredState) GetVolumes() []*DesiredVolume {
 	return nil
 }
 
+func (x *DesiredState) GetReclaimedDigests() []string {
+	if x != nil {
+		return x.ReclaimedDigests
+	}
+	return nil
+}
+
+func (x *DesiredState) GetPlatform() *DesiredPlatform {
+	if x != nil {
+		return x.Platform
+	}
+	return nil
+}
+
+// DesiredPlatform is the Platform a node should boot new executions with.
+type DesiredPlatform struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// platform_id names the Platform ("sandbox").
+	PlatformId string `protobuf:"bytes,1,opt,name=platform_id,json=platformId,proto3" json:"platform_id,omitempty"`
+	// version is the version's name (its revision).
+	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	// source is where to fetch it.
+	Source *ArtifactSource `protobuf:"bytes,3,opt,name=source,proto3" json:"source,omitempty"`
+	// protocol_version is the guest protocol version it speaks.
+	ProtocolVersion uint32 `protobuf:"varint,4,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *DesiredPlatform) Reset() {
+	*x = DesiredPlatform{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DesiredPlatform) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DesiredPlatform) ProtoMessage() {}
+
+func (x *DesiredPlatform) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DesiredPlatform.ProtoReflect.Descriptor instead.
+func (*DesiredPlatform) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *DesiredPlatform) GetPlatformId() string {
+	if x != nil {
+		return x.PlatformId
+	}
+	return ""
+}
+
+func (x *DesiredPlatform) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *DesiredPlatform) GetSource() *ArtifactSource {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
+func (x *DesiredPlatform) GetProtocolVersion() uint32 {
+	if x != nil {
+		return x.ProtocolVersion
+	}
+	return 0
+}
+
 // DesiredVolume is what ctrl wants of one Volume image on the node.
 type DesiredVolume struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1365,7 +1672,7 @@ type DesiredVolume struct {
 
 func (x *DesiredVolume) Reset() {
 	*x = DesiredVolume{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[15]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1684,7 @@ func (x *DesiredVolume) String() string {
 func (*DesiredVolume) ProtoMessage() {}
 
 func (x *DesiredVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[15]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1697,7 @@ func (x *DesiredVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredVolume.ProtoReflect.Descriptor instead.
 func (*DesiredVolume) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{15}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DesiredVolume) GetVolumeId() string {
@@ -1444,7 +1751,7 @@ type VolumeReport struct {
 
 func (x *VolumeReport) Reset() {
 	*x = VolumeReport{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[16]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1456,7 +1763,7 @@ func (x *VolumeReport) String() string {
 func (*VolumeReport) ProtoMessage() {}
 
 func (x *VolumeReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[16]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1469,7 +1776,7 @@ func (x *VolumeReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeReport.ProtoReflect.Descriptor instead.
 func (*VolumeReport) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{16}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *VolumeReport) GetVolumeId() string {
@@ -1538,14 +1845,21 @@ type DesiredWorkspace struct {
 	Network *NetworkConfig `protobuf:"bytes,9,opt,name=network,proto3" json:"network,omitempty"`
 	// volume is the Volume the execution mounts from its start; unset: none.
 	// A change takes effect at the next start.
-	Volume        *WorkspaceVolume `protobuf:"bytes,10,opt,name=volume,proto3" json:"volume,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Volume *WorkspaceVolume `protobuf:"bytes,10,opt,name=volume,proto3" json:"volume,omitempty"`
+	// template_version is the Template version the workspace was created
+	// from; empty for the node-built default template (whatever version the
+	// node holds).
+	TemplateVersion string `protobuf:"bytes,11,opt,name=template_version,json=templateVersion,proto3" json:"template_version,omitempty"`
+	// template_source is where to fetch a published template_version the
+	// node does not hold yet.
+	TemplateSource *ArtifactSource `protobuf:"bytes,12,opt,name=template_source,json=templateSource,proto3" json:"template_source,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *DesiredWorkspace) Reset() {
 	*x = DesiredWorkspace{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[17]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1557,7 +1871,7 @@ func (x *DesiredWorkspace) String() string {
 func (*DesiredWorkspace) ProtoMessage() {}
 
 func (x *DesiredWorkspace) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[17]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1570,7 +1884,7 @@ func (x *DesiredWorkspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredWorkspace.ProtoReflect.Descriptor instead.
 func (*DesiredWorkspace) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{17}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DesiredWorkspace) GetWorkspaceId() string {
@@ -1643,6 +1957,20 @@ func (x *DesiredWorkspace) GetVolume() *WorkspaceVolume {
 	return nil
 }
 
+func (x *DesiredWorkspace) GetTemplateVersion() string {
+	if x != nil {
+		return x.TemplateVersion
+	}
+	return ""
+}
+
+func (x *DesiredWorkspace) GetTemplateSource() *ArtifactSource {
+	if x != nil {
+		return x.TemplateSource
+	}
+	return nil
+}
+
 // WorkspaceVolume is a Volume mounted into a workspace.
 type WorkspaceVolume struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1658,7 +1986,7 @@ type WorkspaceVolume struct {
 
 func (x *WorkspaceVolume) Reset() {
 	*x = WorkspaceVolume{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[18]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1670,7 +1998,7 @@ func (x *WorkspaceVolume) String() string {
 func (*WorkspaceVolume) ProtoMessage() {}
 
 func (x *WorkspaceVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[18]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1683,7 +2011,7 @@ func (x *WorkspaceVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceVolume.ProtoReflect.Descriptor instead.
 func (*WorkspaceVolume) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{18}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WorkspaceVolume) GetVolumeId() string {
@@ -1725,7 +2053,7 @@ type NetworkConfig struct {
 
 func (x *NetworkConfig) Reset() {
 	*x = NetworkConfig{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[19]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1737,7 +2065,7 @@ func (x *NetworkConfig) String() string {
 func (*NetworkConfig) ProtoMessage() {}
 
 func (x *NetworkConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[19]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1750,7 +2078,7 @@ func (x *NetworkConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkConfig.ProtoReflect.Descriptor instead.
 func (*NetworkConfig) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{19}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *NetworkConfig) GetPolicy() *v1.NetworkPolicy {
@@ -1799,7 +2127,7 @@ type NetworkEgress struct {
 
 func (x *NetworkEgress) Reset() {
 	*x = NetworkEgress{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[20]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1811,7 +2139,7 @@ func (x *NetworkEgress) String() string {
 func (*NetworkEgress) ProtoMessage() {}
 
 func (x *NetworkEgress) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[20]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1824,7 +2152,7 @@ func (x *NetworkEgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEgress.ProtoReflect.Descriptor instead.
 func (*NetworkEgress) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{20}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NetworkEgress) GetEgressId() string {
@@ -1870,7 +2198,7 @@ type NetworkResolver struct {
 
 func (x *NetworkResolver) Reset() {
 	*x = NetworkResolver{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[21]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1882,7 +2210,7 @@ func (x *NetworkResolver) String() string {
 func (*NetworkResolver) ProtoMessage() {}
 
 func (x *NetworkResolver) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[21]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1895,7 +2223,7 @@ func (x *NetworkResolver) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkResolver.ProtoReflect.Descriptor instead.
 func (*NetworkResolver) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{21}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *NetworkResolver) GetResolverId() string {
@@ -1923,7 +2251,19 @@ var File_kibotos_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1akibotos/node/v1/node.proto\x12\x0fkibotos.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ckibotos/ctrl/v1/egress.proto\x1a\x1ekibotos/ctrl/v1/resolver.proto\x1a\x1bkibotos/ctrl/v1/types.proto\"+\n" +
+	"\x1akibotos/node/v1/node.proto\x12\x0fkibotos.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ekibotos/ctrl/v1/artifact.proto\x1a\x1ckibotos/ctrl/v1/egress.proto\x1a\x1ekibotos/ctrl/v1/resolver.proto\x1a\x1bkibotos/ctrl/v1/types.proto\"F\n" +
+	"\x14FetchArtifactRequest\x12\x16\n" +
+	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x04R\x06offset\"J\n" +
+	"\x15FetchArtifactResponse\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x01 \x01(\x04R\tsizeBytes\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\x80\x01\n" +
+	"\x0eArtifactSource\x12\x16\n" +
+	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x02 \x01(\x04R\tsizeBytes\x127\n" +
+	"\x06format\x18\x03 \x01(\x0e2\x1f.kibotos.ctrl.v1.ArtifactFormatR\x06format\"+\n" +
 	"\x17RenewCertificateRequest\x12\x10\n" +
 	"\x03csr\x18\x01 \x01(\fR\x03csr\"<\n" +
 	"\x18RenewCertificateResponse\x12 \n" +
@@ -1941,7 +2281,7 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\x06report\x18\x02 \x01(\v2 .kibotos.node.v1.ExecutionReportH\x00R\x06report\x12:\n" +
 	"\theartbeat\x18\x03 \x01(\v2\x1a.kibotos.node.v1.HeartbeatH\x00R\theartbeat\x12D\n" +
 	"\rvolume_report\x18\x04 \x01(\v2\x1d.kibotos.node.v1.VolumeReportH\x00R\fvolumeReportB\x06\n" +
-	"\x04body\"\xab\x02\n" +
+	"\x04body\"\x9e\x03\n" +
 	"\x05Hello\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x125\n" +
 	"\bcapacity\x18\x02 \x01(\v2\x19.kibotos.node.v1.CapacityR\bcapacity\x12@\n" +
@@ -1950,18 +2290,22 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"executions\x12;\n" +
 	"\ttemplates\x18\x04 \x03(\v2\x1d.kibotos.node.v1.TemplateInfoR\ttemplates\x12\x1a\n" +
 	"\bfeatures\x18\x05 \x03(\tR\bfeatures\x127\n" +
-	"\avolumes\x18\x06 \x03(\v2\x1d.kibotos.node.v1.VolumeReportR\avolumes\"I\n" +
+	"\avolumes\x18\x06 \x03(\v2\x1d.kibotos.node.v1.VolumeReportR\avolumes\x12;\n" +
+	"\tplatforms\x18\a \x03(\v2\x1d.kibotos.node.v1.TemplateInfoR\tplatforms\x124\n" +
+	"\x16guest_protocol_version\x18\b \x01(\rR\x14guestProtocolVersion\"a\n" +
 	"\fTemplateInfo\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\tR\aversion\"\x90\x01\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x12\x16\n" +
+	"\x06digest\x18\x03 \x01(\tR\x06digest\"\xc8\x01\n" +
 	"\bCapacity\x12\x1d\n" +
 	"\n" +
 	"memory_mib\x18\x01 \x01(\x04R\tmemoryMib\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x02 \x01(\x04R\tcpuMillis\x12#\n" +
 	"\rstorage_bytes\x18\x03 \x01(\x04R\fstorageBytes\x12!\n" +
-	"\fstorage_pool\x18\x04 \x01(\tR\vstoragePool\"z\n" +
+	"\fstorage_pool\x18\x04 \x01(\tR\vstoragePool\x126\n" +
+	"\x17memory_overcommit_ratio\x18\x05 \x01(\x01R\x15memoryOvercommitRatio\"z\n" +
 	"\tHeartbeat\x123\n" +
 	"\asent_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x128\n" +
 	"\x06memory\x18\x02 \x01(\v2 .kibotos.node.v1.MemoryConditionR\x06memory\"\xed\x01\n" +
@@ -2002,14 +2346,22 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\begresses\x18\x04 \x03(\v2\x1d.kibotos.ctrl.v1.EgressStatusR\begresses\x12,\n" +
 	"\x12dns_config_version\x18\x05 \x01(\rR\x10dnsConfigVersion\"J\n" +
 	"\x0fConnectResponse\x127\n" +
-	"\adesired\x18\x01 \x01(\v2\x1d.kibotos.node.v1.DesiredStateR\adesired\"\xcd\x01\n" +
+	"\adesired\x18\x01 \x01(\v2\x1d.kibotos.node.v1.DesiredStateR\adesired\"\xb8\x02\n" +
 	"\fDesiredState\x12\x12\n" +
 	"\x04full\x18\x01 \x01(\bR\x04full\x12A\n" +
 	"\n" +
 	"workspaces\x18\x02 \x03(\v2!.kibotos.node.v1.DesiredWorkspaceR\n" +
 	"workspaces\x12,\n" +
 	"\x12deleted_egress_ids\x18\x03 \x03(\tR\x10deletedEgressIds\x128\n" +
-	"\avolumes\x18\x04 \x03(\v2\x1e.kibotos.node.v1.DesiredVolumeR\avolumes\"\x8d\x01\n" +
+	"\avolumes\x18\x04 \x03(\v2\x1e.kibotos.node.v1.DesiredVolumeR\avolumes\x12+\n" +
+	"\x11reclaimed_digests\x18\x05 \x03(\tR\x10reclaimedDigests\x12<\n" +
+	"\bplatform\x18\x06 \x01(\v2 .kibotos.node.v1.DesiredPlatformR\bplatform\"\xb0\x01\n" +
+	"\x0fDesiredPlatform\x12\x1f\n" +
+	"\vplatform_id\x18\x01 \x01(\tR\n" +
+	"platformId\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x127\n" +
+	"\x06source\x18\x03 \x01(\v2\x1f.kibotos.node.v1.ArtifactSourceR\x06source\x12)\n" +
+	"\x10protocol_version\x18\x04 \x01(\rR\x0fprotocolVersion\"\x8d\x01\n" +
 	"\rDesiredVolume\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
 	"\n" +
@@ -2025,7 +2377,7 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\x06exists\x18\x03 \x01(\bR\x06exists\x12%\n" +
 	"\x0ecapacity_bytes\x18\x04 \x01(\x04R\rcapacityBytes\x12'\n" +
 	"\x0ffailure_message\x18\x05 \x01(\tR\x0efailureMessage\x12\x1c\n" +
-	"\tpermanent\x18\x06 \x01(\bR\tpermanent\"\x93\x03\n" +
+	"\tpermanent\x18\x06 \x01(\bR\tpermanent\"\x88\x04\n" +
 	"\x10DesiredWorkspace\x12!\n" +
 	"\fworkspace_id\x18\x01 \x01(\tR\vworkspaceId\x12\x1e\n" +
 	"\n" +
@@ -2042,7 +2394,9 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\x0ecapacity_bytes\x18\b \x01(\x04R\rcapacityBytes\x128\n" +
 	"\anetwork\x18\t \x01(\v2\x1e.kibotos.node.v1.NetworkConfigR\anetwork\x128\n" +
 	"\x06volume\x18\n" +
-	" \x01(\v2 .kibotos.node.v1.WorkspaceVolumeR\x06volume\"M\n" +
+	" \x01(\v2 .kibotos.node.v1.WorkspaceVolumeR\x06volume\x12)\n" +
+	"\x10template_version\x18\v \x01(\tR\x0ftemplateVersion\x12H\n" +
+	"\x0ftemplate_source\x18\f \x01(\v2\x1f.kibotos.node.v1.ArtifactSourceR\x0etemplateSource\"M\n" +
 	"\x0fWorkspaceVolume\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1d\n" +
 	"\n" +
@@ -2078,9 +2432,10 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\x11POWER_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rPOWER_RUNNING\x10\x01\x12\x11\n" +
 	"\rPOWER_STOPPED\x10\x02\x12\x11\n" +
-	"\rPOWER_DELETED\x10\x032_\n" +
+	"\rPOWER_DELETED\x10\x032\xc1\x01\n" +
 	"\vNodeService\x12P\n" +
-	"\aConnect\x12\x1f.kibotos.node.v1.ConnectRequest\x1a .kibotos.node.v1.ConnectResponse(\x010\x012}\n" +
+	"\aConnect\x12\x1f.kibotos.node.v1.ConnectRequest\x1a .kibotos.node.v1.ConnectResponse(\x010\x01\x12`\n" +
+	"\rFetchArtifact\x12%.kibotos.node.v1.FetchArtifactRequest\x1a&.kibotos.node.v1.FetchArtifactResponse0\x012}\n" +
 	"\x12CertificateService\x12g\n" +
 	"\x10RenewCertificate\x12(.kibotos.node.v1.RenewCertificateRequest\x1a).kibotos.node.v1.RenewCertificateResponse2]\n" +
 	"\x10BootstrapService\x12I\n" +
@@ -2099,78 +2454,90 @@ func file_kibotos_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_kibotos_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kibotos_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_kibotos_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_kibotos_node_v1_node_proto_goTypes = []any{
 	(MemoryPressureLevel)(0),         // 0: kibotos.node.v1.MemoryPressureLevel
 	(ExecState)(0),                   // 1: kibotos.node.v1.ExecState
 	(Power)(0),                       // 2: kibotos.node.v1.Power
-	(*RenewCertificateRequest)(nil),  // 3: kibotos.node.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil), // 4: kibotos.node.v1.RenewCertificateResponse
-	(*EnrollRequest)(nil),            // 5: kibotos.node.v1.EnrollRequest
-	(*EnrollResponse)(nil),           // 6: kibotos.node.v1.EnrollResponse
-	(*ConnectRequest)(nil),           // 7: kibotos.node.v1.ConnectRequest
-	(*Hello)(nil),                    // 8: kibotos.node.v1.Hello
-	(*TemplateInfo)(nil),             // 9: kibotos.node.v1.TemplateInfo
-	(*Capacity)(nil),                 // 10: kibotos.node.v1.Capacity
-	(*Heartbeat)(nil),                // 11: kibotos.node.v1.Heartbeat
-	(*MemoryCondition)(nil),          // 12: kibotos.node.v1.MemoryCondition
-	(*WorkspaceMemory)(nil),          // 13: kibotos.node.v1.WorkspaceMemory
-	(*ExecutionReport)(nil),          // 14: kibotos.node.v1.ExecutionReport
-	(*NetworkStatus)(nil),            // 15: kibotos.node.v1.NetworkStatus
-	(*ConnectResponse)(nil),          // 16: kibotos.node.v1.ConnectResponse
-	(*DesiredState)(nil),             // 17: kibotos.node.v1.DesiredState
-	(*DesiredVolume)(nil),            // 18: kibotos.node.v1.DesiredVolume
-	(*VolumeReport)(nil),             // 19: kibotos.node.v1.VolumeReport
-	(*DesiredWorkspace)(nil),         // 20: kibotos.node.v1.DesiredWorkspace
-	(*WorkspaceVolume)(nil),          // 21: kibotos.node.v1.WorkspaceVolume
-	(*NetworkConfig)(nil),            // 22: kibotos.node.v1.NetworkConfig
-	(*NetworkEgress)(nil),            // 23: kibotos.node.v1.NetworkEgress
-	(*NetworkResolver)(nil),          // 24: kibotos.node.v1.NetworkResolver
-	(*timestamppb.Timestamp)(nil),    // 25: google.protobuf.Timestamp
-	(*v1.EgressStatus)(nil),          // 26: kibotos.ctrl.v1.EgressStatus
-	(*v1.NetworkPolicy)(nil),         // 27: kibotos.ctrl.v1.NetworkPolicy
-	(*v1.EgressSpec)(nil),            // 28: kibotos.ctrl.v1.EgressSpec
-	(*v1.ResolverSpec)(nil),          // 29: kibotos.ctrl.v1.ResolverSpec
+	(*FetchArtifactRequest)(nil),     // 3: kibotos.node.v1.FetchArtifactRequest
+	(*FetchArtifactResponse)(nil),    // 4: kibotos.node.v1.FetchArtifactResponse
+	(*ArtifactSource)(nil),           // 5: kibotos.node.v1.ArtifactSource
+	(*RenewCertificateRequest)(nil),  // 6: kibotos.node.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil), // 7: kibotos.node.v1.RenewCertificateResponse
+	(*EnrollRequest)(nil),            // 8: kibotos.node.v1.EnrollRequest
+	(*EnrollResponse)(nil),           // 9: kibotos.node.v1.EnrollResponse
+	(*ConnectRequest)(nil),           // 10: kibotos.node.v1.ConnectRequest
+	(*Hello)(nil),                    // 11: kibotos.node.v1.Hello
+	(*TemplateInfo)(nil),             // 12: kibotos.node.v1.TemplateInfo
+	(*Capacity)(nil),                 // 13: kibotos.node.v1.Capacity
+	(*Heartbeat)(nil),                // 14: kibotos.node.v1.Heartbeat
+	(*MemoryCondition)(nil),          // 15: kibotos.node.v1.MemoryCondition
+	(*WorkspaceMemory)(nil),          // 16: kibotos.node.v1.WorkspaceMemory
+	(*ExecutionReport)(nil),          // 17: kibotos.node.v1.ExecutionReport
+	(*NetworkStatus)(nil),            // 18: kibotos.node.v1.NetworkStatus
+	(*ConnectResponse)(nil),          // 19: kibotos.node.v1.ConnectResponse
+	(*DesiredState)(nil),             // 20: kibotos.node.v1.DesiredState
+	(*DesiredPlatform)(nil),          // 21: kibotos.node.v1.DesiredPlatform
+	(*DesiredVolume)(nil),            // 22: kibotos.node.v1.DesiredVolume
+	(*VolumeReport)(nil),             // 23: kibotos.node.v1.VolumeReport
+	(*DesiredWorkspace)(nil),         // 24: kibotos.node.v1.DesiredWorkspace
+	(*WorkspaceVolume)(nil),          // 25: kibotos.node.v1.WorkspaceVolume
+	(*NetworkConfig)(nil),            // 26: kibotos.node.v1.NetworkConfig
+	(*NetworkEgress)(nil),            // 27: kibotos.node.v1.NetworkEgress
+	(*NetworkResolver)(nil),          // 28: kibotos.node.v1.NetworkResolver
+	(v1.ArtifactFormat)(0),           // 29: kibotos.ctrl.v1.ArtifactFormat
+	(*timestamppb.Timestamp)(nil),    // 30: google.protobuf.Timestamp
+	(*v1.EgressStatus)(nil),          // 31: kibotos.ctrl.v1.EgressStatus
+	(*v1.NetworkPolicy)(nil),         // 32: kibotos.ctrl.v1.NetworkPolicy
+	(*v1.EgressSpec)(nil),            // 33: kibotos.ctrl.v1.EgressSpec
+	(*v1.ResolverSpec)(nil),          // 34: kibotos.ctrl.v1.ResolverSpec
 }
 var file_kibotos_node_v1_node_proto_depIdxs = []int32{
-	8,  // 0: kibotos.node.v1.ConnectRequest.hello:type_name -> kibotos.node.v1.Hello
-	14, // 1: kibotos.node.v1.ConnectRequest.report:type_name -> kibotos.node.v1.ExecutionReport
-	11, // 2: kibotos.node.v1.ConnectRequest.heartbeat:type_name -> kibotos.node.v1.Heartbeat
-	19, // 3: kibotos.node.v1.ConnectRequest.volume_report:type_name -> kibotos.node.v1.VolumeReport
-	10, // 4: kibotos.node.v1.Hello.capacity:type_name -> kibotos.node.v1.Capacity
-	14, // 5: kibotos.node.v1.Hello.executions:type_name -> kibotos.node.v1.ExecutionReport
-	9,  // 6: kibotos.node.v1.Hello.templates:type_name -> kibotos.node.v1.TemplateInfo
-	19, // 7: kibotos.node.v1.Hello.volumes:type_name -> kibotos.node.v1.VolumeReport
-	25, // 8: kibotos.node.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	12, // 9: kibotos.node.v1.Heartbeat.memory:type_name -> kibotos.node.v1.MemoryCondition
-	0,  // 10: kibotos.node.v1.MemoryCondition.level:type_name -> kibotos.node.v1.MemoryPressureLevel
-	13, // 11: kibotos.node.v1.MemoryCondition.workspaces:type_name -> kibotos.node.v1.WorkspaceMemory
-	1,  // 12: kibotos.node.v1.ExecutionReport.state:type_name -> kibotos.node.v1.ExecState
-	25, // 13: kibotos.node.v1.ExecutionReport.observed_at:type_name -> google.protobuf.Timestamp
-	15, // 14: kibotos.node.v1.ExecutionReport.network:type_name -> kibotos.node.v1.NetworkStatus
-	26, // 15: kibotos.node.v1.NetworkStatus.egresses:type_name -> kibotos.ctrl.v1.EgressStatus
-	17, // 16: kibotos.node.v1.ConnectResponse.desired:type_name -> kibotos.node.v1.DesiredState
-	20, // 17: kibotos.node.v1.DesiredState.workspaces:type_name -> kibotos.node.v1.DesiredWorkspace
-	18, // 18: kibotos.node.v1.DesiredState.volumes:type_name -> kibotos.node.v1.DesiredVolume
-	2,  // 19: kibotos.node.v1.DesiredWorkspace.power:type_name -> kibotos.node.v1.Power
-	22, // 20: kibotos.node.v1.DesiredWorkspace.network:type_name -> kibotos.node.v1.NetworkConfig
-	21, // 21: kibotos.node.v1.DesiredWorkspace.volume:type_name -> kibotos.node.v1.WorkspaceVolume
-	27, // 22: kibotos.node.v1.NetworkConfig.policy:type_name -> kibotos.ctrl.v1.NetworkPolicy
-	23, // 23: kibotos.node.v1.NetworkConfig.egresses:type_name -> kibotos.node.v1.NetworkEgress
-	24, // 24: kibotos.node.v1.NetworkConfig.resolver:type_name -> kibotos.node.v1.NetworkResolver
-	28, // 25: kibotos.node.v1.NetworkEgress.spec:type_name -> kibotos.ctrl.v1.EgressSpec
-	29, // 26: kibotos.node.v1.NetworkResolver.spec:type_name -> kibotos.ctrl.v1.ResolverSpec
-	7,  // 27: kibotos.node.v1.NodeService.Connect:input_type -> kibotos.node.v1.ConnectRequest
-	3,  // 28: kibotos.node.v1.CertificateService.RenewCertificate:input_type -> kibotos.node.v1.RenewCertificateRequest
-	5,  // 29: kibotos.node.v1.BootstrapService.Enroll:input_type -> kibotos.node.v1.EnrollRequest
-	16, // 30: kibotos.node.v1.NodeService.Connect:output_type -> kibotos.node.v1.ConnectResponse
-	4,  // 31: kibotos.node.v1.CertificateService.RenewCertificate:output_type -> kibotos.node.v1.RenewCertificateResponse
-	6,  // 32: kibotos.node.v1.BootstrapService.Enroll:output_type -> kibotos.node.v1.EnrollResponse
-	30, // [30:33] is the sub-list for method output_type
-	27, // [27:30] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	29, // 0: kibotos.node.v1.ArtifactSource.format:type_name -> kibotos.ctrl.v1.ArtifactFormat
+	11, // 1: kibotos.node.v1.ConnectRequest.hello:type_name -> kibotos.node.v1.Hello
+	17, // 2: kibotos.node.v1.ConnectRequest.report:type_name -> kibotos.node.v1.ExecutionReport
+	14, // 3: kibotos.node.v1.ConnectRequest.heartbeat:type_name -> kibotos.node.v1.Heartbeat
+	23, // 4: kibotos.node.v1.ConnectRequest.volume_report:type_name -> kibotos.node.v1.VolumeReport
+	13, // 5: kibotos.node.v1.Hello.capacity:type_name -> kibotos.node.v1.Capacity
+	17, // 6: kibotos.node.v1.Hello.executions:type_name -> kibotos.node.v1.ExecutionReport
+	12, // 7: kibotos.node.v1.Hello.templates:type_name -> kibotos.node.v1.TemplateInfo
+	23, // 8: kibotos.node.v1.Hello.volumes:type_name -> kibotos.node.v1.VolumeReport
+	12, // 9: kibotos.node.v1.Hello.platforms:type_name -> kibotos.node.v1.TemplateInfo
+	30, // 10: kibotos.node.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	15, // 11: kibotos.node.v1.Heartbeat.memory:type_name -> kibotos.node.v1.MemoryCondition
+	0,  // 12: kibotos.node.v1.MemoryCondition.level:type_name -> kibotos.node.v1.MemoryPressureLevel
+	16, // 13: kibotos.node.v1.MemoryCondition.workspaces:type_name -> kibotos.node.v1.WorkspaceMemory
+	1,  // 14: kibotos.node.v1.ExecutionReport.state:type_name -> kibotos.node.v1.ExecState
+	30, // 15: kibotos.node.v1.ExecutionReport.observed_at:type_name -> google.protobuf.Timestamp
+	18, // 16: kibotos.node.v1.ExecutionReport.network:type_name -> kibotos.node.v1.NetworkStatus
+	31, // 17: kibotos.node.v1.NetworkStatus.egresses:type_name -> kibotos.ctrl.v1.EgressStatus
+	20, // 18: kibotos.node.v1.ConnectResponse.desired:type_name -> kibotos.node.v1.DesiredState
+	24, // 19: kibotos.node.v1.DesiredState.workspaces:type_name -> kibotos.node.v1.DesiredWorkspace
+	22, // 20: kibotos.node.v1.DesiredState.volumes:type_name -> kibotos.node.v1.DesiredVolume
+	21, // 21: kibotos.node.v1.DesiredState.platform:type_name -> kibotos.node.v1.DesiredPlatform
+	5,  // 22: kibotos.node.v1.DesiredPlatform.source:type_name -> kibotos.node.v1.ArtifactSource
+	2,  // 23: kibotos.node.v1.DesiredWorkspace.power:type_name -> kibotos.node.v1.Power
+	26, // 24: kibotos.node.v1.DesiredWorkspace.network:type_name -> kibotos.node.v1.NetworkConfig
+	25, // 25: kibotos.node.v1.DesiredWorkspace.volume:type_name -> kibotos.node.v1.WorkspaceVolume
+	5,  // 26: kibotos.node.v1.DesiredWorkspace.template_source:type_name -> kibotos.node.v1.ArtifactSource
+	32, // 27: kibotos.node.v1.NetworkConfig.policy:type_name -> kibotos.ctrl.v1.NetworkPolicy
+	27, // 28: kibotos.node.v1.NetworkConfig.egresses:type_name -> kibotos.node.v1.NetworkEgress
+	28, // 29: kibotos.node.v1.NetworkConfig.resolver:type_name -> kibotos.node.v1.NetworkResolver
+	33, // 30: kibotos.node.v1.NetworkEgress.spec:type_name -> kibotos.ctrl.v1.EgressSpec
+	34, // 31: kibotos.node.v1.NetworkResolver.spec:type_name -> kibotos.ctrl.v1.ResolverSpec
+	10, // 32: kibotos.node.v1.NodeService.Connect:input_type -> kibotos.node.v1.ConnectRequest
+	3,  // 33: kibotos.node.v1.NodeService.FetchArtifact:input_type -> kibotos.node.v1.FetchArtifactRequest
+	6,  // 34: kibotos.node.v1.CertificateService.RenewCertificate:input_type -> kibotos.node.v1.RenewCertificateRequest
+	8,  // 35: kibotos.node.v1.BootstrapService.Enroll:input_type -> kibotos.node.v1.EnrollRequest
+	19, // 36: kibotos.node.v1.NodeService.Connect:output_type -> kibotos.node.v1.ConnectResponse
+	4,  // 37: kibotos.node.v1.NodeService.FetchArtifact:output_type -> kibotos.node.v1.FetchArtifactResponse
+	7,  // 38: kibotos.node.v1.CertificateService.RenewCertificate:output_type -> kibotos.node.v1.RenewCertificateResponse
+	9,  // 39: kibotos.node.v1.BootstrapService.Enroll:output_type -> kibotos.node.v1.EnrollResponse
+	36, // [36:40] is the sub-list for method output_type
+	32, // [32:36] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_kibotos_node_v1_node_proto_init() }
@@ -2178,7 +2545,7 @@ func file_kibotos_node_v1_node_proto_init() {
 	if File_kibotos_node_v1_node_proto != nil {
 		return
 	}
-	file_kibotos_node_v1_node_proto_msgTypes[4].OneofWrappers = []any{
+	file_kibotos_node_v1_node_proto_msgTypes[7].OneofWrappers = []any{
 		(*ConnectRequest_Hello)(nil),
 		(*ConnectRequest_Report)(nil),
 		(*ConnectRequest_Heartbeat)(nil),
@@ -2190,7 +2557,7 @@ func file_kibotos_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kibotos_node_v1_node_proto_rawDesc), len(file_kibotos_node_v1_node_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   22,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

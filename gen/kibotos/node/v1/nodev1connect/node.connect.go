@@ -39,6 +39,9 @@ const (
 const (
 	// NodeServiceConnectProcedure is the fully-qualified name of the NodeService's Connect RPC.
 	NodeServiceConnectProcedure = "/kibotos.node.v1.NodeService/Connect"
+	// NodeServiceFetchArtifactProcedure is the fully-qualified name of the NodeService's FetchArtifact
+	// RPC.
+	NodeServiceFetchArtifactProcedure = "/kibotos.node.v1.NodeService/FetchArtifact"
 	// CertificateServiceRenewCertificateProcedure is the fully-qualified name of the
 	// CertificateService's RenewCertificate RPC.
 	CertificateServiceRenewCertificateProcedure = "/kibotos.node.v1.CertificateService/RenewCertificate"
@@ -54,6 +57,10 @@ type NodeServiceClient interface {
 	// at most 16 MiB, both ways: a larger one ends the stream
 	// (resource_exhausted).
 	Connect(context.Context) *connect.BidiStreamForClient[v1.ConnectRequest, v1.ConnectResponse]
+	// FetchArtifact streams the bytes of a published, AVAILABLE artifact
+	// version (a Template or Platform) from offset, in messages of at most
+	// 1 MiB. The node verifies the digest before it uses a byte of it.
+	FetchArtifact(context.Context, *connect.Request[v1.FetchArtifactRequest]) (*connect.ServerStreamForClient[v1.FetchArtifactResponse], error)
 }
 
 // NewNodeServiceClient constructs a client for the kibotos.node.v1.NodeService service. By default,
@@ -73,17 +80,29 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("Connect")),
 			connect.WithClientOptions(opts...),
 		),
+		fetchArtifact: connect.NewClient[v1.FetchArtifactRequest, v1.FetchArtifactResponse](
+			httpClient,
+			baseURL+NodeServiceFetchArtifactProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("FetchArtifact")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // nodeServiceClient implements NodeServiceClient.
 type nodeServiceClient struct {
-	connect *connect.Client[v1.ConnectRequest, v1.ConnectResponse]
+	connect       *connect.Client[v1.ConnectRequest, v1.ConnectResponse]
+	fetchArtifact *connect.Client[v1.FetchArtifactRequest, v1.FetchArtifactResponse]
 }
 
 // Connect calls kibotos.node.v1.NodeService.Connect.
 func (c *nodeServiceClient) Connect(ctx context.Context) *connect.BidiStreamForClient[v1.ConnectRequest, v1.ConnectResponse] {
 	return c.connect.CallBidiStream(ctx)
+}
+
+// FetchArtifact calls kibotos.node.v1.NodeService.FetchArtifact.
+func (c *nodeServiceClient) FetchArtifact(ctx context.Context, req *connect.Request[v1.FetchArtifactRequest]) (*connect.ServerStreamForClient[v1.FetchArtifactResponse], error) {
+	return c.fetchArtifact.CallServerStream(ctx, req)
 }
 
 // NodeServiceHandler is an implementation of the kibotos.node.v1.NodeService service.
@@ -94,6 +113,10 @@ type NodeServiceHandler interface {
 	// at most 16 MiB, both ways: a larger one ends the stream
 	// (resource_exhausted).
 	Connect(context.Context, *connect.BidiStream[v1.ConnectRequest, v1.ConnectResponse]) error
+	// FetchArtifact streams the bytes of a published, AVAILABLE artifact
+	// version (a Template or Platform) from offset, in messages of at most
+	// 1 MiB. The node verifies the digest before it uses a byte of it.
+	FetchArtifact(context.Context, *connect.Request[v1.FetchArtifactRequest], *connect.ServerStream[v1.FetchArtifactResponse]) error
 }
 
 // NewNodeServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -109,10 +132,18 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("Connect")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServiceFetchArtifactHandler := connect.NewServerStreamHandler(
+		NodeServiceFetchArtifactProcedure,
+		svc.FetchArtifact,
+		connect.WithSchema(nodeServiceMethods.ByName("FetchArtifact")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/kibotos.node.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeServiceConnectProcedure:
 			nodeServiceConnectHandler.ServeHTTP(w, r)
+		case NodeServiceFetchArtifactProcedure:
+			nodeServiceFetchArtifactHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -124,6 +155,10 @@ type UnimplementedNodeServiceHandler struct{}
 
 func (UnimplementedNodeServiceHandler) Connect(context.Context, *connect.BidiStream[v1.ConnectRequest, v1.ConnectResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("kibotos.node.v1.NodeService.Connect is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) FetchArtifact(context.Context, *connect.Request[v1.FetchArtifactRequest], *connect.ServerStream[v1.FetchArtifactResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("kibotos.node.v1.NodeService.FetchArtifact is not implemented"))
 }
 
 // CertificateServiceClient is a client for the kibotos.node.v1.CertificateService service.
