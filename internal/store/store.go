@@ -57,4 +57,5 @@ type Tx interface {
 	ReferenceTx
 	WorkspaceTx
 	NodeTx
+	BlobTx
 }

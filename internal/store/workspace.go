@@ -93,6 +93,23 @@ type Workspace struct {
 	// workspace.Save.
 	MemoryMiB  uint64
 	LayerBytes uint64
+
+	// CPUMillis (Resources.cpu_millis) is what the Workspace asks of its
+	// node's CPU, summed by NodeUsage. TemplateKey is TemplateKey of the
+	// Workspace's TemplateRef, counted by CountWorkspacesWithTemplate. Both
+	// are query columns kept equal to Doc by workspace.Save.
+	CPUMillis   uint64
+	TemplateKey string
+}
+
+// TemplateKey is the Workspace.TemplateKey of a Workspace bound to version
+// of Template templateID: "<templateID>@<version>", "" when templateID is
+// empty (no Template).
+func TemplateKey(templateID, version string) string {
+	if templateID == "" {
+		return ""
+	}
+	return templateID + "@" + version
 }
 
 // NodeUsage is what the Workspaces placed on a node whose deletion has not
@@ -100,6 +117,7 @@ type Workspace struct {
 type NodeUsage struct {
 	RunningMemoryMiB uint64 // MemoryMiB of those whose Power is PowerRunning
 	LayerBytes       uint64 // LayerBytes of all of them
+	RunningCPUMillis uint64 // CPUMillis of those whose Power is PowerRunning
 }
 
 // ArmedExpiration is an armed expiration deadline of a Workspace.
@@ -134,10 +152,15 @@ type WorkspaceTx interface {
 	// WorkspacesOnNode returns the Workspaces placed on a node whose
 	// deletion has not completed, in (CreatedAt, ID) order.
 	WorkspacesOnNode(ctx context.Context, nodeID string) ([]*Workspace, error)
-	// NodeUsage sums the query columns MemoryMiB and LayerBytes of the
-	// Workspaces WorkspacesOnNode returns, reading only an index of them
-	// (never their documents).
+	// NodeUsage sums the query columns MemoryMiB, CPUMillis and LayerBytes
+	// of the Workspaces WorkspacesOnNode returns, reading only an index of
+	// them (never their documents).
 	NodeUsage(ctx context.Context, nodeID string) (NodeUsage, error)
+	// CountWorkspacesWithTemplate counts the Workspaces whose deletion has
+	// not completed (those WorkspacesOnNode returns, whatever their node,
+	// placed or not) whose TemplateKey is templateKey, reading only an
+	// index of them.
+	CountWorkspacesWithTemplate(ctx context.Context, templateKey string) (int, error)
 	// PendingWorkspaces returns up to limit Workspaces whose Generation is
 	// ahead of ObservedGeneration or that wait for placement (NodeID ""),
 	// deleted ones excluded, oldest first. Workspaces that are not placed

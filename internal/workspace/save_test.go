@@ -37,3 +37,31 @@ func TestSaveUsageColumns(t *testing.T) {
 		}
 	}
 }
+
+// TestSaveTemplateColumns: Save keeps CPUMillis and TemplateKey (the query
+// columns of NodeUsage and CountWorkspacesWithTemplate) equal to the
+// document.
+func TestSaveTemplateColumns(t *testing.T) {
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	w := &store.Workspace{ID: "ws-1"}
+	for _, tc := range []struct {
+		name     string
+		pub      *ctrlv1.Workspace
+		cpu      uint64
+		template string
+	}{
+		{"created", &ctrlv1.Workspace{Resources: &ctrlv1.Resources{MemoryMib: 512, CpuMillis: 1500},
+			Template: &ctrlv1.TemplateRef{TemplateId: "default", Version: "3"}}, 1500, "default@3"},
+		{"upgraded", &ctrlv1.Workspace{Resources: &ctrlv1.Resources{MemoryMib: 512, CpuMillis: 2000},
+			Template: &ctrlv1.TemplateRef{TemplateId: "default", Version: "4"}}, 2000, "default@4"},
+		{"no version", &ctrlv1.Workspace{Template: &ctrlv1.TemplateRef{TemplateId: "py"}}, 0, "py@"},
+		{"neither", &ctrlv1.Workspace{}, 0, ""},
+	} {
+		if err := workspace.Save(w, tc.pub, now); err != nil {
+			t.Fatal(err)
+		}
+		if w.CPUMillis != tc.cpu || w.TemplateKey != tc.template {
+			t.Errorf("%s: CPUMillis %d, TemplateKey %q; want %d and %q", tc.name, w.CPUMillis, w.TemplateKey, tc.cpu, tc.template)
+		}
+	}
+}

@@ -113,6 +113,8 @@ func Save(w *store.Workspace, pub *ctrlv1.Workspace, now time.Time) error {
 	w.ExpirationDeadline = ArmedDeadline(pub)
 	w.MemoryMiB = uint64(pub.GetResources().GetMemoryMib())
 	w.LayerBytes = pub.GetWritableLayer().GetCapacityBytes()
+	w.CPUMillis = uint64(pub.GetResources().GetCpuMillis())
+	w.TemplateKey = store.TemplateKey(pub.GetTemplate().GetTemplateId(), pub.GetTemplate().GetVersion())
 	if pub.GetDeletedAt() != nil {
 		w.DeletedAt = pub.GetDeletedAt().AsTime()
 	}

@@ -64,6 +64,7 @@ var Changes = []Change{
 	{Name: "expiration_deadline", SQLite: 8, Postgres: 7},
 	{Name: "command_message", SQLite: 9, Postgres: 8},
 	{Name: "workspace_usage", SQLite: 10, Postgres: 9},
+	{Name: "workspace_cpu_template", SQLite: 11, Postgres: 10},
 }
 
 // LoadDialect is Load, checking that the files are those Changes lists for

@@ -89,6 +89,11 @@ func migrate(ctx context.Context, cfg *pgx.ConnConfig) (err error) {
 					return err
 				}
 			}
+			if m.Change() == rowcodec.BackfillWorkspaceCPUTemplate {
+				if err := backfillWorkspaceCPUTemplate(ctx, tx); err != nil {
+					return err
+				}
+			}
 			_, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)`,
 				m.Version, m.Name, time.Now().UnixMicro())
 			return err
@@ -145,5 +150,48 @@ func backfillWorkspaceUsage(ctx context.Context, tx pgx.Tx) error {
 	_, err = tx.Exec(ctx, `UPDATE workspaces w SET memory_mib = u.memory, layer_bytes = u.layer
 		FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[]) AS u(id, memory, layer) WHERE w.id = u.id`,
 		ids, memories, layers)
+	return err
+}
+
+// backfillWorkspaceCPUTemplate fills cpu_millis and template_key of the
+// Workspaces stored before the migration that added them, from their
+// documents (rowcodec.WorkspaceCPUTemplate), in the migration's transaction.
+func backfillWorkspaceCPUTemplate(ctx context.Context, tx pgx.Tx) error {
+	rows, err := tx.Query(ctx, `SELECT id, doc FROM workspaces`)
+	if err != nil {
+		return err
+	}
+	var ids, templates []string
+	var cpus []int64
+	for rows.Next() {
+		var (
+			id  string
+			doc []byte
+		)
+		if err := rows.Scan(&id, &doc); err != nil {
+			rows.Close()
+			return err
+		}
+		cpu, template, _ := rowcodec.WorkspaceCPUTemplate(doc)
+		if cpu == 0 && template == "" {
+			continue
+		}
+		c, err := rowcodec.U2I("cpu", cpu)
+		if err != nil {
+			rows.Close()
+			return err
+		}
+		ids, cpus, templates = append(ids, id), append(cpus, c), append(templates, template)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	_, err = tx.Exec(ctx, `UPDATE workspaces w SET cpu_millis = u.cpu, template_key = u.template
+		FROM unnest($1::TEXT[], $2::BIGINT[], $3::TEXT[]) AS u(id, cpu, template) WHERE w.id = u.id`,
+		ids, cpus, templates)
 	return err
 }

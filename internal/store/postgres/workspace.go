@@ -270,22 +270,36 @@ func (t *txn) WorkspacesOnNode(ctx context.Context, nodeID string) ([]*store.Wor
 }
 
 // nodeUsageSQL sums the covering partial index workspaces_node_usage
-// (migration 9): it reads no document and no table row. Its WHERE
+// (migration 10): it reads no document and no table row. Its WHERE
 // clause repeats the index's.
 var nodeUsageSQL = `SELECT COALESCE(SUM(CASE WHEN w.power = ` + strconv.Itoa(int(store.PowerRunning)) + ` THEN w.memory_mib ELSE 0 END), 0)::BIGINT,
-		COALESCE(SUM(w.layer_bytes), 0)::BIGINT
+		COALESCE(SUM(w.layer_bytes), 0)::BIGINT,
+		COALESCE(SUM(CASE WHEN w.power = ` + strconv.Itoa(int(store.PowerRunning)) + ` THEN w.cpu_millis ELSE 0 END), 0)::BIGINT
 	FROM workspaces w WHERE w.node_id = $1 AND w.deleted_at IS NULL`
 
 // NodeUsage implements store.Tx.
 func (t *txn) NodeUsage(ctx context.Context, nodeID string) (store.NodeUsage, error) {
-	var memory, layer int64
+	var memory, layer, cpu int64
 	err := t.query(ctx, nodeUsageSQL, []any{nodeID}, func(rows pgx.Rows) error {
-		return rows.Scan(&memory, &layer)
+		return rows.Scan(&memory, &layer, &cpu)
 	})
 	if err != nil {
 		return store.NodeUsage{}, err
 	}
-	return store.NodeUsage{RunningMemoryMiB: uint64(memory), LayerBytes: uint64(layer)}, nil
+	return store.NodeUsage{RunningMemoryMiB: uint64(memory), LayerBytes: uint64(layer), RunningCPUMillis: uint64(cpu)}, nil
+}
+
+// templateCountSQL counts in the partial index workspaces_template
+// (migration 10); its WHERE clause repeats the index's.
+const templateCountSQL = `SELECT count(*) FROM workspaces w WHERE w.template_key = $1 AND w.deleted_at IS NULL`
+
+// CountWorkspacesWithTemplate implements store.Tx.
+func (t *txn) CountWorkspacesWithTemplate(ctx context.Context, templateKey string) (int, error) {
+	var n int64
+	if err := t.queryRow(ctx, templateCountSQL, []any{templateKey}, &n); err != nil {
+		return 0, err
+	}
+	return int(n), nil
 }
 
 // pendingWorkspacesSQL is a scan of the workspaces_pending partial index,

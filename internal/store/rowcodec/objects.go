@@ -115,14 +115,16 @@ func ResourceArgs(r *store.Resource) (rev, labelsRev, annotationsRev int64, anno
 const WorkspaceColumns = `w.id, w.created_at, w.updated_at, w.deleted_at, w.doc, w.state, w.guest_condition,
 	w.node_id, w.power, w.force_stop, w.generation, w.command_id,
 	w.observed_generation, w.observed_state, w.holds_execution, w.observed_at,
-	w.policy_drain_seconds, w.exec_dns_version, w.expiration_deadline, w.memory_mib, w.layer_bytes`
+	w.policy_drain_seconds, w.exec_dns_version, w.expiration_deadline, w.memory_mib, w.layer_bytes,
+	w.cpu_millis, w.template_key`
 
 // WorkspaceMutable lists the mutable columns of workspaces, in the order
 // WorkspaceArgs returns their values.
 var WorkspaceMutable = []string{"updated_at", "deleted_at", "doc", "state", "guest_condition",
 	"node_id", "power", "force_stop", "generation", "command_id",
 	"observed_generation", "observed_state", "holds_execution", "observed_at",
-	"policy_drain_seconds", "exec_dns_version", "expiration_deadline", "memory_mib", "layer_bytes"}
+	"policy_drain_seconds", "exec_dns_version", "expiration_deadline", "memory_mib", "layer_bytes",
+	"cpu_millis", "template_key"}
 
 // ScanWorkspace scans WorkspaceColumns; N is the driver's nullable BIGINT.
 // Labels is left empty, for the caller to fill from the labels table.
@@ -136,11 +138,12 @@ func ScanWorkspace[N NullInt64](row Scanner) (*store.Workspace, error) {
 		state, guest, power, observedState int64
 		gen, observedGen                   int64
 		drain, dnsVersion                  int64
-		memory, layer                      int64
+		memory, layer, cpu                 int64
 	)
 	if err := row.Scan(&w.ID, &created, &updated, &deleted, &w.Doc, &state, &guest,
 		&w.NodeID, &power, &w.ForceStop, &gen, &w.CommandID,
-		&observedGen, &observedState, &w.HoldsExecution, &observed, &drain, &dnsVersion, &expiration, &memory, &layer); err != nil {
+		&observedGen, &observedState, &w.HoldsExecution, &observed, &drain, &dnsVersion, &expiration, &memory, &layer,
+		&cpu, &w.TemplateKey); err != nil {
 		return nil, err
 	}
 	w.CreatedAt, w.UpdatedAt = FromMicros(created), FromMicros(updated)
@@ -152,7 +155,7 @@ func ScanWorkspace[N NullInt64](row Scanner) (*store.Workspace, error) {
 	w.ObservedState = store.ExecState(observedState)
 	w.PolicyDrainSeconds, w.ExecDNSVersion = uint32(drain), uint32(dnsVersion)
 	w.ExpirationDeadline = fromOptMicros(expiration)
-	w.MemoryMiB, w.LayerBytes = uint64(memory), uint64(layer)
+	w.MemoryMiB, w.LayerBytes, w.CPUMillis = uint64(memory), uint64(layer), uint64(cpu)
 	return &w, nil
 }
 
@@ -175,10 +178,15 @@ func WorkspaceArgs(w *store.Workspace) ([]any, error) {
 	if err != nil {
 		return nil, err
 	}
+	cpu, err := U2I("cpu", w.CPUMillis)
+	if err != nil {
+		return nil, err
+	}
 	return []any{Micros(w.UpdatedAt), OptMicros(w.DeletedAt), NonNil(w.Doc), int64(w.State), int64(w.GuestCondition),
 		w.NodeID, int64(w.Power), w.ForceStop, gen, w.CommandID,
 		observedGen, int64(w.ObservedState), w.HoldsExecution, OptMicros(w.ObservedAt),
-		int64(w.PolicyDrainSeconds), int64(w.ExecDNSVersion), OptMicros(w.ExpirationDeadline), memory, layer}, nil
+		int64(w.PolicyDrainSeconds), int64(w.ExecDNSVersion), OptMicros(w.ExpirationDeadline), memory, layer,
+		cpu, w.TemplateKey}, nil
 }
 
 // NodeColumns are the columns of nodes, in the order ScanNode reads them and

@@ -4,6 +4,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/internal/store"
 )
 
 // BackfillWorkspaceUsage is the name of the change (migration.Changes)
@@ -21,4 +22,22 @@ func WorkspaceUsage(doc []byte) (memoryMiB, layerBytes uint64, ok bool) {
 		return 0, 0, false
 	}
 	return uint64(pub.GetResources().GetMemoryMib()), pub.GetWritableLayer().GetCapacityBytes(), true
+}
+
+// BackfillWorkspaceCPUTemplate is the name of the change (migration.Changes)
+// after whose SQL each dialect's migrate fills workspaces.cpu_millis and
+// template_key of the rows already stored from their documents.
+const BackfillWorkspaceCPUTemplate = "workspace_cpu_template"
+
+// WorkspaceCPUTemplate returns Resources.cpu_millis and the
+// store.TemplateKey of the TemplateRef of the encoded public Workspace doc,
+// the values workspace.Save gives the query columns cpu_millis and
+// template_key. A document that does not decode has neither (ok false).
+func WorkspaceCPUTemplate(doc []byte) (cpuMillis uint64, templateKey string, ok bool) {
+	pub := &ctrlv1.Workspace{}
+	if proto.Unmarshal(doc, pub) != nil {
+		return 0, "", false
+	}
+	return uint64(pub.GetResources().GetCpuMillis()),
+		store.TemplateKey(pub.GetTemplate().GetTemplateId(), pub.GetTemplate().GetVersion()), true
 }

@@ -71,6 +71,11 @@ func migrate(ctx context.Context, db *sql.DB) error {
 				return fmt.Errorf("%s: %w", m.Name, err)
 			}
 		}
+		if m.Change() == rowcodec.BackfillWorkspaceCPUTemplate {
+			if err := backfillWorkspaceCPUTemplate(ctx, tx); err != nil {
+				return fmt.Errorf("%s: %w", m.Name, err)
+			}
+		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`,
 			m.Version, m.Name, time.Now().UnixMicro()); err != nil {
 			return fmt.Errorf("%s: %w", m.Name, err)
@@ -124,6 +129,52 @@ func backfillWorkspaceUsage(ctx context.Context, tx *sql.Tx) error {
 	}
 	for _, u := range fill {
 		if _, err := tx.ExecContext(ctx, `UPDATE workspaces SET memory_mib = ?, layer_bytes = ? WHERE id = ?`, u.memory, u.layer, u.id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// backfillWorkspaceCPUTemplate fills cpu_millis and template_key of the
+// Workspaces stored before the migration that added them, from their
+// documents (rowcodec.WorkspaceCPUTemplate), in the migration's transaction.
+func backfillWorkspaceCPUTemplate(ctx context.Context, tx *sql.Tx) error {
+	type fill struct {
+		id, template string
+		cpu          int64
+	}
+	var fills []fill
+	rows, err := tx.QueryContext(ctx, `SELECT id, doc FROM workspaces`)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var (
+			id  string
+			doc []byte
+		)
+		if err := rows.Scan(&id, &doc); err != nil {
+			rows.Close()
+			return err
+		}
+		cpu, template, _ := rowcodec.WorkspaceCPUTemplate(doc)
+		if cpu > 0 || template != "" {
+			c, err := rowcodec.U2I("cpu", cpu)
+			if err != nil {
+				rows.Close()
+				return err
+			}
+			fills = append(fills, fill{id, template, c})
+		}
+	}
+	if err := rows.Close(); err != nil {
+		return err
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, f := range fills {
+		if _, err := tx.ExecContext(ctx, `UPDATE workspaces SET cpu_millis = ?, template_key = ? WHERE id = ?`, f.cpu, f.template, f.id); err != nil {
 			return err
 		}
 	}
