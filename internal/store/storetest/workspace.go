@@ -31,6 +31,8 @@ var workspaceTests = []struct {
 	{"ListWorkspacesPaging", testListWorkspacesPaging},
 	{"WorkspacesOnNode", testWorkspacesOnNode},
 	{"NodeUsage", testNodeUsage},
+	{"WorkspaceQueryColumns", testWorkspaceQueryColumns},
+	{"CountWorkspacesWithTemplate", testCountWorkspacesWithTemplate},
 	{"PendingWorkspaces", testPendingWorkspaces},
 	{"ProcessingCommands", testProcessingCommands},
 	{"Nodes", testNodes},
@@ -696,7 +698,7 @@ func testWorkspacesOnNode(t *testing.T, s store.Store) {
 	}
 }
 
-// testNodeUsage: NodeUsage sums the memory of the node's Workspaces desired
+// testNodeUsage: NodeUsage sums the memory and CPU of the node's Workspaces desired
 // RUNNING and the writable layers of all of them whose deletion has not
 // completed, and follows every change of the columns, the power, the node
 // and the deletion.
@@ -717,7 +719,7 @@ func testNodeUsage(t *testing.T, s store.Store) {
 	inTx(t, s, func(ctx context.Context, tx store.Tx) error {
 		for i := range 60 {
 			w := newWorkspace(fmt.Sprintf("ws-%02d", i), base.Add(time.Duration(i)*time.Second), nil)
-			w.MemoryMiB, w.LayerBytes = uint64(1+i), uint64(1000*(1+i))<<20
+			w.MemoryMiB, w.LayerBytes, w.CPUMillis = uint64(1+i), uint64(1000*(1+i))<<20, uint64(100*(1+i))
 			w.NodeID = []string{"node-a", "node-b", ""}[i%3]
 			switch i % 4 {
 			case 1:
@@ -735,6 +737,7 @@ func testNodeUsage(t *testing.T, s store.Store) {
 				u.LayerBytes += w.LayerBytes
 				if w.Power == store.PowerRunning {
 					u.RunningMemoryMiB += w.MemoryMiB
+					u.RunningCPUMillis += w.CPUMillis
 				}
 				want[w.NodeID] = u
 			}
@@ -764,16 +767,19 @@ func testNodeUsage(t *testing.T, s store.Store) {
 			}
 		}
 		a := want["node-a"]
-		update("ws-00", func(w *store.Workspace) { w.MemoryMiB, w.LayerBytes = 4096, 5<<30 }) // node-a, running: 1 MiB, 1000 MiB
+		update("ws-00", func(w *store.Workspace) { w.MemoryMiB, w.LayerBytes, w.CPUMillis = 4096, 5<<30, 8000 }) // node-a, running: 1 MiB, 1000 MiB, 100 m
 		a.RunningMemoryMiB += 4096 - 1
 		a.LayerBytes += 5<<30 - 1000<<20
-		update("ws-12", func(w *store.Workspace) { w.Power = store.PowerStopped }) // node-a, running: 13 MiB
+		a.RunningCPUMillis += 8000 - 100
+		update("ws-12", func(w *store.Workspace) { w.Power = store.PowerStopped }) // node-a, running: 13 MiB, 1300 m
 		a.RunningMemoryMiB -= 13
+		a.RunningCPUMillis -= 1300
 		update("ws-13", func(w *store.Workspace) { w.Power = store.PowerRunning }) // node-b, stopped: 14 MiB → node-a
 		update("ws-13", func(w *store.Workspace) { w.NodeID = "node-a" })
 		b := want["node-b"]
 		b.LayerBytes -= 14000 << 20
 		a.RunningMemoryMiB += 14
+		a.RunningCPUMillis += 1400
 		a.LayerBytes += 14000 << 20
 		update("ws-06", func(w *store.Workspace) { // node-a, deleting: 7000 MiB
 			w.State, w.DeletedAt = store.WorkspaceStateDeleted, base.Add(2*time.Hour)
