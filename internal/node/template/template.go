@@ -26,6 +26,11 @@
 // rename it in, so that a half-extracted tree is never used. The rootfs
 // needs no init system and no kibotos-guest: the runtime supplies PID 1,
 // /proc, /sys, /dev, /tmp and /run. Path gives the directory of a version.
+//
+// Published templates (ctrl's ArtifactService) arrive as tar or tar.gz
+// archives verified by digest; Install extracts one into the same layout
+// (publish.go), refusing whatever in the archive would reach outside the
+// rootfs (extract.go), and records its digest beside the rootfs.
 package template
 
 import (
@@ -261,6 +266,9 @@ type Info struct {
 	Name    string
 	Version string
 	Rootfs  string
+	// Digest is a published version's digest (Install); empty for one
+	// built on the node or installed by hand.
+	Digest string
 }
 
 // List returns the templates under dir: for each name, the version whose
@@ -301,6 +309,9 @@ func List(dir string) ([]Info, error) {
 			t := fi.ModTime().UnixNano()
 			if best.Name == "" || t > bestTime || (t == bestTime && v.Name() > best.Version) {
 				best, bestTime = Info{Name: n.Name(), Version: v.Name(), Rootfs: rootfs}, t
+				if d, err := os.ReadFile(filepath.Join(dir, n.Name(), v.Name(), digestFile)); err == nil {
+					best.Digest = strings.TrimSpace(string(d))
+				}
 			}
 		}
 		if best.Name != "" {

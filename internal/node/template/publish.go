@@ -1,0 +1,155 @@
+package template
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Published template versions: a version fetched from ctrl (an archive
+// verified by its digest, internal/node/artifact) is extracted into
+// dir/<template_id>/<version>/rootfs like any other, built aside in
+// dir/<template_id>/.build-* and renamed in, and its digest is recorded
+// next to its rootfs in dir/<template_id>/<version>/digest. The names come
+// from ctrl and are checked with CheckName before they become paths.
+
+// digestFile records a published version's digest.
+const digestFile = "digest"
+
+// maxNameBytes bounds a template ID or version used as a directory name.
+const maxNameBytes = 128
+
+// CheckName reports whether s can be a template ID or version on disk:
+// 1 to 128 bytes of letters, digits, '.', '_' and '-', not beginning with
+// '.'.
+func CheckName(s string) error {
+	if s == "" || len(s) > maxNameBytes || s[0] == '.' || s[0] == '-' {
+		return fmt.Errorf("template: name %q is not 1 to %d letters, digits, '.', '_' or '-' (not beginning with '.' or '-')", cutName(s), maxNameBytes)
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("template: name %q has a character other than letters, digits, '.', '_' or '-'", cutName(s))
+		}
+	}
+	return nil
+}
+
+// Install extracts the archive at archive (format f) as version version of
+// template id in dir, recording digest, and returns its rootfs; a version
+// that is there already is returned as is. Concurrent callers are safe:
+// each builds aside and the first rename wins.
+func Install(dir, id, version, digest, archive string, f Format, lim Limits) (string, error) {
+	if err := CheckName(id); err != nil {
+		return "", err
+	}
+	if err := CheckName(version); err != nil {
+		return "", err
+	}
+	if id == DefaultName {
+		return "", fmt.Errorf("template: %q is built on the node, not published", DefaultName)
+	}
+	final := filepath.Join(dir, id, version)
+	rootfs := filepath.Join(final, "rootfs")
+	if fi, err := os.Stat(rootfs); err == nil && fi.IsDir() {
+		return rootfs, nil
+	}
+	parent := filepath.Join(dir, id)
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return "", err
+	}
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	build := filepath.Join(parent, ".build-"+hex.EncodeToString(rnd[:]))
+	defer os.RemoveAll(build)
+	if err := os.MkdirAll(filepath.Join(build, "rootfs"), 0o755); err != nil {
+		return "", err
+	}
+	if err := os.Chmod(filepath.Join(build, "rootfs"), 0o755); err != nil {
+		return "", err
+	}
+	in, err := os.Open(archive)
+	if err != nil {
+		return "", fmt.Errorf("template: %w", err)
+	}
+	err = Extract(in, f, filepath.Join(build, "rootfs"), lim)
+	in.Close()
+	if err != nil {
+		return "", fmt.Errorf("template %s version %s: %w", id, version, err)
+	}
+	if err := os.WriteFile(filepath.Join(build, digestFile), []byte(digest+"\n"), 0o644); err != nil {
+		return "", err
+	}
+	if err := syncTree(build); err != nil {
+		return "", err
+	}
+	if err := os.Rename(build, final); err != nil {
+		if fi, err2 := os.Stat(rootfs); err2 == nil && fi.IsDir() {
+			return rootfs, nil // another caller won
+		}
+		return "", fmt.Errorf("template: %w", err)
+	}
+	return rootfs, nil
+}
+
+// Published lists every published version under dir (those with a
+// recorded digest), with its digest.
+func Published(dir string) ([]Info, error) {
+	names, err := os.ReadDir(dir)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var out []Info
+	for _, n := range names {
+		if !n.IsDir() || strings.HasPrefix(n.Name(), ".") {
+			continue
+		}
+		versions, err := os.ReadDir(filepath.Join(dir, n.Name()))
+		if err != nil {
+			return nil, err
+		}
+		for _, v := range versions {
+			if !v.IsDir() || strings.HasPrefix(v.Name(), ".") {
+				continue
+			}
+			d, err := os.ReadFile(filepath.Join(dir, n.Name(), v.Name(), digestFile))
+			if err != nil {
+				continue
+			}
+			rootfs := Path(dir, n.Name(), v.Name())
+			if fi, err := os.Stat(rootfs); err != nil || !fi.IsDir() {
+				continue
+			}
+			out = append(out, Info{Name: n.Name(), Version: v.Name(), Rootfs: rootfs, Digest: strings.TrimSpace(string(d))})
+		}
+	}
+	return out, nil
+}
+
+// Remove deletes a version of a template: renamed aside first (so it is
+// never seen half removed), then removed.
+func Remove(dir, id, version string) error {
+	if err := CheckName(id); err != nil {
+		return err
+	}
+	if err := CheckName(version); err != nil {
+		return err
+	}
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	trash := filepath.Join(dir, id, ".trash-"+hex.EncodeToString(rnd[:]))
+	if err := os.Rename(filepath.Join(dir, id, version), trash); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	return os.RemoveAll(trash)
+}
