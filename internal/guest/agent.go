@@ -62,6 +62,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/internal/guest/protocol"
+	"github.com/kibotos/kibotos/internal/nodewire"
 )
 
 // Config configures an Agent. Zero fields take the defaults of a workspace.
@@ -162,6 +163,9 @@ func (a *Agent) isStopping() bool {
 //
 //	kibotos-guest             run the agent (PID 1 of a workspace)
 //	kibotos-guest poweroff    ask the running agent to power the workspace off
+//	kibotos-guest --protocol-version  print the node-guest protocol version it
+//	                          speaks (nodewire.GuestProtocolDeclaration, which
+//	                          the node and ctrl read from the binary's bytes)
 //	kibotos-guest __exec ...  internal: the trampoline of commands
 //	kibotos-guest __exec-as UID GID ...  internal: the same, as UID:GID
 func Main(args []string) int {
@@ -171,6 +175,9 @@ func Main(args []string) int {
 			return runTrampoline(args[2:])
 		case trampolineAsArg:
 			return runTrampolineAs(args[2:])
+		case "--protocol-version":
+			fmt.Println(nodewire.GuestProtocolDeclaration)
+			return 0
 		case "poweroff", "shutdown", "halt":
 			if err := requestPoweroff(); err != nil {
 				fmt.Fprintln(os.Stderr, "kibotos-guest:", err)

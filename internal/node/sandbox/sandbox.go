@@ -432,6 +432,11 @@ func (r *Runtime) Close() error {
 	return nil
 }
 
+// SealGuest makes the sealed in-memory copy of a guest binary at path
+// that Spec.Guest takes (check it with CheckGuestBinary first). The caller
+// closes it once no start uses it any more.
+func SealGuest(path string) (*os.File, error) { return sealedCopy(path) }
+
 // sealedCopy copies the guest binary into a memfd sealed against every
 // change: the executions run it from there (initshim.GuestFD), so nothing
 // in a workspace refers to a host path of it, and nothing can write it.

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"fmt"
+	"os"
 	"regexp"
 
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
@@ -33,6 +34,12 @@ type Spec struct {
 	Network *nodev1.NetworkConfig
 	// Volume is the Volume the execution mounts (volume.go); nil: none.
 	Volume *VolumeMount
+	// Guest is the guest binary the execution boots as PID 1 (and as its
+	// init shim when Config.InitBinary is the guest): a sealed in-memory
+	// copy made by SealGuest, for example a Platform's; nil is the
+	// runtime's own copy of Config.GuestBinary. The runtime does not
+	// close it.
+	Guest *os.File
 }
 
 var workspaceIDRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)

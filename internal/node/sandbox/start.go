@@ -157,7 +157,11 @@ func (r *Runtime) start(ctx context.Context, s Spec) (err error) {
 		return fmt.Errorf("%w: guest channel: %v", ErrStart, err)
 	}
 	defer gf.close()
-	cmd, joined, startErr := r.launchShim(ws, st.Cgroup, func() *exec.Cmd { return r.shimCmd(gf, pipes, st.IDBase) })
+	guest := r.guest
+	if s.Guest != nil {
+		guest = s.Guest
+	}
+	cmd, joined, startErr := r.launchShim(ws, st.Cgroup, func() *exec.Cmd { return r.shimCmd(gf, pipes, st.IDBase, guest) })
 	pipes.closeShimEnds()
 	gf.closeShimEnds()
 	loopf.Close()   // the layer's mount holds the device (autoclear)
@@ -348,10 +352,11 @@ func (p initPipes) closeNodeEnds() {
 // runs), its output into the log pipe, and as fds 3 to 9 the guest's
 // channel and what PID 1 keeps of the node's (initshim.ChannelFD,
 // NodeChannelFD, LogReadFD), the configuration socket, the status pipe,
-// nothing (8) and the guest binary (initshim.ConfigFD, StatusFD, GuestFD).
-// The default shim, the guest itself, is executed from that memfd: root
-// of the user namespace may not search the directories of the host's.
-func (r *Runtime) shimCmd(g *guestFiles, p initPipes, idBase uint32) *exec.Cmd {
+// nothing (8) and the guest binary guest, a sealed memfd (initshim.ConfigFD,
+// StatusFD, GuestFD). The default shim, the guest itself, is executed from
+// that memfd: root of the user namespace may not search the directories of
+// the host's.
+func (r *Runtime) shimCmd(g *guestFiles, p initPipes, idBase uint32, guest *os.File) *exec.Cmd {
 	path := r.cfg.InitBinary
 	if path == r.cfg.GuestBinary {
 		path = "/proc/self/fd/" + strconv.Itoa(initshim.GuestFD)
@@ -363,7 +368,7 @@ func (r *Runtime) shimCmd(g *guestFiles, p initPipes, idBase uint32) *exec.Cmd {
 		Dir:        "/",
 		Stdout:     g.logW,
 		Stderr:     g.logW,
-		ExtraFiles: append(g.shimFiles(), p.cfgR, p.statW, nil, r.guest),
+		ExtraFiles: append(g.shimFiles(), p.cfgR, p.statW, nil, guest),
 		SysProcAttr: &syscall.SysProcAttr{
 			// Own session and no parent-death signal: the execution
 			// outlives the node agent.

@@ -22,6 +22,8 @@ type Status struct {
 	StartedAt    time.Time
 	// LayerBytes is the writable layer's size.
 	LayerBytes uint64
+	// TemplateDir is the rootfs the execution runs from (its record's).
+	TemplateDir string
 	// Network is what the execution's network applies, with the DNS
 	// configuration version it started with; nil when the runtime has no
 	// networking or holds no execution.
@@ -69,6 +71,7 @@ func (r *Runtime) status(e *execution) Status {
 		Guest:        e.cond,
 		GuestMessage: e.msg,
 		StartedAt:    e.st.StartedAt,
+		TemplateDir:  e.st.TemplateDir,
 	}
 	e.mu.Unlock()
 	s.Network = r.netStatus(e)
