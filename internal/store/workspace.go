@@ -156,10 +156,14 @@ type WorkspaceTx interface {
 	// of the Workspaces WorkspacesOnNode returns, reading only an index of
 	// them (never their documents).
 	NodeUsage(ctx context.Context, nodeID string) (NodeUsage, error)
+	// NodeUsages is NodeUsage of every node that has such Workspaces, in
+	// one read of the same index (placement weighs all connected nodes at
+	// once); a node absent from the map has none.
+	NodeUsages(ctx context.Context) (map[string]NodeUsage, error)
 	// CountWorkspacesWithTemplate counts the Workspaces whose deletion has
 	// not completed (those WorkspacesOnNode returns, whatever their node,
-	// placed or not) whose TemplateKey is templateKey, reading only an
-	// index of them.
+	// placed or not) whose TemplateKey is templateKey: a search of an
+	// index of their template keys (never their documents).
 	CountWorkspacesWithTemplate(ctx context.Context, templateKey string) (int, error)
 	// PendingWorkspaces returns up to limit Workspaces whose Generation is
 	// ahead of ObservedGeneration or that wait for placement (NodeID ""),
