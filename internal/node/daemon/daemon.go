@@ -45,8 +45,10 @@ type Config struct {
 	MemoryMiB, CPUMillis, StorageBytes uint64
 	// MemoryBudgetMiB is the host memory budget the node judges its
 	// memory condition against (memwatch); zero is MemoryMiB as measured.
-	// MemoryOvercommitRatio (1 to MaxOvercommitRatio, zero is 1) makes
-	// the node advertise MemoryMiB × ratio to placement.
+	// MemoryOvercommitRatio (1 to MaxOvercommitRatio, zero: not given)
+	// is reported to ctrl (Capacity.memory_overcommit_ratio), which
+	// applies it when the node has no ratio of its own set through the
+	// Operator API; Capacity.memory_mib stays MemoryMiB.
 	MemoryBudgetMiB       uint64
 	MemoryOvercommitRatio float64
 	// IO caps each workspace's IO on its writable layer; nil is
@@ -105,7 +107,6 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	capacity.MemoryMib = overcommit(capacity.GetMemoryMib(), cfg.MemoryOvercommitRatio)
 	templates := func() []*nodev1.TemplateInfo {
 		list, err := usableTemplates(tmplDir)
 		if err != nil {
@@ -144,7 +145,10 @@ func usableTemplates(dir string) ([]template.Info, error) {
 }
 
 func measure(cfg Config) (*nodev1.Capacity, error) {
-	c := &nodev1.Capacity{MemoryMib: cfg.MemoryMiB, CpuMillis: cfg.CPUMillis, StorageBytes: cfg.StorageBytes, StoragePool: "default"}
+	// memory_mib is the memory offered, never multiplied by the ratio:
+	// ctrl applies overcommit (the node's ratio is only reported).
+	c := &nodev1.Capacity{MemoryMib: cfg.MemoryMiB, CpuMillis: cfg.CPUMillis, StorageBytes: cfg.StorageBytes, StoragePool: "default",
+		MemoryOvercommitRatio: cfg.MemoryOvercommitRatio}
 	if c.MemoryMib == 0 {
 		total, err := memTotalMiB()
 		if err != nil {

@@ -42,7 +42,7 @@ func Main(args []string, stderr io.Writer) int {
 	fs.Uint64Var(&cfg.MemoryMiB, "memory-mib", 0, "memory offered to workspaces (default: 80% of MemTotal)")
 	fs.Uint64Var(&cfg.CPUMillis, "cpu-millis", 0, "CPU offered to workspaces (default: every CPU)")
 	fs.Uint64Var(&cfg.MemoryBudgetMiB, "host-memory-budget-mib", 0, "host memory budget: what the workspaces together may really use; at 95% of it ctrl stops workspaces on this node (default: --memory-mib)")
-	fs.Float64Var(&cfg.MemoryOvercommitRatio, "memory-overcommit-ratio", 1, "placement may admit workspaces whose memory adds up to --memory-mib times this ratio, from 1 to 4")
+	fs.Float64Var(&cfg.MemoryOvercommitRatio, "memory-overcommit-ratio", 0, "this node's memory overcommit ratio, from 1 to 4: placement may admit workspaces whose memory adds up to --memory-mib times it; a ratio set with kibo node overcommit wins (default: the fleet's default, kibo overcommit)")
 	io := sandbox.DefaultIOLimits()
 	cfg.IO = &io
 	fs.Uint64Var(&io.ReadBytesPerSec, "workspace-io-read-bps", io.ReadBytesPerSec, "each workspace's cap on reads from its writable layer, bytes per second (0: none)")

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"fmt"
-	"math"
 
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/internal/node/memwatch"
@@ -10,25 +9,18 @@ import (
 )
 
 // MaxOvercommitRatio bounds --memory-overcommit-ratio: placement may admit
-// at most four times the host memory budget.
+// at most four times the host memory budget. The node only reports its
+// ratio (Capacity.memory_overcommit_ratio); ctrl applies it, unless the
+// node's overcommit set through the Operator API overrides it.
 const MaxOvercommitRatio = 4.0
 
 // CheckOvercommitRatio validates a memory overcommit ratio: 1 to
-// MaxOvercommitRatio (0 is 1).
+// MaxOvercommitRatio, or 0 (not given).
 func CheckOvercommitRatio(r float64) error {
 	if r == 0 || (r >= 1 && r <= MaxOvercommitRatio) {
 		return nil
 	}
 	return fmt.Errorf("--memory-overcommit-ratio must be from 1 to %g, not %g", MaxOvercommitRatio, r)
-}
-
-// overcommit is the memory the node advertises for placement: offered ×
-// ratio (0 is 1), rounded down.
-func overcommit(offeredMiB uint64, ratio float64) uint64 {
-	if ratio <= 1 {
-		return offeredMiB
-	}
-	return uint64(math.Floor(float64(offeredMiB) * min(ratio, MaxOvercommitRatio)))
 }
 
 // memoryWatch makes the sampler of the heartbeats' memory condition: the

@@ -5,26 +5,6 @@ import (
 	"testing"
 )
 
-func TestOvercommit(t *testing.T) {
-	for _, tc := range []struct {
-		offered uint64
-		ratio   float64
-		want    uint64
-	}{
-		{1024, 0, 1024}, // unset is 1
-		{1024, 1, 1024},
-		{1024, 1.5, 1536},
-		{1000, 1.33, 1330},
-		{1001, 1.5, 1501}, // rounded down
-		{512, 4, 2048},
-		{512, 9, 2048}, // never past the maximum
-	} {
-		if got := overcommit(tc.offered, tc.ratio); got != tc.want {
-			t.Errorf("overcommit(%d, %g) = %d, want %d", tc.offered, tc.ratio, got, tc.want)
-		}
-	}
-}
-
 func TestCheckOvercommitRatio(t *testing.T) {
 	for _, r := range []float64{0, 1, 1.25, MaxOvercommitRatio} {
 		if err := CheckOvercommitRatio(r); err != nil {
@@ -34,6 +14,20 @@ func TestCheckOvercommitRatio(t *testing.T) {
 	for _, r := range []float64{-1, 0.5, 0.999, MaxOvercommitRatio + 0.01, math.Inf(1), math.NaN()} {
 		if err := CheckOvercommitRatio(r); err == nil {
 			t.Errorf("CheckOvercommitRatio(%g) = nil, want an error", r)
+		}
+	}
+}
+
+// Capacity.memory_mib is the memory offered, whatever the ratio; the ratio
+// travels on its own (0 when --memory-overcommit-ratio was not given).
+func TestCapacityReportsTheRatioApart(t *testing.T) {
+	for _, ratio := range []float64{0, 1, 2.5} {
+		c, err := measure(Config{MemoryMiB: 4096, CPUMillis: 2000, StorageBytes: 1 << 30, MemoryOvercommitRatio: ratio})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.GetMemoryMib() != 4096 || c.GetMemoryOvercommitRatio() != ratio {
+			t.Errorf("ratio %g: memory_mib %d, memory_overcommit_ratio %g", ratio, c.GetMemoryMib(), c.GetMemoryOvercommitRatio())
 		}
 	}
 }
