@@ -18,6 +18,9 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	if err := r.loadNodes(ctx); err != nil {
 		return err
 	}
+	if err := r.loadFleet(ctx); err != nil {
+		return err
+	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -49,6 +52,7 @@ func (r *Reconciler) loadNodes(ctx context.Context) error {
 			if err := proto.Unmarshal(n.Doc, hello); err == nil {
 				r.templates[n.ID] = templateMap(hello.GetTemplates())
 				r.features[n.ID] = featureSet(hello.GetFeatures())
+				r.agentRatio[n.ID] = hello.GetCapacity().GetMemoryOvercommitRatio()
 			}
 		}
 		return nil
@@ -58,6 +62,9 @@ func (r *Reconciler) loadNodes(ctx context.Context) error {
 // pass places unplaced Workspaces, pushes pending desired state and marks
 // the Workspaces of silent nodes UNKNOWN.
 func (r *Reconciler) pass(ctx context.Context) error {
+	if err := r.refreshFleet(ctx); err != nil {
+		return err
+	}
 	var pending []*store.Workspace
 	if err := r.store.View(ctx, func(tx store.Tx) error {
 		var err error

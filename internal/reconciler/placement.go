@@ -8,6 +8,7 @@ import (
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/fleet"
 	"github.com/kibotos/kibotos/internal/nodewire"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/volume"
@@ -21,16 +22,53 @@ type candidate struct {
 	templates map[string]string // template → version
 	pool      string            // the storage pool its Workspaces go to
 	usedMiB   uint64            // memory of its Workspaces desired RUNNING
+	usedCPU   uint64            // CPU (millicores) of its Workspaces desired RUNNING
 	network   bool              // it serves workspace networks
-	// freeBytes is what its storage pool has not promised yet
-	// (volume.PoolFree), when storageKnown.
+	artifacts bool              // it fetches published Templates (nodewire.FeatureArtifacts)
+	// state is its fleet state: only an ACTIVE node takes new Workspaces.
+	state fleet.State
+	// ratios are the overcommit ratios that apply to it (fleet.View.Ratios);
+	// below 1 counts as 1.
+	ratios fleet.Ratios
+	// freeBytes is what its storage pool has not promised yet, its
+	// capacity the operator's override when smaller than reported
+	// (fleet.View.PoolCapacity), when storageKnown.
 	freeBytes    uint64
 	storageKnown bool
 }
 
+// memoryLimit is the memory (MiB) the Workspaces desired RUNNING on c may
+// take together: its capacity times its memory ratio.
+func (c *candidate) memoryLimit() uint64 { return fleet.Apply(c.capacity.MemoryMiB, c.ratios.Memory) }
+
+// cpuLimit is the CPU (millicores) the Workspaces desired RUNNING on c may
+// take together: its capacity times its CPU ratio.
+func (c *candidate) cpuLimit() uint64 { return fleet.Apply(c.capacity.CPUMillis, c.ratios.CPU) }
+
+// freeMiB is the memory c can still admit.
+func (c *candidate) freeMiB() uint64 {
+	if l := c.memoryLimit(); l > c.usedMiB {
+		return l - c.usedMiB
+	}
+	return 0
+}
+
+// fits reports whether c has the memory and CPU d asks for: its memory and
+// CPU on top of what the node's running Workspaces take, within the
+// overcommitted limits, and never more CPU than the node has.
+func (c *candidate) fits(d demand) bool {
+	return c.usedMiB+d.memoryMiB <= c.memoryLimit() && c.usedCPU+d.cpuMillis <= c.cpuLimit() &&
+		d.cpuMillis <= c.capacity.CPUMillis
+}
+
 // demand is what a Workspace asks of its node.
 type demand struct {
-	template  string
+	template string
+	// version is the template version it was created from; published,
+	// it is a published version (a template other than the node-built
+	// default), which any node fetching artifacts can run.
+	version   string
+	published bool
 	memoryMiB uint64
 	cpuMillis uint64
 	network   bool // its policy is PUBLIC_INTERNET: only a node that serves networks
@@ -43,8 +81,11 @@ type demand struct {
 }
 
 func demandOf(pub *ctrlv1.Workspace) demand {
+	t := pub.GetTemplate()
 	return demand{
-		template:  pub.GetTemplate().GetTemplateId(),
+		template:  t.GetTemplateId(),
+		version:   t.GetVersion(),
+		published: t.GetTemplateId() != workspace.DefaultTemplate && t.GetVersion() != "",
 		memoryMiB: uint64(pub.GetResources().GetMemoryMib()),
 		cpuMillis: uint64(pub.GetResources().GetCpuMillis()),
 		network:   pub.GetNetworkPolicy().GetMode() == ctrlv1.NetworkMode_NETWORK_MODE_PUBLIC_INTERNET,
@@ -53,28 +94,41 @@ func demandOf(pub *ctrlv1.Workspace) demand {
 	}
 }
 
-func (c *candidate) holds(template string) bool {
-	_, ok := c.templates[template]
+// holds reports whether c can run d's template: it holds it (the node
+// built it: the default, whatever version it holds), or the template is a
+// published version, which a node that fetches artifacts gets before it
+// starts the Workspace.
+func (c *candidate) holds(d demand) bool {
+	if d.published {
+		return c.artifacts || (hasKey(c.templates, d.template) && c.templates[d.template] == d.version)
+	}
+	return hasKey(c.templates, d.template)
+}
+
+func hasKey(m map[string]string, k string) bool {
+	_, ok := m[k]
 	return ok
 }
 
 // serves reports whether c can run what d asks for, capacity aside.
 func (c *candidate) serves(d demand) bool {
-	return c.holds(d.template) && (c.network || !d.network)
+	return c.holds(d) && (c.network || !d.network)
 }
 
-// pick chooses among the connected nodes the one that holds the template,
-// serves networks when the Workspace's policy is PUBLIC_INTERNET, fits the
-// demand (its memory on top of what the node's running Workspaces
-// use; its CPU within the node's) and has the most free memory; ties go to
-// the first in nodes. It returns nil with the reason when nodes exist but
-// none fits, nil and "" when nodes is empty.
+// pick chooses among the connected nodes an ACTIVE one (fleet.State) that
+// holds the template (or fetches it: a published version), serves networks
+// when the Workspace's policy is PUBLIC_INTERNET, has room in its storage
+// pool, fits the demand (candidate.fits) and has the most free memory;
+// ties go to the first in nodes. It returns nil with the reason when nodes
+// exist but none fits — naming the nodes' states when only nodes that are
+// not ACTIVE could take it — nil and "" when nodes is empty.
 func pick(nodes []candidate, d demand) (*candidate, string) {
 	if len(nodes) == 0 {
 		return nil, ""
 	}
 	var best *candidate
-	holders, networked, stored := 0, 0, 0
+	var blocked, inactive []*candidate // not ACTIVE: could take it / any
+	active, holders, networked, stored := 0, 0, 0, 0
 	if d.node != "" && !slices.ContainsFunc(nodes, func(c candidate) bool { return c.id == d.node }) {
 		return nil, "" // the node holding its Volume is not connected
 	}
@@ -83,7 +137,15 @@ func pick(nodes []candidate, d demand) (*candidate, string) {
 		if d.node != "" && c.id != d.node {
 			continue
 		}
-		if !c.holds(d.template) {
+		if !c.state.Placeable() {
+			inactive = append(inactive, c)
+			if c.serves(d) && (!c.storageKnown || c.freeBytes >= d.storageBytes) && c.fits(d) {
+				blocked = append(blocked, c)
+			}
+			continue
+		}
+		active++
+		if !c.holds(d) {
 			continue
 		}
 		holders++
@@ -95,14 +157,26 @@ func pick(nodes []candidate, d demand) (*candidate, string) {
 			continue
 		}
 		stored++
-		if c.usedMiB+d.memoryMiB > c.capacity.MemoryMiB || d.cpuMillis > c.capacity.CPUMillis {
+		if !c.fits(d) {
 			continue
 		}
-		if best == nil || c.capacity.MemoryMiB-c.usedMiB > best.capacity.MemoryMiB-best.usedMiB {
+		if best == nil || c.freeMiB() > best.freeMiB() {
 			best = c
 		}
 	}
 	switch {
+	case best != nil:
+		return best, ""
+	case len(blocked) > 0:
+		return nil, "only nodes that are not ACTIVE could hold this workspace, and no new workspace is placed on them: " + states(blocked)
+	case active == 0 && d.node != "":
+		return nil, "node " + strconv.Quote(d.node) + ", which holds this workspace's volume, is " + strings.ToLower(string(inactive[0].state)) +
+			": no new workspace is placed on it"
+	case active == 0:
+		return nil, "no connected node is ACTIVE: " + states(inactive)
+	case holders == 0 && d.published:
+		return nil, "no connected ACTIVE node fetches published templates (feature " + nodewire.FeatureArtifacts + ") or holds template " +
+			strconv.Quote(d.template) + " version " + strconv.Quote(d.version)
 	case holders == 0:
 		return nil, "no connected node holds template " + strconv.Quote(d.template)
 	case networked == 0:
@@ -112,10 +186,26 @@ func pick(nodes []candidate, d demand) (*candidate, string) {
 		return nil, "node " + strconv.Quote(d.node) + ", which holds this workspace's volume, has no room in its storage pool for the writable layer"
 	case stored == 0:
 		return nil, "no connected node that can run this workspace has room in its storage pool for its writable layer (and new volume)"
-	case best == nil:
-		return nil, "no connected node has the memory and CPU this workspace requests"
 	}
-	return best, ""
+	return nil, "no connected node has the memory and CPU this workspace requests"
+}
+
+// states lists nodes with their states: `node "a" is draining, node "b"
+// is isolated`, at most five, then how many more.
+func states(nodes []*candidate) string {
+	const most = 5
+	var b strings.Builder
+	for i, c := range nodes {
+		if i == most {
+			b.WriteString(", and " + strconv.Itoa(len(nodes)-most) + " more")
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("node " + strconv.Quote(c.id) + " is " + strings.ToLower(string(c.state)))
+	}
+	return b.String()
 }
 
 // placementFailure is the failure of a Workspace that waited longer than
@@ -129,23 +219,34 @@ func placementFailure(reason string) *fault.Error {
 	return &fault.Error{Kind: fault.KindResourceExhausted, Reason: fault.ReasonCapacityExhausted, Stage: "placement", Message: reason}
 }
 
-// connected returns the connected nodes in ID order, without their usage.
+// connected returns the connected nodes in ID order, without their usage,
+// with their fleet state and overcommit ratios from the cached view.
 func (r *Reconciler) connected() []candidate {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]candidate, 0, len(r.nodes))
-	for id, nc := range r.nodes {
-		out = append(out, candidate{id: id, capacity: r.caps[id], templates: r.templates[id], pool: nc.pool,
-			network: r.features[id][nodewire.FeatureNetwork]})
+	v := r.fleetView()
+	ids := make([]string, 0, len(r.nodes))
+	for id := range r.nodes {
+		ids = append(ids, id)
 	}
-	slices.SortFunc(out, func(a, b candidate) int { return strings.Compare(a.id, b.id) })
+	slices.Sort(ids) // the IDs, not the larger candidates
+	out := make([]candidate, len(ids))
+	for i, id := range ids {
+		ratios, _ := v.Ratios(id, r.agentRatio[id])
+		f := r.features[id]
+		out[i] = candidate{id: id, capacity: r.caps[id], templates: r.templates[id], pool: r.nodes[id].pool,
+			network: f[nodewire.FeatureNetwork], artifacts: f[nodewire.FeatureArtifacts],
+			state: v.State(id), ratios: ratios}
+	}
 	return out
 }
 
 // choose picks a node for pub among the connected ones (see pick), reading
-// from tx what the candidates' Workspaces ask of them: the memory of those
-// desired RUNNING and the writable layers of all (store.Tx.NodeUsage, sums
-// of an index, whatever the number of Workspaces on the node).
+// from tx what the candidates' Workspaces ask of them: the memory and CPU
+// of those desired RUNNING and the writable layers of all
+// (store.Tx.NodeUsages, sums of an index read once for all nodes, not once
+// per node). The fleet's records come from the cached view; the pool
+// overrides bound the pools' capacity.
 func (r *Reconciler) choose(ctx context.Context, tx store.Tx, pub *ctrlv1.Workspace) (*candidate, string, error) {
 	nodes, d := r.connected(), demandOf(pub)
 	node, extra, err := volumeDemand(ctx, tx, pub)
@@ -157,19 +258,35 @@ func (r *Reconciler) choose(ctx context.Context, tx store.Tx, pub *ctrlv1.Worksp
 	if err != nil {
 		return nil, "", err
 	}
+	r.mu.Lock()
+	view := r.fleetView()
+	r.mu.Unlock()
+	var usage map[string]store.NodeUsage
 	for i := range nodes {
 		c := &nodes[i]
 		if !c.serves(d) || (d.node != "" && c.id != d.node) {
 			continue
 		}
-		u, err := tx.NodeUsage(ctx, c.id)
-		if err != nil {
-			return nil, "", err
+		var u store.NodeUsage
+		switch {
+		case d.node != "":
+			// One node: its own sums.
+			if u, err = tx.NodeUsage(ctx, c.id); err != nil {
+				return nil, "", err
+			}
+		default:
+			// Every node's sums in one read, once a node needs them.
+			if usage == nil {
+				if usage, err = tx.NodeUsages(ctx); err != nil {
+					return nil, "", err
+				}
+			}
+			u = usage[c.id]
 		}
-		if size := c.capacity.StorageBytes; size > 0 {
+		if size := view.PoolCapacity(c.id, c.pool, c.capacity.StorageBytes); size > 0 {
 			c.storageKnown, c.freeBytes = true, volume.Free(size, volumeUse[c.id], u.LayerBytes)
 		}
-		c.usedMiB = u.RunningMemoryMiB
+		c.usedMiB, c.usedCPU = u.RunningMemoryMiB, u.RunningCPUMillis
 	}
 	c, reason := pick(nodes, d)
 	return c, reason, nil
@@ -217,9 +334,16 @@ func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bo
 			return err
 		}
 		if node != nil {
+			// The view may be a second old: the node picked must still be
+			// ACTIVE by its record.
+			if ok, err := r.placeable(ctx, tx, node.id); err != nil || !ok {
+				return err // not ACTIVE any more: the next pass decides again
+			}
 			w.NodeID = node.id
 			pub.Placement = &ctrlv1.Placement{NodeId: node.id, StoragePool: node.pool}
-			if v := node.templates[pub.GetTemplate().GetTemplateId()]; v != "" && pub.GetTemplate() != nil {
+			// The node-built template runs at the version the node holds;
+			// a published version stays the one it was created from.
+			if v := node.templates[pub.GetTemplate().GetTemplateId()]; v != "" && pub.GetTemplate() != nil && !demandOf(pub).published {
 				pub.Template.Version = v
 			}
 			if err := r.placeVolume(ctx, tx, pub, node, now); err != nil {

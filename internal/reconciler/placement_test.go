@@ -46,7 +46,7 @@ func TestPick(t *testing.T) {
 		{"memory one MiB short", []candidate{node("a", 1024, 1000, 769, "default")}, ask(256, 500), "", noFit},
 		{"memory over capacity", []candidate{node("a", 1024, 1000, 0, "default")}, ask(2048, 500), "", noFit},
 		{"cpu over capacity", []candidate{node("a", 1024, 1000, 0, "default")}, ask(256, 1001), "", noFit},
-		{"cpu is not summed", []candidate{node("a", 4096, 1000, 2048, "default")}, ask(256, 1000), "a", ""},
+		{"cpu of one workspace up to the node's", []candidate{node("a", 4096, 1000, 2048, "default")}, ask(256, 1000), "a", ""},
 		{"template missing everywhere", []candidate{node("a", 1024, 1000, 0, "default"), node("b", 1024, 1000, 0)},
 			demand{template: "python", memoryMiB: 256, cpuMillis: 500}, "", noTemplate},
 		{"template missing wins over capacity", []candidate{node("a", 128, 100, 0, "default")},

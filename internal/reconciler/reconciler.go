@@ -37,6 +37,7 @@ import (
 
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/node/v1/nodev1connect"
+	"github.com/kibotos/kibotos/internal/fleet"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
@@ -59,6 +60,10 @@ type Config struct {
 	// OnDenyNodeKey, when set, is called after DenyNodeKey committed, with
 	// the denied key: ctrl closes the data tunnels opened with it.
 	OnDenyNodeKey func(keyHash []byte)
+	// OnEndDataPlane, when set, is called by EndDataPlane with the node
+	// whose data plane ends (an isolated node): ctrl closes its data
+	// tunnels.
+	OnEndDataPlane func(nodeID string)
 	// FetchArtifact serves NodeService.FetchArtifact to a verified node
 	// peer (internal/artifact); nil answers unimplemented.
 	FetchArtifact func(ctx context.Context, req *nodev1.FetchArtifactRequest, send func(*nodev1.FetchArtifactResponse) error) error
@@ -72,6 +77,7 @@ type Reconciler struct {
 	nodeGrace        time.Duration
 	placementTimeout time.Duration
 	onDeny           func(keyHash []byte)
+	onEndDataPlane   func(nodeID string)
 	fetchArtifact    func(ctx context.Context, req *nodev1.FetchArtifactRequest, send func(*nodev1.FetchArtifactResponse) error) error
 
 	kick chan struct{}
@@ -81,6 +87,12 @@ type Reconciler struct {
 	caps      map[string]workspace.Capacity // known nodes, connected or not
 	templates map[string]map[string]string  // node → template → version
 	features  map[string]map[string]bool    // node → its Hello.features
+	// agentRatio is each known node's Hello capacity
+	// memory_overcommit_ratio (kibotos-node --memory-overcommit-ratio; 0
+	// when not given).
+	agentRatio map[string]float64
+	// fleet is the latest fleet.View (fleet.go).
+	fleet fleetCache
 	// deleted are the Egresses deleted recently (EgressDeleted), named in
 	// every full state.
 	deleted []deletedEgress
@@ -136,12 +148,14 @@ func New(cfg Config) *Reconciler {
 		nodeGrace:        cfg.NodeGrace,
 		placementTimeout: cfg.PlacementTimeout,
 		onDeny:           cfg.OnDenyNodeKey,
+		onEndDataPlane:   cfg.OnEndDataPlane,
 		fetchArtifact:    cfg.FetchArtifact,
 		kick:             make(chan struct{}, 1),
 		nodes:            map[string]*nodeConn{},
 		caps:             map[string]workspace.Capacity{},
 		templates:        map[string]map[string]string{},
 		features:         map[string]map[string]bool{},
+		agentRatio:       map[string]float64{},
 		quiet:            map[string]bool{},
 		volPending:       map[string]time.Time{},
 	}
@@ -177,12 +191,20 @@ func (r *Reconciler) Kick() {
 	}
 }
 
-// MaxCapacity is the capacity of the largest known node.
+// MaxCapacity is the capacity of the largest known node that is not
+// RETIRED, its memory as placement accounts it (times the node's memory
+// overcommit ratio; its CPU is what one Workspace may have there).
 func (r *Reconciler) MaxCapacity() workspace.Capacity {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	v := r.fleetView()
 	var best workspace.Capacity
-	for _, c := range r.caps {
+	for id, c := range r.caps {
+		if v.State(id) == fleet.StateRetired {
+			continue
+		}
+		ratios, _ := v.Ratios(id, r.agentRatio[id])
+		c.MemoryMiB = fleet.Apply(c.MemoryMiB, ratios.Memory)
 		if c.MemoryMiB > best.MemoryMiB {
 			best = c
 		}

@@ -11,7 +11,8 @@ import (
 )
 
 // beyondNode says why the resources demanded (memory in MiB, CPU in
-// millicores) exceed everything node capacity c has, "" when they fit.
+// millicores) exceed everything node capacity c has (its memory times its
+// overcommit ratio, effectiveCapacity), "" when they fit.
 func beyondNode(node string, c workspace.Capacity, memoryMiB, cpuMillis uint64) string {
 	switch {
 	case c.MemoryMiB == 0 && c.CPUMillis == 0:
@@ -39,7 +40,7 @@ func (r *Reconciler) refuseOversized(ctx context.Context, w *store.Workspace) (b
 		return false, nil
 	}
 	r.mu.Lock()
-	c := r.caps[w.NodeID]
+	c := r.effectiveCapacity(w.NodeID)
 	r.mu.Unlock()
 	pub, err := workspace.Decode(w)
 	if err != nil {

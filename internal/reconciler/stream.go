@@ -1,7 +1,6 @@
 package reconciler
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"time"
@@ -11,6 +10,7 @@ import (
 
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/fleet"
 	"github.com/kibotos/kibotos/internal/nodepeer"
 	"github.com/kibotos/kibotos/internal/nodewire"
 	"github.com/kibotos/kibotos/internal/store"
@@ -46,7 +46,7 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 		return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
 			Message: "the node certificate does not name the node of the Hello"}
 	}
-	if err := r.register(ctx, hello, func(tx store.NodeTx, n *store.Node) error {
+	if err := r.registerKey(ctx, hello, peer.KeyHash, func(tx store.NodeTx, n *store.Node) error {
 		// A denied key never connects; after an enrollment only its
 		// certificate's key may speak for the node: re-enrolling a node ID
 		// shuts out the machine it replaced.
@@ -136,12 +136,22 @@ func (r *Reconciler) FetchArtifact(ctx context.Context, req *connect.Request[nod
 	return r.fetchArtifact(ctx, req.Msg, stream.Send)
 }
 
-// register records a Hello in the store: the node (created on its first
-// Hello), its capacity and templates, and that it was seen now. mayConnect
-// vets the stored node first.
+// register is registerKey without a key (tests).
 func (r *Reconciler) register(ctx context.Context, hello *nodev1.Hello, mayConnect func(store.NodeTx, *store.Node) error) error {
+	return r.registerKey(ctx, hello, nil, mayConnect)
+}
+
+// registerKey records a Hello in the store: the node (created on its first
+// Hello), its capacity and templates, and that it was seen now; and its
+// fleet record (fleet.Register: created ACTIVE at registration version 1
+// on the first Hello, the key keyHash it spoke with recorded). mayConnect
+// vets the stored node first; a RETIRED node is refused
+// (failed_precondition), nothing written.
+func (r *Reconciler) registerKey(ctx context.Context, hello *nodev1.Hello, keyHash []byte, mayConnect func(store.NodeTx, *store.Node) error) error {
 	id, c, now := hello.GetNodeId(), hello.GetCapacity(), r.now()
-	return r.store.InTx(ctx, func(tx store.Tx) error {
+	created := false
+	err := r.store.InTx(ctx, func(tx store.Tx) error {
+		created = false
 		n, err := tx.GetNode(ctx, id)
 		if errors.Is(err, store.ErrNotFound) {
 			n = &store.Node{ID: id, CreatedAt: now}
@@ -151,6 +161,14 @@ func (r *Reconciler) register(ctx context.Context, hello *nodev1.Hello, mayConne
 		if err := mayConnect(tx, n); err != nil {
 			return err
 		}
+		_, _, err = fleet.GetRecord(ctx, tx, id)
+		created = errors.Is(err, store.ErrNotFound)
+		if err != nil && !created {
+			return err
+		}
+		if _, err := fleet.Register(ctx, tx, id, keyHash, false, now); err != nil {
+			return err
+		}
 		n.LastSeen, n.MemoryMiB, n.CPUMillis, n.StorageBytes = now, c.GetMemoryMib(), c.GetCpuMillis(), c.GetStorageBytes()
 		if n.Doc, err = proto.Marshal(&nodev1.Hello{NodeId: id, Capacity: c, Templates: hello.GetTemplates(),
 			Features: hello.GetFeatures()}); err != nil {
@@ -158,6 +176,13 @@ func (r *Reconciler) register(ctx context.Context, hello *nodev1.Hello, mayConne
 		}
 		return tx.UpsertNode(ctx, n)
 	})
+	if err == nil && created {
+		// A new record: the cached view learns it (ACTIVE either way).
+		r.mu.Lock()
+		r.fleet.stale = true
+		r.mu.Unlock()
+	}
+	return err
 }
 
 // attach makes a Hello's node the connected one of its ID, seen now; a
@@ -176,6 +201,7 @@ func (r *Reconciler) attach(hello *nodev1.Hello, keyHash []byte) *nodeConn {
 	r.caps[id] = workspace.Capacity{MemoryMiB: c.GetMemoryMib(), CPUMillis: c.GetCpuMillis(), StorageBytes: c.GetStorageBytes()}
 	r.templates[id] = templateMap(hello.GetTemplates())
 	r.features[id] = featureSet(hello.GetFeatures())
+	r.agentRatio[id] = c.GetMemoryOvercommitRatio()
 	delete(r.quiet, id)
 	return nc
 }
@@ -184,10 +210,10 @@ func (r *Reconciler) attach(hello *nodev1.Hello, keyHash []byte) *nodeConn {
 // refuses its connections, CertificateService its renewals and
 // BootstrapService re-enrollments with it, whatever certificate carries it
 // (store.DeniedNodeKey). A stream this ctrl holds with that key ends at
-// once, and so do the data tunnels opened with it (Config.OnDenyNodeKey);
-// a stream another replica holds ends when the node reconnects. Denying a
-// denied key again changes nothing. It is the primitive a
-// RetireNode will use; no API calls it yet.
+// once, and so do the data tunnels opened with it (EndKey); a stream
+// another replica holds ends when the node reconnects. Denying a denied
+// key again changes nothing. RetireNode denies in its own transaction and
+// then calls EndKey.
 func (r *Reconciler) DenyNodeKey(ctx context.Context, nodeID string, keyHash []byte, reason string) error {
 	if len(keyHash) != 32 {
 		return fault.Invalid("key_hash", "a node key hash is a SHA-256 (32 bytes), not %d bytes", len(keyHash))
@@ -198,18 +224,8 @@ func (r *Reconciler) DenyNodeKey(ctx context.Context, nodeID string, keyHash []b
 	}); err != nil {
 		return err
 	}
-	if r.onDeny != nil {
-		r.onDeny(keyHash)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, nc := range r.nodes {
-		if bytes.Equal(nc.keyHash, keyHash) {
-			nc.end(&fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
-				Message: "the key of this certificate of node " + nc.id + " was revoked"})
-			r.log.Warn("node key denied: stream ended", "node_id", nc.id, "reason", reason)
-		}
-	}
+	r.log.Warn("node key denied", "node_id", nodeID, "reason", reason)
+	r.EndKey(keyHash)
 	return nil
 }
 

@@ -802,6 +802,18 @@ func testNodeUsage(t *testing.T, s store.Store) {
 			t.Errorf("NodeUsage(%s) after the changes = %+v, want %+v", node, got, want[node])
 		}
 	}
+	// NodeUsages is NodeUsage of every node at once; unplaced Workspaces
+	// belong to none.
+	view(t, s, func(ctx context.Context, tx store.Tx) error {
+		all, err := tx.NodeUsages(ctx)
+		if err != nil {
+			return err
+		}
+		if len(all) != 2 || all["node-a"] != want["node-a"] || all["node-b"] != want["node-b"] {
+			t.Errorf("NodeUsages = %+v, want node-a %+v, node-b %+v", all, want["node-a"], want["node-b"])
+		}
+		return nil
+	})
 }
 
 func testPendingWorkspaces(t *testing.T, s store.Store) {
