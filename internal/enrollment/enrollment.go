@@ -30,6 +30,7 @@ import (
 	"github.com/kibotos/kibotos/internal/catalog"
 	"github.com/kibotos/kibotos/internal/command"
 	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/fleet"
 	"github.com/kibotos/kibotos/internal/ids"
 	"github.com/kibotos/kibotos/internal/nodepeer"
 	"github.com/kibotos/kibotos/internal/paging"
@@ -210,6 +211,10 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateEnrollmentReques
 		Method: CreateMethod, ObjectKind: string(ResourceKind), Request: req,
 		NewResponse: func() *ctrlv1.CreateEnrollmentResponse { return &ctrlv1.CreateEnrollmentResponse{} },
 		Decide: func(ctx context.Context, tx store.Tx, cmd *store.Command) (*ctrlv1.CreateEnrollmentResponse, error) {
+			// A RETIRED node ID is a tombstone: no token is bound to it.
+			if err := refuseRetired(ctx, tx, req.GetNodeId()); err != nil {
+				return nil, err
+			}
 			now := s.now()
 			rec := &record{NodeID: req.GetNodeId(), ExpireTime: now.Add(ttl)}
 			b, err := json.Marshal(rec)
@@ -337,7 +342,11 @@ func denied(format string, args ...any) error {
 // node's key and marks the token used, in one transaction. The node is
 // registered at the same time, with the key that alone may connect as it
 // from now on: two unbound tokens cannot enroll two machines under one node
-// ID, and re-enrolling a node ID shuts out the machine it replaced.
+// ID, and re-enrolling a node ID shuts out the machine it replaced. Its
+// fleet record (fleet.Register) is created at registration version 1, or
+// moves to a new registration version when the node ID existed (a bound
+// token re-enrolling a replaced machine). A RETIRED node ID is refused,
+// bound token or not (failed_precondition), and the token stays unused.
 func (s *Service) Enroll(ctx context.Context, req *nodev1.EnrollRequest) (*nodev1.EnrollResponse, error) {
 	if err := s.Served(); err != nil {
 		return nil, err
@@ -398,7 +407,12 @@ func (s *Service) Enroll(ctx context.Context, req *nodev1.EnrollRequest) (*nodev
 				return fault.Invalid("node_id", "the host name %q is not a usable node ID; start kibotos-node with --node-id", ids.Truncate(req.GetHostname()))
 			}
 		}
+		// A RETIRED node ID is a tombstone, whatever the token.
+		if err := refuseRetired(ctx, tx, nodeID); err != nil {
+			return err
+		}
 		n, err := tx.GetNode(ctx, nodeID)
+		existed := err == nil
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			n = &store.Node{ID: nodeID, CreatedAt: now}
@@ -411,6 +425,11 @@ func (s *Service) Enroll(ctx context.Context, req *nodev1.EnrollRequest) (*nodev
 		// From now on only this key may connect as the node.
 		n.CertKeyHash = keyHash[:]
 		if err := tx.UpsertNode(ctx, n); err != nil {
+			return err
+		}
+		// Its fleet record: a node ID that existed gets a new registration
+		// version (a replaced machine: NodeService's CAS sees it).
+		if _, err := fleet.Register(ctx, tx, nodeID, keyHash[:], existed, now); err != nil {
 			return err
 		}
 		certPEM, notAfter, err := s.Issuer.IssueNode(pub, nodeID, s.CertValidity, now)
@@ -434,6 +453,25 @@ func (s *Service) Enroll(ctx context.Context, req *nodev1.EnrollRequest) (*nodev
 		return nil, err
 	}
 	return out, nil
+}
+
+// refuseRetired is fleet.Retired when nodeID ("" for none) is RETIRED.
+func refuseRetired(ctx context.Context, tx store.Tx, nodeID string) error {
+	if nodeID == "" {
+		return nil
+	}
+	_, rec, err := fleet.GetRecord(ctx, tx, nodeID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	case rec.State == fleet.StateRetired:
+		fe, _ := fault.As(fleet.Retired(nodeID))
+		fe.Field = "node_id"
+		return fe
+	}
+	return nil
 }
 
 // Renew serves CertificateService/RenewCertificate for node nodeID, whose
