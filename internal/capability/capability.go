@@ -42,6 +42,14 @@ const (
 	// exchange of kibotos-node --enroll-token; served when ctrl holds its
 	// client CA's key.
 	NodeEnrollment = "node.enrollment"
+
+	// ArtifactTemplate: ArtifactService for Templates (publication, versions,
+	// defaults, retention, reclamation) and CreateWorkspace's
+	// template_version; served always by ctrl, which holds the bytes.
+	ArtifactTemplate = "artifact.template"
+	// ArtifactPlatform: ArtifactService for Platforms and SetPlatformDefault;
+	// served always by ctrl.
+	ArtifactPlatform = "artifact.platform"
 )
 
 // served lists the capabilities this build serves end to end. Add a name
@@ -49,6 +57,8 @@ const (
 var served = []string{
 	EgressManage,
 	ResolverManage,
+	ArtifactTemplate,
+	ArtifactPlatform,
 }
 
 // withNetwork are served once a node that serves workspace networks (its
@@ -195,4 +205,15 @@ var Procedures = map[string]string{
 	"/kibotos.ctrl.v1.EnrollmentService/GetEnrollment":               NodeEnrollment,
 	"/kibotos.ctrl.v1.EnrollmentService/ListEnrollments":             NodeEnrollment,
 	"/kibotos.ctrl.v1.EnrollmentService/RevokeEnrollment":            NodeEnrollment,
+	"/kibotos.ctrl.v1.ArtifactService/BeginArtifactPublication":      ArtifactTemplate,
+	"/kibotos.ctrl.v1.ArtifactService/UploadArtifactContent":         ArtifactTemplate,
+	"/kibotos.ctrl.v1.ArtifactService/CommitArtifactPublication":     ArtifactTemplate,
+	"/kibotos.ctrl.v1.ArtifactService/GetArtifactPublication":        ArtifactTemplate,
+	"/kibotos.ctrl.v1.ArtifactService/ListArtifacts":                 ArtifactTemplate,
+	"/kibotos.ctrl.v1.ArtifactService/GetArtifact":                   ArtifactTemplate,
+	"/kibotos.ctrl.v1.ArtifactService/ListArtifactVersions":          ArtifactTemplate,
+	"/kibotos.ctrl.v1.ArtifactService/SetTemplateDefault":            ArtifactTemplate,
+	"/kibotos.ctrl.v1.ArtifactService/SetPlatformDefault":            ArtifactPlatform,
+	"/kibotos.ctrl.v1.ArtifactService/RetainLaunchRevision":          ArtifactTemplate,
+	"/kibotos.ctrl.v1.ArtifactService/ApplyArtifactReclamation":      ArtifactTemplate,
 }

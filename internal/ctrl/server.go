@@ -29,6 +29,7 @@ import (
 	"github.com/kibotos/kibotos/gen/kibotos/node/v1/nodev1connect"
 	"github.com/kibotos/kibotos/internal/api"
 	"github.com/kibotos/kibotos/internal/apierr"
+	"github.com/kibotos/kibotos/internal/artifact"
 	"github.com/kibotos/kibotos/internal/catalog"
 	"github.com/kibotos/kibotos/internal/command"
 	"github.com/kibotos/kibotos/internal/dataplane"
@@ -166,8 +167,16 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	)...)
 
 	mux := http.NewServeMux()
+	// ArtifactService: Templates and Platforms; nodes fetch their bytes
+	// through NodeService.FetchArtifact, and hear of new Platform defaults
+	// and of reclamations through the reconciler.
+	artifacts := &artifact.Service{Engine: engine, Store: cfg.Store, Now: cfg.Now}
 	s.recon = reconciler.New(reconciler.Config{Store: cfg.Store, Log: log, Now: cfg.Now, NodeGrace: cfg.NodeGrace,
-		OnDenyNodeKey: s.tunnels.CloseKey})
+		OnDenyNodeKey: s.tunnels.CloseKey, FetchArtifact: artifacts.Fetch})
+	artifacts.OnPlatformDefault, artifacts.OnReclaimed = s.recon.PlatformChanged, s.recon.ArtifactReclaimed
+	// An upload carries up to 4 MiB of bytes besides its command ID.
+	mux.Handle(ctrlv1connect.NewArtifactServiceHandler(api.NewArtifacts(artifacts), opts,
+		connect.WithReadMaxBytes(artifact.MaxUploadRequestBytes)))
 	mux.Handle(ctrlv1connect.NewServerInfoServiceHandler(info, opts))
 	// Updates of Egresses and Resolvers reach the running Workspaces that
 	// use them through the reconciler; deleted Egresses reach every node.
@@ -183,7 +192,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	mux.Handle(ctrlv1connect.NewResolverServiceHandler(resolvers, opts))
 	workspaces := &workspace.Service{
 		Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
-		Templates:   s.recon.Template,
+		Templates: s.recon.Template,
+		ResolveTemplate: func(ctx context.Context, tx store.Tx, id, version string) (string, error) {
+			return artifact.ResolveTemplate(ctx, tx, id, version, s.recon.Template)
+		},
 		MaxCapacity: s.recon.MaxCapacity, Kick: s.recon.Kick, WaitBound: cfg.WaitBound,
 		PoolFree: volume.PoolFree,
 	}
@@ -237,6 +249,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		ctrlv1connect.EgressServiceName, ctrlv1connect.ResolverServiceName, ctrlv1connect.VolumeServiceName,
 		ctrlv1connect.EnrollmentServiceName, ctrlv1connect.SessionServiceName, ctrlv1connect.ProcessServiceName, ctrlv1connect.PortForwardServiceName, ctrlv1connect.WorkspaceLogServiceName,
 		ctrlv1connect.FileServiceName,
+		ctrlv1connect.ArtifactServiceName,
 	}
 	s.health = grpchealth.NewStaticChecker(services...)
 	reflector := grpcreflect.NewStaticReflector(services...)
@@ -325,15 +338,24 @@ func (s *Server) authenticate(api, health http.Handler) http.Handler {
 		if role == pki.RoleNode {
 			r = r.WithContext(nodepeer.With(r.Context(), nodepeer.Peer{NodeID: auth.id.CommonName, KeyHash: auth.keyHash}))
 		}
-		if r.ContentLength > MaxRequestBytes {
+		if r.ContentLength > maxRequestBytes(r.URL.Path) {
 			_ = errw.Write(w, r, apierr.FromDetail(connect.CodeResourceExhausted, &ctrlv1.ErrorDetail{
 				Reason:  ctrlv1.FailureReason_FAILURE_REASON_INVALID_ARGUMENT,
-				Message: fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, MaxRequestBytes),
+				Message: fmt.Sprintf("request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, maxRequestBytes(r.URL.Path)),
 			}))
 			return
 		}
 		api.ServeHTTP(w, r)
 	})
+}
+
+// maxRequestBytes is the largest request body of path: MaxRequestBytes,
+// and artifact.MaxUploadRequestBytes for UploadArtifactContent.
+func maxRequestBytes(path string) int64 {
+	if path == ctrlv1connect.ArtifactServiceUploadArtifactContentProcedure {
+		return artifact.MaxUploadRequestBytes
+	}
+	return MaxRequestBytes
 }
 
 // describeOUs names a certificate's OUs for an error message: quoted, each

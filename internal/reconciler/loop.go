@@ -104,7 +104,7 @@ func (r *Reconciler) pass(ctx context.Context) error {
 	if err := r.pushVolumes(ctx); err != nil && ctx.Err() == nil {
 		r.log.Warn("push desired volumes", "error", err.Error())
 	}
-	r.flushDeleted()
+	r.flushPending()
 	// Turning UNKNOWN completes no command: nobody to wake.
 	_, err := r.markSilent(ctx)
 	return err
@@ -218,14 +218,15 @@ func (n *netReader) desired(w *store.Workspace) (*nodev1.DesiredWorkspace, error
 	case store.PowerDeleted:
 		p = nodev1.Power_POWER_DELETED
 	}
-	return &nodev1.DesiredWorkspace{
+	d := &nodev1.DesiredWorkspace{
 		WorkspaceId: w.ID, Generation: w.Generation, Power: p, Force: w.ForceStop,
 		TemplateId: pub.GetTemplate().GetTemplateId(),
 		MemoryMib:  pub.GetResources().GetMemoryMib(), CpuMillis: pub.GetResources().GetCpuMillis(),
 		CapacityBytes: pub.GetWritableLayer().GetCapacityBytes(),
 		Network:       network,
 		Volume:        workspaceVolume(pub),
-	}, nil
+	}
+	return d, n.template(d, pub)
 }
 
 // silent reports whether a node has been silent beyond the grace at now: a

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -25,10 +24,6 @@ import (
 // how a policy change's command ends, the generation bump that makes
 // running Workspaces take an Egress's or Resolver's new revision, and the
 // broadcast of deleted Egresses.
-
-// deletedEgressMemory is how long a deleted Egress is named in every full
-// desired state, for the nodes that were disconnected when it was deleted.
-const deletedEgressMemory = time.Hour
 
 // maxReportedEgresses bounds the Egress statuses kept from one report: a
 // policy references at most netpolicy.MaxRoutes + 1 Egresses.
@@ -338,61 +333,13 @@ func Repush(ctx context.Context, tx store.Tx, targetID string, kinds ...store.Re
 	return n, nil
 }
 
-// deletedEgress is an Egress deleted at a time.
-type deletedEgress struct {
-	id string
-	at time.Time
-}
-
 // EgressDeleted tells every node that an Egress was deleted, so that each
 // closes at once the connections still draining through it
 // (DesiredState.deleted_egress_ids); the full state of a node that connects
-// within the next hour names it too. DeleteEgress calls it after its
-// commit. The memory is this ctrl's: a node connected to another replica
-// hears of the deletion only at its next full state from this one.
+// within the next hour names it too (recentIDs). DeleteEgress calls it
+// after its commit.
 func (r *Reconciler) EgressDeleted(id string) {
-	now := r.now()
-	r.mu.Lock()
-	r.deleted = slices.DeleteFunc(r.deleted, func(d deletedEgress) bool { return d.id == id || now.Sub(d.at) > deletedEgressMemory })
-	r.deleted = append(r.deleted, deletedEgress{id: id, at: now})
-	for _, nc := range r.nodes {
-		if !slices.Contains(nc.deletedEgresses, id) {
-			nc.deletedEgresses = append(nc.deletedEgresses, id)
-		}
-	}
-	r.mu.Unlock()
-	r.flushDeleted()
-}
-
-// recentDeleted returns the Egresses deleted within deletedEgressMemory of
-// now, oldest first. Callers hold r.mu.
-func (r *Reconciler) recentDeleted(now time.Time) []string {
-	var out []string
-	for _, d := range r.deleted {
-		if now.Sub(d.at) <= deletedEgressMemory {
-			out = append(out, d.id)
-		}
-	}
-	return out
-}
-
-// flushDeleted sends each connected node the deleted Egresses it has not
-// been told of yet; a stream that is backed up keeps them for the next
-// pass.
-func (r *Reconciler) flushDeleted() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, nc := range r.nodes {
-		if len(nc.deletedEgresses) == 0 {
-			continue
-		}
-		msg := &nodev1.ConnectResponse{Desired: &nodev1.DesiredState{DeletedEgressIds: slices.Clone(nc.deletedEgresses)}}
-		select {
-		case nc.send <- msg:
-			nc.deletedEgresses = nil
-		default:
-		}
-	}
+	r.notifyAll(&r.deleted, id, func(nc *nodeConn) *[]string { return &nc.deletedEgresses })
 }
 
 // ServesNetwork reports whether a known node serves workspace networks

@@ -95,7 +95,10 @@ type Reconciler struct {
 	fleet fleetCache
 	// deleted are the Egresses deleted recently (EgressDeleted), named in
 	// every full state.
-	deleted []deletedEgress
+	deleted recentIDs
+	// reclaimed are the artifact digests reclaimed recently
+	// (ArtifactReclaimed), named in every full state.
+	reclaimed recentIDs
 	// volPending are Volumes this reconciler changed whose node has not
 	// been sent the change yet (volume.go).
 	volPending map[string]time.Time
@@ -122,9 +125,13 @@ type nodeConn struct {
 	pool     string
 	stored   time.Time // when lastSeen was last written to the store
 	keyHash  []byte    // the key of the certificate the stream came with
-	// deletedEgresses are deleted Egresses not sent on this stream yet.
-	deletedEgresses []string
-	endOnce         sync.Once
+	// deletedEgresses are deleted Egresses not sent on this stream yet;
+	// reclaimedDigests likewise reclaimed artifact digests; platformPending:
+	// the Platform changed since it was sent (flushPending).
+	deletedEgresses  []string
+	reclaimedDigests []string
+	platformPending  bool
+	endOnce          sync.Once
 }
 
 // end makes the stream's Connect return err: nil when a newer stream

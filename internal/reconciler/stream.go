@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
+	"github.com/kibotos/kibotos/internal/artifact"
 	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/fleet"
 	"github.com/kibotos/kibotos/internal/nodepeer"
@@ -311,7 +312,10 @@ func (r *Reconciler) fullState(ctx context.Context, nc *nodeConn) (*nodev1.Conne
 			}
 			out.Workspaces = append(out.Workspaces, d)
 		}
-		out.Volumes, err = r.volumesOf(ctx, tx, nc)
+		if out.Volumes, err = r.volumesOf(ctx, tx, nc); err != nil {
+			return err
+		}
+		out.Platform, err = artifact.DesiredPlatform(ctx, tx)
 		return err
 	}); err != nil {
 		return nil, err
@@ -321,8 +325,7 @@ func (r *Reconciler) fullState(ctx context.Context, nc *nodeConn) (*nodev1.Conne
 	for _, w := range on {
 		nc.sent[w.ID] = w.Generation
 	}
-	out.DeletedEgressIds = r.recentDeleted(r.now())
-	nc.deletedEgresses = nil
+	r.fullPending(nc, out)
 	return &nodev1.ConnectResponse{Desired: out}, nil
 }
 

@@ -56,7 +56,14 @@ type Service struct {
 	Pages  *paging.Codec
 	Now    func() time.Time
 	// Templates resolves a template ID to its version; false when unknown.
+	// It serves when ResolveTemplate is nil (no published Templates).
 	Templates func(id string) (version string, ok bool)
+	// ResolveTemplate, when set, resolves the template_id and
+	// template_version of a CreateWorkspace inside tx to the version the
+	// Workspace records (internal/artifact.ResolveTemplate: published
+	// Templates, and those the nodes build through Templates); its refusals
+	// are faults.
+	ResolveTemplate func(ctx context.Context, tx store.Tx, templateID, version string) (string, error)
 	// MaxCapacity is the capacity of the largest node.
 	MaxCapacity func() Capacity
 	// Kick wakes the reconciler after an admission.
@@ -197,9 +204,16 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 	if tmpl == "" {
 		tmpl = DefaultTemplate
 	}
-	version, ok := s.Templates(tmpl)
-	if !ok {
-		return nil, fault.Invalid("template_id", "unknown template %q", tmpl)
+	var version string
+	if s.ResolveTemplate == nil {
+		v, ok := s.Templates(tmpl)
+		if !ok {
+			return nil, fault.Invalid("template_id", "unknown template %q", tmpl)
+		}
+		if req.GetTemplateVersion() != "" {
+			return nil, fault.Invalid("template_version", "this server publishes no Templates; template_version must be empty")
+		}
+		version = v
 	}
 	// Fields whose capability the deployment does not serve (volume binding,
 	// a network policy beyond NONE, expiration) never reach here: the server
@@ -227,8 +241,28 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 		NewResponse: func() *ctrlv1.CreateWorkspaceResponse { return &ctrlv1.CreateWorkspaceResponse{} },
 		// Judged by the clock only when nothing is recorded: a resend
 		// replays after the deadline passed.
-		Prepare: func(context.Context) error { return CheckExpirationSpec("expiration", req.GetExpiration(), s.now()) },
+		Prepare: func(ctx context.Context) error {
+			if err := CheckExpirationSpec("expiration", req.GetExpiration(), s.now()); err != nil {
+				return err
+			}
+			if s.ResolveTemplate == nil {
+				return nil
+			}
+			// A template refused here records nothing; Decide resolves it
+			// again in its transaction (a reclamation may come between).
+			return s.Store.View(ctx, func(tx store.Tx) error {
+				_, err := s.ResolveTemplate(ctx, tx, tmpl, req.GetTemplateVersion())
+				return err
+			})
+		},
 		Decide: func(ctx context.Context, tx store.Tx, rec *store.Command) (*ctrlv1.CreateWorkspaceResponse, error) {
+			version := version
+			if s.ResolveTemplate != nil {
+				var err error
+				if version, err = s.ResolveTemplate(ctx, tx, tmpl, req.GetTemplateVersion()); err != nil {
+					return nil, err
+				}
+			}
 			if c := s.MaxCapacity(); c.MemoryMiB > 0 && (uint64(res.GetMemoryMib()) > c.MemoryMiB || uint64(res.GetCpuMillis()) > c.CPUMillis ||
 				(c.StorageBytes > 0 && capacity > c.StorageBytes)) {
 				return nil, &fault.Error{Kind: fault.KindResourceExhausted, Reason: fault.ReasonCapacityExhausted, Field: "resources",

@@ -1,0 +1,184 @@
+package artifact
+
+import (
+	"context"
+	"strconv"
+
+	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
+	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/store"
+)
+
+func formatRev(rev uint64) string { return strconv.FormatUint(rev, 10) }
+
+// parseRev parses a version name: a revision in decimal, no sign, no
+// leading zero.
+func parseRev(s string) (uint64, bool) {
+	if s == "" || s[0] == '0' || len(s) > 20 {
+		return 0, false
+	}
+	rev, err := strconv.ParseUint(s, 10, 64)
+	return rev, err == nil
+}
+
+// availableByDigest returns an AVAILABLE version with digest d; nil when
+// none.
+func availableByDigest(ctx context.Context, tx store.Tx, d string) (*versionRecord, error) {
+	idx := &digestRecord{}
+	_, ok, err := get(ctx, tx, KindDigest, d, idx)
+	if err != nil || !ok {
+		return nil, err
+	}
+	for _, key := range idx.Versions {
+		v := &versionRecord{}
+		_, ok, err := get(ctx, tx, KindVersion, key, v)
+		if err != nil {
+			return nil, err
+		}
+		if ok && v.State == ctrlv1.ArtifactVersionState_ARTIFACT_VERSION_STATE_AVAILABLE {
+			return v, nil
+		}
+	}
+	return nil, nil
+}
+
+// Fetch serves NodeService.FetchArtifact (the caller checked the node
+// peer): an AVAILABLE version's bytes by digest from offset, in messages
+// of at most MaxFetchMessage bytes, each chunk read in its own short
+// transaction. An unknown or reclaimed digest is not_found, also when the
+// version is reclaimed during the fetch.
+func (s *Service) Fetch(ctx context.Context, req *nodev1.FetchArtifactRequest, send func(*nodev1.FetchArtifactResponse) error) error {
+	d, off := req.GetDigest(), req.GetOffset()
+	if err := CheckDigest("digest", d); err != nil {
+		return err
+	}
+	notFound := &fault.Error{Kind: fault.KindNotFound, Reason: fault.ReasonNotFound, Message: "no AVAILABLE artifact version has digest " + d}
+	var v *versionRecord
+	if err := s.Store.View(ctx, func(tx store.Tx) error {
+		var err error
+		v, err = availableByDigest(ctx, tx, d)
+		return err
+	}); err != nil {
+		return storeErr(err)
+	}
+	if v == nil {
+		return notFound
+	}
+	if off > v.Size {
+		return fault.Invalid("offset", "offset %d is beyond the size %d", off, v.Size)
+	}
+	if off == v.Size {
+		return send(&nodev1.FetchArtifactResponse{SizeBytes: v.Size})
+	}
+	for off < v.Size {
+		var chunks []store.BlobChunk
+		if err := s.Store.View(ctx, func(tx store.Tx) error {
+			var err error
+			chunks, err = tx.BlobChunks(ctx, v.Blob, off, 1)
+			return err
+		}); err != nil {
+			return storeErr(err)
+		}
+		if len(chunks) == 0 || chunks[0].Offset > off {
+			return notFound // reclaimed meanwhile
+		}
+		data := chunks[0].Data[off-chunks[0].Offset:]
+		if rest := v.Size - off; uint64(len(data)) > rest {
+			data = data[:rest]
+		}
+		for len(data) > 0 {
+			n := min(len(data), MaxFetchMessage)
+			if err := send(&nodev1.FetchArtifactResponse{SizeBytes: v.Size, Data: data[:n]}); err != nil {
+				return err
+			}
+			data, off = data[n:], off+uint64(n)
+		}
+	}
+	return nil
+}
+
+// ResolveTemplate resolves the template of a CreateWorkspace inside tx to
+// the version the Workspace records. A Template that was not published is
+// one the nodes build (nodes resolves it: reconciler.Template); it takes
+// no template_version but the one the nodes hold. A published Template
+// without template_version resolves to its default (none:
+// failed_precondition); a named version must exist (else invalid_argument
+// on template_version) and be AVAILABLE (else failed_precondition).
+func ResolveTemplate(ctx context.Context, tx store.Tx, templateID, version string, nodes func(string) (string, bool)) (string, error) {
+	a := &artifactRecord{}
+	_, published, err := get(ctx, tx, KindArtifact, artifactKey(ctrlv1.ArtifactKind_ARTIFACT_KIND_TEMPLATE, templateID), a)
+	if err != nil {
+		return "", storeErr(err)
+	}
+	if !published {
+		v, ok := nodes(templateID)
+		if !ok {
+			return "", fault.Invalid("template_id", "unknown template %s", quote(templateID))
+		}
+		if version != "" && version != v {
+			return "", fault.Invalid("template_version", "template %s is built by the nodes (version %s); template_version must be empty", quote(templateID), quote(v))
+		}
+		return v, nil
+	}
+	k := ctrlv1.ArtifactKind_ARTIFACT_KIND_TEMPLATE
+	if version == "" {
+		if a.DefaultRevision == 0 {
+			return "", fault.Precondition(fault.ReasonStateConflict, "Template %s has no default version; name one in template_version", quote(templateID))
+		}
+		return formatRev(a.DefaultRevision), nil
+	}
+	rev, ok := parseRev(version)
+	v := &versionRecord{}
+	found := false
+	if ok {
+		if _, found, err = get(ctx, tx, KindVersion, versionKey(k, templateID, rev), v); err != nil {
+			return "", storeErr(err)
+		}
+	}
+	if !found {
+		return "", fault.Invalid("template_version", "Template %s has no version %s", quote(templateID), quote(version))
+	}
+	if err := available(k, templateID, rev, v); err != nil {
+		return "", err
+	}
+	return version, nil
+}
+
+// TemplateSource returns where a node fetches version of Template
+// templateID: nil when it is not a published version (the default
+// template, built by the nodes).
+func TemplateSource(ctx context.Context, tx store.Tx, templateID, version string) (*nodev1.ArtifactSource, error) {
+	if templateID == DefaultTemplate || templateID == "" {
+		return nil, nil
+	}
+	rev, ok := parseRev(version)
+	if !ok {
+		return nil, nil
+	}
+	v := &versionRecord{}
+	_, found, err := get(ctx, tx, KindVersion, versionKey(ctrlv1.ArtifactKind_ARTIFACT_KIND_TEMPLATE, templateID, rev), v)
+	if err != nil || !found {
+		return nil, err
+	}
+	return &nodev1.ArtifactSource{Digest: v.Digest, SizeBytes: v.Size, Format: v.Format}, nil
+}
+
+// DesiredPlatform returns the default version of Platform "sandbox" as
+// nodes receive it; nil when it has none.
+func DesiredPlatform(ctx context.Context, tx store.Tx) (*nodev1.DesiredPlatform, error) {
+	k := ctrlv1.ArtifactKind_ARTIFACT_KIND_PLATFORM
+	a := &artifactRecord{}
+	_, ok, err := get(ctx, tx, KindArtifact, artifactKey(k, SandboxPlatform), a)
+	if err != nil || !ok || a.DefaultRevision == 0 {
+		return nil, err
+	}
+	v := &versionRecord{}
+	_, ok, err = get(ctx, tx, KindVersion, versionKey(k, SandboxPlatform, a.DefaultRevision), v)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return &nodev1.DesiredPlatform{PlatformId: SandboxPlatform, Version: formatRev(a.DefaultRevision),
+		Source:          &nodev1.ArtifactSource{Digest: v.Digest, SizeBytes: v.Size, Format: v.Format},
+		ProtocolVersion: v.Protocol}, nil
+}
