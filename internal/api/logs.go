@@ -55,6 +55,10 @@ func (h *WorkspaceLogs) ReadWorkspaceLog(ctx context.Context, req *connect.Reque
 		return &fault.Error{Kind: fault.KindNotFound, Reason: fault.ReasonNotFound,
 			Message: "the workspace has no log: it has not run yet"}
 	}
+	if err := w.routable(); err != nil {
+		release()
+		return err
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	go g.watch(ctx, cancel, tok, ws, dataplane.ScopeExec, changed, release)

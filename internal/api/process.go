@@ -17,6 +17,7 @@ import (
 	"github.com/kibotos/kibotos/internal/apierr"
 	"github.com/kibotos/kibotos/internal/dataplane"
 	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/fleet"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
@@ -57,7 +58,8 @@ type gate struct {
 // missing, malformed, forged or expired; permission_denied for another
 // Workspace), the Workspace (not_found when unknown or deleted), then the
 // token's scope and generation (Verifier.Verify), then the Workspace's
-// state (failed_precondition unless AVAILABLE, with observed_workspace).
+// state (failed_precondition unless AVAILABLE, with observed_workspace; and
+// when its node is isolated, routable).
 // It returns the Workspace and the token; what then checks the state is
 // route (Processes) or available.
 //
@@ -117,6 +119,9 @@ func (h *Processes) route(w placed, workspaceID string) (guestv1connect.ProcessS
 // available is failed_precondition, with observed_workspace, unless w is
 // AVAILABLE on a node; what names what is served ("processes").
 func (w placed) available(what string) error {
+	if err := w.routable(); err != nil {
+		return err
+	}
 	if st := w.pub.GetState(); st != ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE || w.node == "" {
 		return &fault.Error{Kind: fault.KindFailedPrecondition, Reason: fault.ReasonStateConflict,
 			Message:           "the workspace's " + what + " are served while it is AVAILABLE; it is " + strings.TrimPrefix(st.String(), "WORKSPACE_STATE_"),
@@ -129,20 +134,49 @@ func (w placed) available(what string) error {
 type placed struct {
 	pub  *ctrlv1.Workspace
 	node string
+	// isolated: an operator isolated the node (IsolateNode): no data-plane
+	// traffic goes to it.
+	isolated bool
+}
+
+// routable is failed_precondition (STATE_CONFLICT, with
+// observed_workspace) when w's node is isolated: ctrl routes no
+// data-plane traffic to it. The node is not named: nothing of the route
+// shows in a data-plane answer.
+func (w placed) routable() error {
+	if !w.isolated {
+		return nil
+	}
+	return &fault.Error{Kind: fault.KindFailedPrecondition, Reason: fault.ReasonStateConflict,
+		Message:           "the workspace's node is isolated by an operator: its data plane is refused until the node is no longer isolated",
+		ObservedWorkspace: w.pub}
 }
 
 // lookup reads workspaceID: not_found when it is unknown or deleted.
 func (h gate) lookup(ctx context.Context, workspaceID string) (placed, error) {
 	var pub *ctrlv1.Workspace
 	var node string
+	isolated := false
 	err := h.Store.View(ctx, func(tx store.Tx) error {
 		w, err := tx.GetWorkspace(ctx, workspaceID)
 		if err != nil {
 			return err
 		}
 		node = w.NodeID
-		pub, err = workspace.Decode(w)
-		return err
+		if pub, err = workspace.Decode(w); err != nil || node == "" {
+			return err
+		}
+		// The node's fleet record, read with the Workspace: an isolated
+		// node gets no traffic, whichever replica isolated it.
+		_, rec, err := fleet.GetRecord(ctx, tx, node)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return nil
+		case err != nil:
+			return err
+		}
+		isolated = rec.State == fleet.StateIsolated
+		return nil
 	})
 	if errors.Is(err, store.ErrNotFound) || (err == nil && pub.GetState() == ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETED) {
 		return placed{}, fault.NotFound("workspace", workspaceID)
@@ -150,7 +184,7 @@ func (h gate) lookup(ctx context.Context, workspaceID string) (placed, error) {
 	if err != nil {
 		return placed{}, err
 	}
-	return placed{pub: pub, node: node}, nil
+	return placed{pub: pub, node: node, isolated: isolated}, nil
 }
 
 // guestError turns an error of the guest's call into the public one: the
