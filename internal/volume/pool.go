@@ -2,14 +2,18 @@ package volume
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 
+	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/fleet"
 	"github.com/kibotos/kibotos/internal/store"
 )
 
 // PoolFree returns the bytes of nodeID's storage pool that nothing is
 // promised yet: the pool's size (store.Node.StorageBytes, from the node's
-// Hello) minus the writable-layer capacity of every Workspace placed on the
+// Hello; the operator's capacity override when smaller, PoolCapacity)
+// minus the writable-layer capacity of every Workspace placed on the
 // node whose deletion has not completed, and the capacity of every Volume
 // on the node whose deletion has not completed (the larger of its desired
 // and confirmed capacity, so that a resize in flight counts at its
@@ -39,11 +43,37 @@ func freeOf(ctx context.Context, tx store.Tx, n *store.Node, volumeUse map[strin
 	if n.StorageBytes == 0 {
 		return 0, false, nil
 	}
+	size, err := PoolCapacity(ctx, tx, n.ID, nodeHello(n).GetCapacity().GetStoragePool(), n.StorageBytes)
+	if err != nil {
+		return 0, false, err
+	}
 	u, err := tx.NodeUsage(ctx, n.ID)
 	if err != nil {
 		return 0, false, err
 	}
-	return Free(n.StorageBytes, volumeUse[n.ID], u.LayerBytes), true, nil
+	return Free(size, volumeUse[n.ID], u.LayerBytes), true, nil
+}
+
+// PoolCapacity is the capacity ctrl accounts pool poolID of nodeID at,
+// read inside tx: the override SetStoragePoolCapacity recorded when it is
+// smaller than reported (what the node reports), else reported
+// (fleet.View.PoolCapacity, for one pool).
+func PoolCapacity(ctx context.Context, tx store.Tx, nodeID, poolID string, reported uint64) (uint64, error) {
+	r, err := tx.GetResource(ctx, fleet.KindPool, fleet.PoolKey(nodeID, poolID))
+	if errors.Is(err, store.ErrNotFound) {
+		return reported, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	var p fleet.PoolRecord
+	if err := json.Unmarshal(r.Spec, &p); err != nil {
+		return 0, fault.Internal("decode storage pool %s: %v", r.ID, err)
+	}
+	if p.OverrideBytes > 0 && p.OverrideBytes < reported {
+		return p.OverrideBytes, nil
+	}
+	return reported, nil
 }
 
 // Free is what a pool of size bytes has not promised yet when its Volumes

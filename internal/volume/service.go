@@ -4,9 +4,11 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -16,6 +18,7 @@ import (
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/internal/command"
 	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/fleet"
 	"github.com/kibotos/kibotos/internal/ids"
 	"github.com/kibotos/kibotos/internal/labels"
 	"github.com/kibotos/kibotos/internal/nodewire"
@@ -204,6 +207,13 @@ func place(ctx context.Context, tx store.Tx, pl *ctrlv1.Placement, capacity uint
 		if want := pl.GetStoragePool(); want != "" && want != pool {
 			return "", "", fault.Invalid("placement.storage_pool", "node %q has storage pool %q, not %q", id, pool, ids.Truncate(want))
 		}
+		if st, err := nodeState(ctx, tx, id); err != nil {
+			return "", "", err
+		} else if !st.Placeable() {
+			fe := fault.Precondition(fault.ReasonStateConflict, "node %q is %s: no new volume is placed on it", id, strings.ToLower(string(st)))
+			fe.Field = "placement.node_id"
+			return "", "", fe
+		}
 		free, known, err := PoolFree(ctx, tx, id)
 		if err != nil {
 			return "", "", err
@@ -225,6 +235,7 @@ func place(ctx context.Context, tx store.Tx, pl *ctrlv1.Placement, capacity uint
 	var best string
 	var bestFree uint64
 	named := 0
+	var inactive []string // named nodes that are not ACTIVE: "node "a" is draining"
 	for _, id := range slices.Sorted(slices.Values(connected)) {
 		n, err := tx.GetNode(ctx, id)
 		if errors.Is(err, store.ErrNotFound) {
@@ -242,6 +253,12 @@ func place(ctx context.Context, tx store.Tx, pl *ctrlv1.Placement, capacity uint
 			continue
 		}
 		named++
+		if st, err := nodeState(ctx, tx, id); err != nil {
+			return "", "", err
+		} else if !st.Placeable() {
+			inactive = append(inactive, fmt.Sprintf("node %q is %s", id, strings.ToLower(string(st))))
+			continue
+		}
 		free, known, err := freeOf(ctx, tx, n, use)
 		if err != nil {
 			return "", "", err
@@ -259,6 +276,9 @@ func place(ctx context.Context, tx store.Tx, pl *ctrlv1.Placement, capacity uint
 	switch {
 	case named == 0:
 		return "", "", fault.Invalid("placement.storage_pool", "no connected node serving volumes has storage pool %q", ids.Truncate(pl.GetStoragePool()))
+	case len(inactive) == named:
+		return "", "", fault.Precondition(fault.ReasonStateConflict, "no connected node serving volumes is ACTIVE, and no new volume is placed on the others: %s",
+			strings.Join(inactive, ", "))
 	case best == "":
 		return "", "", exhausted("placement", "no connected node serving volumes has %d MiB free in its storage pool", capacity/MiB)
 	}
@@ -269,6 +289,21 @@ func exhausted(stage, format string, args ...any) *fault.Error {
 	fe := fault.Precondition(fault.ReasonCapacityExhausted, format, args...)
 	fe.Kind, fe.Stage = fault.KindResourceExhausted, stage
 	return fe
+}
+
+// nodeState is a node's fleet state (ACTIVE when it has no record).
+func nodeState(ctx context.Context, tx store.Tx, id string) (fleet.State, error) {
+	_, rec, err := fleet.GetRecord(ctx, tx, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return fleet.StateActive, nil
+	case err != nil:
+		return "", err
+	}
+	if rec.State == "" {
+		return fleet.StateActive, nil
+	}
+	return rec.State, nil
 }
 
 // nodeHello is the Hello a node row records (its capacity, pool and
