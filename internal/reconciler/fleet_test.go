@@ -551,3 +551,38 @@ func cpuTime() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// TestStartOnDrainingNode: placement applies to unplaced Workspaces only:
+// a Workspace placed on a DRAINING or ISOLATED node (its writable layer is
+// there) is started there, and one whose memory fits only thanks to the
+// node's overcommit ratio is not refused as beyond the node.
+func TestStartOnDrainingNode(t *testing.T) {
+	for _, state := range []fleet.State{fleet.StateDraining, fleet.StateIsolated} {
+		t.Run(string(state), func(t *testing.T) {
+			r, st, _ := newTest(t, Config{})
+			h := hello("n1", 1024, 4000, "", workspace.DefaultTemplate)
+			h.Capacity.MemoryOvercommitRatio = 2
+			nc := connectNode(t, r, h)
+			setRecord(t, st, "n1", func(rec *fleet.Record) { rec.State = state })
+			if err := r.loadFleet(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			// A start of a stopped Workspace: generation ahead, on n1.
+			seed(t, st, t0, row{id: "ws-1", node: "n1", power: running, generation: 3, observed: 2, state: wsStoped,
+				memMiB: 1500, command: "c-start", kind: ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_START})
+			if err := r.pass(t.Context()); err != nil {
+				t.Fatalf("pass = %v", err)
+			}
+			if len(nc.send) != 1 {
+				t.Fatalf("%d messages sent, want the start", len(nc.send))
+			}
+			d := (<-nc.send).GetDesired().GetWorkspaces()
+			if len(d) != 1 || d[0].GetWorkspaceId() != "ws-1" || d[0].GetGeneration() != 3 {
+				t.Errorf("desired = %v, want ws-1 at generation 3", d)
+			}
+			if c := loadCommand(t, st, "c-start"); c.Status != store.CommandProcessing {
+				t.Errorf("start command %v, want still PROCESSING (not refused)", c.Status)
+			}
+		})
+	}
+}
