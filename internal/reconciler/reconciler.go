@@ -5,10 +5,14 @@
 //     Hello (capacity, templates, the executions the node holds) and answered
 //     with the node's full desired state, then changes; reports and
 //     heartbeats come back on it.
-//   - placement.go chooses a node for an unplaced Workspace: a connected node
-//     that holds its template and has the memory and CPU it asks for, the one
-//     with the most free memory (ties go to the smallest node ID); a
-//     Workspace no node can hold fails after Config.PlacementTimeout.
+//   - placement.go chooses a node for an unplaced Workspace: a connected
+//     ACTIVE node that holds its template (or fetches its published
+//     version) and has the memory and CPU it asks for within its overcommit
+//     ratios, the one with the most free memory (ties go to the smallest
+//     node ID); a Workspace no node can hold fails after
+//     Config.PlacementTimeout. fleet.go keeps the fleet's records
+//     (fleet.View) placement reads, and ends what an isolated node or a
+//     denied key holds open.
 //   - loop.go is the control loop: on every kick and every second it places
 //     pending Workspaces, pushes desired state nodes have not been sent yet,
 //     and turns the Workspaces of a node silent beyond Config.NodeGrace
