@@ -62,8 +62,9 @@ func (r *Reconciler) loadNodes(ctx context.Context) error {
 // pass places unplaced Workspaces, pushes pending desired state and marks
 // the Workspaces of silent nodes UNKNOWN.
 func (r *Reconciler) pass(ctx context.Context) error {
-	if err := r.refreshFleet(ctx); err != nil {
-		return err
+	if err := r.refreshFleet(ctx); err != nil && ctx.Err() == nil {
+		// Placement goes on with the view it has; the next pass reloads.
+		r.log.Warn("reload fleet records", "error", err.Error())
 	}
 	var pending []*store.Workspace
 	if err := r.store.View(ctx, func(tx store.Tx) error {
