@@ -35,6 +35,9 @@ type Client struct {
 	// EnrollmentService is EnrollmentService (Operator API): node enrollment
 	// tokens.
 	EnrollmentService ctrlv1connect.EnrollmentServiceClient
+	// NodeService is NodeService (Operator API): the fleet, drains,
+	// isolations, retirements, overcommit and storage pool capacities.
+	NodeService ctrlv1connect.NodeServiceClient
 	// SessionService is SessionService: data-plane credentials.
 	SessionService ctrlv1connect.SessionServiceClient
 	// ProcessService is the data plane's ProcessService: its requests need
@@ -204,6 +207,7 @@ func NewClient(endpoint string, opts ...Option) (*Client, error) {
 		ResolverService:   ctrlv1connect.NewResolverServiceClient(hc, base, o.connectOpts...),
 		VolumeService:     ctrlv1connect.NewVolumeServiceClient(hc, base, o.connectOpts...),
 		EnrollmentService: ctrlv1connect.NewEnrollmentServiceClient(hc, base, o.connectOpts...),
+		NodeService:       ctrlv1connect.NewNodeServiceClient(hc, base, o.connectOpts...),
 		SessionService:    ctrlv1connect.NewSessionServiceClient(hc, base, o.connectOpts...),
 		ProcessService:    ctrlv1connect.NewProcessServiceClient(hc, base, o.connectOpts...),
 		FileService:       ctrlv1connect.NewFileServiceClient(hc, base, append([]connect.ClientOption{noGzip}, o.connectOpts...)...),

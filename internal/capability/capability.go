@@ -50,6 +50,9 @@ const (
 	// ArtifactPlatform: ArtifactService for Platforms and SetPlatformDefault;
 	// served always by ctrl.
 	ArtifactPlatform = "artifact.platform"
+	// NodeManage: NodeService (Operator API): the fleet, drains,
+	// isolations, retirements, overcommit and storage pool capacities.
+	NodeManage = "node.manage"
 )
 
 // served lists the capabilities this build serves end to end. Add a name
@@ -59,6 +62,7 @@ var served = []string{
 	ResolverManage,
 	ArtifactTemplate,
 	ArtifactPlatform,
+	NodeManage,
 }
 
 // withNetwork are served once a node that serves workspace networks (its
@@ -216,4 +220,14 @@ var Procedures = map[string]string{
 	"/kibotos.ctrl.v1.ArtifactService/SetPlatformDefault":            ArtifactPlatform,
 	"/kibotos.ctrl.v1.ArtifactService/RetainLaunchRevision":          ArtifactTemplate,
 	"/kibotos.ctrl.v1.ArtifactService/ApplyArtifactReclamation":      ArtifactTemplate,
+	"/kibotos.ctrl.v1.NodeService/ListNodes":                         NodeManage,
+	"/kibotos.ctrl.v1.NodeService/GetNode":                           NodeManage,
+	"/kibotos.ctrl.v1.NodeService/DrainNode":                         NodeManage,
+	"/kibotos.ctrl.v1.NodeService/CancelNodeDrain":                   NodeManage,
+	"/kibotos.ctrl.v1.NodeService/IsolateNode":                       NodeManage,
+	"/kibotos.ctrl.v1.NodeService/RetireNode":                        NodeManage,
+	"/kibotos.ctrl.v1.NodeService/SetNodeOvercommit":                 NodeManage,
+	"/kibotos.ctrl.v1.NodeService/GetOvercommitDefaults":             NodeManage,
+	"/kibotos.ctrl.v1.NodeService/SetOvercommitDefaults":             NodeManage,
+	"/kibotos.ctrl.v1.NodeService/SetStoragePoolCapacity":            NodeManage,
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/kibotos/kibotos/internal/dataplane"
 	"github.com/kibotos/kibotos/internal/enrollment"
 	"github.com/kibotos/kibotos/internal/expiration"
+	"github.com/kibotos/kibotos/internal/fleet"
 	"github.com/kibotos/kibotos/internal/netguard"
 	"github.com/kibotos/kibotos/internal/node/agent"
 	"github.com/kibotos/kibotos/internal/nodepeer"
@@ -243,11 +244,19 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	mux.Handle(ctrlv1connect.NewEnrollmentServiceHandler(enrollments, opts))
 	mux.Handle(nodev1connect.NewBootstrapServiceHandler(enrollments, opts))
 	mux.Handle(nodev1connect.NewCertificateServiceHandler(enrollments, opts))
+	// NodeService (Operator API): its writes reach placement and the
+	// nodes' streams through the reconciler.
+	mux.Handle(ctrlv1connect.NewNodeServiceHandler(api.NewNodes(&fleet.Service{
+		Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
+		Connected:      func(id string) bool { _, ok := s.recon.LastSeen(id); return ok },
+		StopWorkspaces: workspaces.StopForDrain,
+		EndKey:         s.recon.EndKey, EndDataPlane: s.recon.EndDataPlane, Changed: s.recon.FleetChanged,
+	}), opts))
 
 	services := []string{
 		ctrlv1connect.ServerInfoServiceName, ctrlv1connect.WorkspaceServiceName,
 		ctrlv1connect.EgressServiceName, ctrlv1connect.ResolverServiceName, ctrlv1connect.VolumeServiceName,
-		ctrlv1connect.EnrollmentServiceName, ctrlv1connect.SessionServiceName, ctrlv1connect.ProcessServiceName, ctrlv1connect.PortForwardServiceName, ctrlv1connect.WorkspaceLogServiceName,
+		ctrlv1connect.EnrollmentServiceName, ctrlv1connect.NodeServiceName, ctrlv1connect.SessionServiceName, ctrlv1connect.ProcessServiceName, ctrlv1connect.PortForwardServiceName, ctrlv1connect.WorkspaceLogServiceName,
 		ctrlv1connect.FileServiceName,
 		ctrlv1connect.ArtifactServiceName,
 	}
