@@ -47,6 +47,11 @@ type Spec struct {
 	// Volume is the Volume the execution mounts from its start (nil:
 	// none); its image is on this node (VolumeRuntime).
 	Volume *VolumeMount
+	// TemplateVersion is the published Template version the workspace
+	// runs from ("": the node's own version of TemplateID), and
+	// TemplateSource where to fetch it when the node lacks it.
+	TemplateVersion string
+	TemplateSource  *nodev1.ArtifactSource
 }
 
 // VolumeMount is a Volume an execution mounts, and where (an absolute,
@@ -126,6 +131,20 @@ type Runtime interface {
 	// capacityBytes in place, keeping every byte; only without execution.
 	// Errors no retry can fix (a pool that cannot hold it) are Permanent.
 	Resize(ctx context.Context, workspaceID string, capacityBytes uint64) error
+}
+
+// Artifacts is implemented by a Runtime that holds published artifacts
+// (nodewire.FeatureArtifacts): the agent hands it what DesiredState says
+// of them, without waiting (a fetch takes its time).
+type Artifacts interface {
+	// Reclaim deletes the artifact versions of these digests that the
+	// node holds, once no execution uses them.
+	Reclaim(digests []string)
+	// SetPlatform makes p the Platform new executions boot with; nil is
+	// the node's own guest.
+	SetPlatform(p *nodev1.DesiredPlatform)
+	// Platforms lists the Platform versions the node holds (Hello).
+	Platforms() []*nodev1.TemplateInfo
 }
 
 // Config configures an Agent.
@@ -257,9 +276,13 @@ func (a *Agent) session(parent context.Context) error {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	stream := a.client.Connect(ctx)
-	hello := &nodev1.Hello{NodeId: a.cfg.NodeID, Capacity: a.cfg.Capacity, Features: a.cfg.Features}
+	hello := &nodev1.Hello{NodeId: a.cfg.NodeID, Capacity: a.cfg.Capacity, Features: a.cfg.Features,
+		GuestProtocolVersion: nodewire.GuestProtocolVersion}
 	if a.cfg.Templates != nil {
 		hello.Templates = a.cfg.Templates()
+	}
+	if art, ok := a.cfg.Runtime.(Artifacts); ok {
+		hello.Platforms = art.Platforms()
 	}
 	for _, st := range a.cfg.Runtime.Executions() {
 		hello.Executions = append(hello.Executions, a.statusReport(st, st.Generation))
@@ -319,6 +342,16 @@ func (a *Agent) apply(ctx context.Context, d *nodev1.DesiredState) {
 	// Deleted Egresses: their draining connections end now, everywhere.
 	for _, id := range d.GetDeletedEgressIds() {
 		a.cfg.Runtime.CloseEgress(id)
+	}
+	if art, ok := a.cfg.Runtime.(Artifacts); ok {
+		// The platform is sent with the full state and when it changes:
+		// a full state without one means the node's own guest.
+		if d.GetPlatform() != nil || d.GetFull() {
+			art.SetPlatform(d.GetPlatform())
+		}
+		if len(d.GetReclaimedDigests()) > 0 {
+			art.Reclaim(d.GetReclaimedDigests())
+		}
 	}
 	a.mu.Lock()
 	listed := map[string]bool{}
@@ -401,7 +434,7 @@ func (a *Agent) act(ctx context.Context, d *nodev1.DesiredWorkspace) {
 		}
 		spec := Spec{WorkspaceID: id, Generation: gen, TemplateID: d.GetTemplateId(),
 			CapacityBytes: d.GetCapacityBytes(), MemoryMiB: d.GetMemoryMib(), CPUMillis: d.GetCpuMillis(),
-			Network: d.GetNetwork()}
+			Network: d.GetNetwork(), TemplateVersion: d.GetTemplateVersion(), TemplateSource: d.GetTemplateSource()}
 		if v := d.GetVolume(); v != nil {
 			spec.Volume = &VolumeMount{VolumeID: v.GetVolumeId(), MountPath: v.GetMountPath()}
 		}

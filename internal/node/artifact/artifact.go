@@ -258,7 +258,7 @@ func (s *Store) download(h string, size uint64) (string, error) {
 	}
 	if got := hex.EncodeToString(sum.Sum(nil)); got != h {
 		_ = os.Remove(partial)
-		return "", fmt.Errorf("%w: sha256:%s fetched as sha256:%s", ErrDigestMismatch, got, h)
+		return "", fmt.Errorf("%w: fetched as sha256:%s, the bytes are sha256:%s", ErrDigestMismatch, h, got)
 	}
 	if err := f.Sync(); err != nil {
 		return "", fmt.Errorf("artifact: %w", err)

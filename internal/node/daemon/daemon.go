@@ -19,10 +19,14 @@ import (
 	"strings"
 	"syscall"
 
+	"connectrpc.com/connect"
+
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
+	"github.com/kibotos/kibotos/gen/kibotos/node/v1/nodev1connect"
 	"github.com/kibotos/kibotos/internal/guest/protocol"
 	"github.com/kibotos/kibotos/internal/node/agent"
+	"github.com/kibotos/kibotos/internal/node/artifact"
 	"github.com/kibotos/kibotos/internal/node/sandbox"
 	"github.com/kibotos/kibotos/internal/node/template"
 	"github.com/kibotos/kibotos/internal/nodewire"
@@ -107,24 +111,50 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	templates := func() []*nodev1.TemplateInfo {
-		list, err := usableTemplates(tmplDir)
-		if err != nil {
-			cfg.Log.Warn("list templates", "error", err.Error())
-		}
-		out := make([]*nodev1.TemplateInfo, 0, len(list))
-		for _, t := range list {
-			out = append(out, &nodev1.TemplateInfo{TemplateId: t.Name, Version: t.Version})
-		}
-		return out
-	}
+	templates := func() []*nodev1.TemplateInfo { return heldTemplates(tmplDir, cfg.Log) }
 	cfg.Log.Info("node ready", "node_id", cfg.NodeID, "memory_mib", capacity.GetMemoryMib(), "memory_budget_mib", budget, "cpu_millis", capacity.GetCpuMillis(),
 		"executions", len(rt.Executions()), "cgroup_version", rt.CgroupVersion(), "templates", len(templates()))
+	// Published artifacts come from the same ctrl over the same client.
+	store, err := artifact.New(artifact.Config{Dir: filepath.Join(cfg.StateDir, "artifacts"),
+		Client: nodev1connect.NewNodeServiceClient(cfg.HTTP, cfg.Endpoint,
+			connect.WithReadMaxBytes(nodewire.MaxMessageBytes), connect.WithSendMaxBytes(nodewire.MaxMessageBytes))})
+	if err != nil {
+		return err
+	}
+	nodeRT := NewRuntime(rt, tmplDir)
+	nodeRT.UseArtifacts(ctx, store, cfg.Log)
 	a := agent.New(agent.Config{
 		NodeID: cfg.NodeID, Endpoint: cfg.Endpoint, HTTP: cfg.HTTP, Log: cfg.Log, Capacity: capacity,
-		Runtime: NewRuntime(rt, tmplDir), Templates: templates, Features: []string{nodewire.FeatureNetwork, nodewire.FeatureVolumes}, Memory: memory,
+		Runtime: nodeRT, Templates: templates, Memory: memory,
+		Features: []string{nodewire.FeatureNetwork, nodewire.FeatureVolumes, nodewire.FeatureArtifacts},
 	})
 	return a.Run(ctx)
+}
+
+// heldTemplates is Hello.templates: every published version the node holds
+// (with its digest), and the version of each other template (the default
+// one) it starts new executions from.
+func heldTemplates(dir string, log *slog.Logger) []*nodev1.TemplateInfo {
+	list, err := usableTemplates(dir)
+	if err != nil {
+		log.Warn("list templates", "error", err.Error())
+	}
+	var out []*nodev1.TemplateInfo
+	for _, t := range list {
+		if t.Digest == "" {
+			out = append(out, &nodev1.TemplateInfo{TemplateId: t.Name, Version: t.Version})
+		}
+	}
+	published, err := template.Published(dir)
+	if err != nil {
+		log.Warn("list published templates", "error", err.Error())
+	}
+	for _, t := range published {
+		if sandbox.CheckTemplateDir(t.Rootfs) == nil {
+			out = append(out, &nodev1.TemplateInfo{TemplateId: t.Name, Version: t.Version, Digest: t.Digest})
+		}
+	}
+	return out
 }
 
 // usableTemplates lists the templates under dir that the runtime can start
@@ -190,16 +220,49 @@ type Runtime struct {
 	rt        *sandbox.Runtime
 	templates string
 	events    chan agent.Event
+	art       *artifacts
 }
 
 // NewRuntime returns the adapter; templates is the directory of templates
 // (see internal/node/template), read at every start so that a template
-// installed while the node runs is usable at once.
+// installed while the node runs is usable at once. Without UseArtifacts
+// it starts only the templates the node has, with its own guest.
 func NewRuntime(rt *sandbox.Runtime, templates string) *Runtime {
 	r := &Runtime{rt: rt, templates: templates, events: make(chan agent.Event, 256)}
+	r.art = newArtifacts(nil, templates, slog.New(slog.DiscardHandler), r.executionRootfs)
 	go r.forward()
 	return r
 }
+
+// UseArtifacts makes r fetch the published Templates and Platforms it
+// needs through store (agent.Artifacts), and retry pending reclamations
+// until ctx is done.
+func (r *Runtime) UseArtifacts(ctx context.Context, store *artifact.Store, log *slog.Logger) {
+	r.art = newArtifacts(store, r.templates, log, r.executionRootfs)
+	go r.art.runReclaimer(ctx)
+}
+
+// executionRootfs lists the rootfs directories the executions run from.
+func (r *Runtime) executionRootfs() []string {
+	var out []string
+	for _, st := range r.rt.Executions() {
+		out = append(out, st.TemplateDir)
+	}
+	return out
+}
+
+// SetPlatform makes p the Platform new executions boot with (nil: the
+// node's own guest).
+func (r *Runtime) SetPlatform(p *nodev1.DesiredPlatform) { r.art.SetPlatform(p) }
+
+// Reclaim deletes the artifact versions of these digests once no
+// execution uses them.
+func (r *Runtime) Reclaim(digests []string) { r.art.Reclaim(digests) }
+
+// Platforms lists the Platform versions the node holds.
+func (r *Runtime) Platforms() []*nodev1.TemplateInfo { return r.art.Platforms() }
+
+var _ agent.Artifacts = (*Runtime)(nil)
 
 func (r *Runtime) forward() {
 	defer close(r.events)
@@ -224,30 +287,49 @@ func condition(c protocol.Condition) ctrlv1.GuestCondition {
 
 // Start starts an execution from the template. Errors no retry can fix are
 // marked agent.Permanent.
+//
+// A published template version (s.TemplateVersion) the node lacks is
+// fetched from s.TemplateSource and extracted first; new executions boot
+// with the desired Platform's guest when the node holds it (SetPlatform).
 func (r *Runtime) Start(ctx context.Context, s agent.Spec) error {
-	list, err := template.List(r.templates)
+	dir, err := r.templateDir(ctx, s)
 	if err != nil {
 		return err
-	}
-	dir := ""
-	for _, t := range list {
-		if t.Name == s.TemplateID {
-			dir = t.Rootfs
-		}
-	}
-	if dir == "" {
-		return agent.Permanent(fmt.Errorf("template %q is not on this node", s.TemplateID))
 	}
 	spec := sandbox.Spec{WorkspaceID: s.WorkspaceID, Generation: s.Generation, TemplateDir: dir,
 		CapacityBytes: s.CapacityBytes, MemoryMiB: s.MemoryMiB, CPUMillis: s.CPUMillis, Network: s.Network}
 	if v := s.Volume; v != nil {
 		spec.Volume = &sandbox.VolumeMount{VolumeID: v.VolumeID, MountPath: v.MountPath}
 	}
+	if _, running := r.rt.Status(s.WorkspaceID); !running {
+		guest, release := r.art.guest(ctx)
+		defer release()
+		spec.Guest = guest
+	}
 	err = r.rt.Start(ctx, spec)
 	if sandbox.Permanent(err) {
 		return agent.Permanent(err)
 	}
 	return err
+}
+
+// templateDir returns the rootfs a start of s runs from: its published
+// version (fetched and extracted when missing), or the version of
+// s.TemplateID the node holds.
+func (r *Runtime) templateDir(ctx context.Context, s agent.Spec) (string, error) {
+	if s.TemplateVersion != "" && s.TemplateID != template.DefaultName {
+		return r.art.templateDir(ctx, s.TemplateID, s.TemplateVersion, s.TemplateSource)
+	}
+	list, err := template.List(r.templates)
+	if err != nil {
+		return "", err
+	}
+	for _, t := range list {
+		if t.Name == s.TemplateID {
+			return t.Rootfs, nil
+		}
+	}
+	return "", agent.Permanent(fmt.Errorf("template %q is not on this node", s.TemplateID))
 }
 
 // Stop stops an execution; ErrWritebackFailed maps to the agent's.
