@@ -453,7 +453,8 @@ func TestMaxCapacityFleet(t *testing.T) {
 }
 
 // BenchmarkPlacement1000Nodes is one placement decision (choose, in its
-// own store view) with 1,000 registered nodes: hollow store.Node rows,
+// own store view, and the picked node's state re-read) with 1,000
+// registered nodes: hollow store.Node rows,
 // their fleet records (a tenth DRAINING, a tenth with their own
 // overcommit), all connected, on SQLite, each with two Workspaces.
 func BenchmarkPlacement1000Nodes(b *testing.B) {
@@ -517,12 +518,28 @@ func BenchmarkPlacement1000Nodes(b *testing.B) {
 	for i := range nodes {
 		r.attach(hello(fmt.Sprintf("node-%04d", i), 65536, 32000, "pool-a", workspace.DefaultTemplate), nil)
 	}
+	// cached: as placement runs, the nodes weighed by sums read at most
+	// once a second, the node picked read again. every-node: the sums of
+	// every node read for each decision (the cache expired each time: what
+	// one decision a second costs, and a decision that finds no node).
+	for _, mode := range []string{"cached", "every-node"} {
+		b.Run(mode, func(b *testing.B) { benchChoose(b, r, st, mode == "every-node") })
+	}
+}
+
+func benchChoose(b *testing.B, r *Reconciler, st store.Store, expire bool) {
+	ctx := context.Background()
 	pub := &ctrlv1.Workspace{Template: &ctrlv1.TemplateRef{TemplateId: workspace.DefaultTemplate},
 		Resources: &ctrlv1.Resources{MemoryMib: 2048, CpuMillis: 1000}, WritableLayer: &ctrlv1.WritableLayer{CapacityBytes: 1 << 30}}
 	cpu0 := cpuTime()
 	n := 0
 	for b.Loop() {
 		n++
+		if expire {
+			r.mu.Lock()
+			r.usage = usageCache{}
+			r.mu.Unlock()
+		}
 		var got *candidate
 		if err := st.View(ctx, func(tx store.Tx) error {
 			var err error
@@ -584,5 +601,63 @@ func TestStartOnDrainingNode(t *testing.T) {
 				t.Errorf("start command %v, want still PROCESSING (not refused)", c.Status)
 			}
 		})
+	}
+}
+
+// TestChooseUsageCache: placement weighs nodes by sums read at most once a
+// second, but never decides on them: a node that filled up since is not
+// chosen (its own sums are read again), and a node that the cache thinks
+// full is found when the store says it has room.
+func TestChooseUsageCache(t *testing.T) {
+	r, st, _ := newTest(t, Config{})
+	connectNode(t, r, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
+	connectNode(t, r, hello("n2", 2048, 4000, "", workspace.DefaultTemplate))
+	ask := func(mib uint32) *ctrlv1.Workspace {
+		return &ctrlv1.Workspace{Template: &ctrlv1.TemplateRef{TemplateId: workspace.DefaultTemplate},
+			Resources: &ctrlv1.Resources{MemoryMib: mib, CpuMillis: 100}}
+	}
+	if got := chooseFor(t, r, st, ask(512)); got != "n1" { // loads the cache: both empty
+		t.Fatalf("choose = %q, want n1 (most free)", got)
+	}
+	// n1 fills up behind the cache's back (another replica's placements).
+	seed(t, st, t0, row{id: "ws-full", node: "n1", power: running, generation: 1, state: wsAvail, memMiB: 4000})
+	if got := chooseFor(t, r, st, ask(512)); got != "n2" {
+		t.Errorf("choose after n1 filled = %q, want n2 (n1's own sums read again)", got)
+	}
+	// n2 fills up too, as the cache now knows n1 did; then n1 empties
+	// without the cache knowing: the store is asked before refusing.
+	seed(t, st, t0, row{id: "ws-full-2", node: "n2", power: running, generation: 1, state: wsAvail, memMiB: 2000})
+	if got, reason := chooseWhy(t, r, st, ask(512)); got != "" {
+		t.Fatalf("choose with both full = %q, want none", got)
+	} else if reason != "no connected node has the memory and CPU this workspace requests" {
+		t.Errorf("reason = %q", reason)
+	}
+	editRow(t, st, "ws-full", func(w *store.Workspace, _ *ctrlv1.Workspace) { w.Power = store.PowerStopped })
+	r.mu.Lock()
+	r.usage.loaded = time.Now() // the cache is fresh and wrong: n1 full
+	r.mu.Unlock()
+	if got := chooseFor(t, r, st, ask(512)); got != "n1" {
+		t.Errorf("choose after n1 emptied = %q, want n1", got)
+	}
+}
+
+// TestPlaceCountsItsOwn: the placements of one pass count in the next
+// decisions at once: Workspaces spread over equal nodes.
+func TestPlaceCountsItsOwn(t *testing.T) {
+	r, st, _ := newTest(t, Config{})
+	connectNode(t, r, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
+	connectNode(t, r, hello("n2", 4096, 4000, "", workspace.DefaultTemplate))
+	var got []string
+	for i := range 4 {
+		id := fmt.Sprintf("ws-%d", i)
+		seed(t, st, t0, row{id: id, power: running, generation: 1, state: wsCreate, command: "c-" + id, memMiB: 1024})
+		placed, _, err := r.place(t.Context(), id)
+		if err != nil || placed == nil {
+			t.Fatalf("place(%s) = %v, %v", id, placed, err)
+		}
+		got = append(got, placed.NodeID)
+	}
+	if want := []string{"n1", "n2", "n1", "n2"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("placements = %v, want %v", got, want)
 	}
 }

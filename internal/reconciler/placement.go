@@ -2,9 +2,11 @@ package reconciler
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/internal/fault"
@@ -241,12 +243,17 @@ func (r *Reconciler) connected() []candidate {
 	return out
 }
 
-// choose picks a node for pub among the connected ones (see pick), reading
-// from tx what the candidates' Workspaces ask of them: the memory and CPU
-// of those desired RUNNING and the writable layers of all
-// (store.Tx.NodeUsages, sums of an index read once for all nodes, not once
-// per node). The fleet's records come from the cached view; the pool
-// overrides bound the pools' capacity.
+// choose picks a node for pub among the connected ones (see pick),
+// weighing the candidates by what their Workspaces ask of them: the memory
+// and CPU of those desired RUNNING and the writable layers of all
+// (store.Tx.NodeUsages). Those sums come from the usage cache (read at
+// most once a second, one read of an index for all nodes) and are never
+// trusted for the decision itself: the node picked has its own sums read
+// again in tx (store.Tx.NodeUsage) and is taken only if it still fits; a
+// decision that finds no node, or whose picks keep failing that check,
+// reads every node's sums in tx and decides on them. A Workspace bound to
+// a Volume weighs only the Volume's node, read in tx. The fleet's records
+// come from the cached view; the pool overrides bound the pools' capacity.
 func (r *Reconciler) choose(ctx context.Context, tx store.Tx, pub *ctrlv1.Workspace) (*candidate, string, error) {
 	nodes, d := r.connected(), demandOf(pub)
 	node, extra, err := volumeDemand(ctx, tx, pub)
@@ -261,35 +268,128 @@ func (r *Reconciler) choose(ctx context.Context, tx store.Tx, pub *ctrlv1.Worksp
 	r.mu.Lock()
 	view := r.fleetView()
 	r.mu.Unlock()
-	var usage map[string]store.NodeUsage
-	for i := range nodes {
-		c := &nodes[i]
-		if !c.serves(d) || (d.node != "" && c.id != d.node) {
-			continue
-		}
-		var u store.NodeUsage
-		switch {
-		case d.node != "":
-			// One node: its own sums.
-			if u, err = tx.NodeUsage(ctx, c.id); err != nil {
-				return nil, "", err
-			}
-		default:
-			// Every node's sums in one read, once a node needs them.
-			if usage == nil {
-				if usage, err = tx.NodeUsages(ctx); err != nil {
-					return nil, "", err
-				}
-			}
-			u = usage[c.id]
-		}
+	fill := func(c *candidate, u store.NodeUsage) {
+		c.storageKnown, c.freeBytes = false, 0
 		if size := view.PoolCapacity(c.id, c.pool, c.capacity.StorageBytes); size > 0 {
 			c.storageKnown, c.freeBytes = true, volume.Free(size, volumeUse[c.id], u.LayerBytes)
 		}
 		c.usedMiB, c.usedCPU = u.RunningMemoryMiB, u.RunningCPUMillis
 	}
-	c, reason := pick(nodes, d)
-	return c, reason, nil
+	weighed := func(c *candidate) bool { return c.serves(d) && (d.node == "" || c.id == d.node) }
+	if d.node != "" {
+		// One node: its own sums, read in tx.
+		for i := range nodes {
+			if c := &nodes[i]; weighed(c) {
+				u, err := tx.NodeUsage(ctx, c.id)
+				if err != nil {
+					return nil, "", err
+				}
+				fill(c, u)
+			}
+		}
+		c, reason := pick(nodes, d)
+		return c, reason, nil
+	}
+	usage, fresh, err := r.nodeUsage(ctx, tx, false)
+	if err != nil {
+		return nil, "", err
+	}
+	fillAll := func() {
+		for i := range nodes {
+			if c := &nodes[i]; weighed(c) {
+				fill(c, usage[c.id])
+			}
+		}
+	}
+	fillAll()
+	for tries := 0; ; tries++ {
+		c, reason := pick(nodes, d)
+		if fresh {
+			return c, reason, nil // decided on sums read in tx
+		}
+		if c != nil && tries < 3 {
+			u, err := tx.NodeUsage(ctx, c.id)
+			if err != nil {
+				return nil, "", err
+			}
+			if u == usage[c.id] {
+				return c, "", nil
+			}
+			r.setNodeUsage(c.id, u)
+			usage[c.id] = u
+			fill(c, u)
+			if !c.storageKnown || c.freeBytes >= d.storageBytes {
+				if c.fits(d) {
+					return c, "", nil // still fits, though another may have more room now
+				}
+			}
+			continue // it does not fit after all: pick again
+		}
+		// No node by the cache, or picks that kept failing: decide on every
+		// node's sums read in tx.
+		if usage, fresh, err = r.nodeUsage(ctx, tx, true); err != nil {
+			return nil, "", err
+		}
+		fillAll()
+	}
+}
+
+// usageReload is how long placement weighs candidates by the usage cache
+// before reading every node's sums again.
+const usageReload = time.Second
+
+// usageCache is every node's use as last read (store.Tx.NodeUsages).
+type usageCache struct {
+	m      map[string]store.NodeUsage
+	loaded time.Time // by the monotonic wall clock, not Config.Now
+}
+
+// nodeUsage returns a copy of the usage cache, read again in tx when it is
+// older than usageReload or when now; fresh reports that it was read in
+// tx.
+func (r *Reconciler) nodeUsage(ctx context.Context, tx store.Tx, now bool) (map[string]store.NodeUsage, bool, error) {
+	r.mu.Lock()
+	if !now && r.usage.m != nil && time.Since(r.usage.loaded) < usageReload {
+		out := maps.Clone(r.usage.m)
+		r.mu.Unlock()
+		return out, false, nil
+	}
+	r.mu.Unlock()
+	m, err := tx.NodeUsages(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	r.mu.Lock()
+	r.usage = usageCache{m: maps.Clone(m), loaded: time.Now()}
+	r.mu.Unlock()
+	return m, true, nil
+}
+
+// setNodeUsage records node's sums as read in a transaction.
+func (r *Reconciler) setNodeUsage(node string, u store.NodeUsage) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.usage.m != nil {
+		r.usage.m[node] = u
+	}
+}
+
+// placedUsage adds to the usage cache what a Workspace placed on node
+// takes (its placement committed): the next decisions of the pass weigh
+// the node with it.
+func (r *Reconciler) placedUsage(node string, d demand, running bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.usage.m == nil {
+		return
+	}
+	u := r.usage.m[node]
+	u.LayerBytes += d.storageBytes
+	if running {
+		u.RunningMemoryMiB += d.memoryMiB
+		u.RunningCPUMillis += d.cpuMillis
+	}
+	r.usage.m[node] = u
 }
 
 // place chooses a node for an unplaced Workspace, or fails its command when
@@ -298,8 +398,10 @@ func (r *Reconciler) choose(ctx context.Context, tx store.Tx, pub *ctrlv1.Worksp
 func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bool, error) {
 	completed := false
 	var placed *store.Workspace
+	var placedDemand demand // what it takes from its node (its writable layer; a Volume counts apart)
+	placedOn, running := "", false
 	err := r.store.InTx(ctx, func(tx store.Tx) error {
-		completed, placed = false, nil
+		completed, placed, placedOn = false, nil, ""
 		w, err := tx.GetWorkspace(ctx, id)
 		if err != nil {
 			return err
@@ -349,7 +451,7 @@ func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bo
 			if err := r.placeVolume(ctx, tx, pub, node, now); err != nil {
 				return err
 			}
-			placed = w
+			placed, placedOn, running, placedDemand = w, node.id, w.Power == store.PowerRunning, demandOf(pub)
 			return saveRow(ctx, tx, w, pub, now)
 		}
 		if now.Sub(w.UpdatedAt) < r.placementTimeout {
@@ -365,5 +467,8 @@ func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bo
 		completed = true
 		return saveRow(ctx, tx, w, pub, now)
 	})
+	if err == nil && placedOn != "" {
+		r.placedUsage(placedOn, placedDemand, running)
+	}
 	return placed, completed, err
 }

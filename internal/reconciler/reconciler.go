@@ -97,6 +97,8 @@ type Reconciler struct {
 	agentRatio map[string]float64
 	// fleet is the latest fleet.View (fleet.go).
 	fleet fleetCache
+	// usage is every node's use as placement last read it (placement.go).
+	usage usageCache
 	// deleted are the Egresses deleted recently (EgressDeleted), named in
 	// every full state.
 	deleted recentIDs
