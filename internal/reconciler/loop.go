@@ -9,6 +9,7 @@ import (
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
+	"github.com/kibotos/kibotos/internal/fleet"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
@@ -245,8 +246,10 @@ func (r *Reconciler) markSilent(ctx context.Context) (int, error) {
 	now := r.now()
 	r.mu.Lock()
 	var silent []string
+	view := r.fleetView()
 	for id := range r.caps {
-		if r.silent(id, now) && !r.quiet[id] {
+		// A RETIRED node holds no Workspace: nothing to mark, ever.
+		if r.silent(id, now) && !r.quiet[id] && view.State(id) != fleet.StateRetired {
 			silent = append(silent, id)
 		}
 	}
