@@ -115,12 +115,14 @@ server offers.`,
 	f := cmd.Flags()
 	var (
 		template, volume, mountPath, mode, policyFile, expPolicy, expireAt string
+		templateVersion                                                    string
 		memory, cpu                                                        uint32
 		layerMiB, newVolumeMiB                                             uint64
 		deleteVolume, wait                                                 bool
 		expireIn                                                           time.Duration
 	)
 	f.StringVar(&template, "template", "", "Template ID (default: the deployment's default Template)")
+	f.StringVar(&templateVersion, "template-version", "", "version (revision) of a published Template (default: its default version)")
 	f.Uint32Var(&memory, "memory-mib", 0, "memory in MiB, greater than zero (required)")
 	f.Uint32Var(&cpu, "cpu-millis", 0, "CPU in millicores, greater than zero, rounded up to whole vCPUs (required)")
 	f.Uint64Var(&layerMiB, "writable-layer-mib", 0, "writable layer capacity in MiB (0: the server default)")
@@ -154,6 +156,7 @@ server offers.`,
 		req := &ctrlv1.CreateWorkspaceRequest{
 			Metadata:                   wr.meta(),
 			TemplateId:                 template,
+			TemplateVersion:            templateVersion,
 			Resources:                  &ctrlv1.Resources{MemoryMib: memory, CpuMillis: cpu},
 			WritableLayerCapacityBytes: layerMiB << 20,
 			Labels:                     labels.m,
