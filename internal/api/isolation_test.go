@@ -18,8 +18,9 @@ import (
 // TestDataPlaneIsolatedNode: data-plane traffic to a Workspace whose node
 // is ISOLATED is refused failed_precondition (STATE_CONFLICT, the message
 // says the node is isolated, the Workspace observed) where ctrl routes it
-// to the node — processes and logs alike — and flows again once the node
-// is no longer isolated. Both stores.
+// to the node — processes and logs alike —, a stream open when IsolateNode
+// commits ends, and traffic flows again when the node is only draining.
+// Both stores.
 func TestDataPlaneIsolatedNode(t *testing.T) {
 	for _, pg := range []bool{false, true} {
 		t.Run(map[bool]string{false: "sqlite", true: "postgres"}[pg], func(t *testing.T) {
@@ -80,15 +81,52 @@ func testDataPlaneIsolatedNode(t *testing.T, pg bool) {
 	if err := start(); err != nil {
 		t.Fatalf("StartProcess on an ACTIVE node = %v", err)
 	}
-	setState(fleet.StateIsolated)
+	// A stream open when the node is isolated (IsolateNode) ends.
+	sleep, err := p.ProcessEvents(ctx, bearerReq(&ctrlv1.ProcessEventsRequest{WorkspaceId: ws, ProcessId: "sleep"}, tok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sleep.Close()
+	if !sleep.Receive() { // Started: the stream is up
+		t.Fatalf("ProcessEvents(sleep) = %v", sleep.Err())
+	}
+	nodes := ctrlv1connect.NewNodeServiceClient(e.HTTP, e.URL)
+	n, err := nodes.GetNode(ctx, connect.NewRequest(&ctrlv1.GetNodeRequest{NodeId: node}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nodes.IsolateNode(ctx, connect.NewRequest(&ctrlv1.IsolateNodeRequest{CommandId: "iso-1", NodeId: node,
+		ExpectedRegistrationVersion: n.Msg.GetNode().GetRegistrationVersion()})); err != nil {
+		t.Fatalf("IsolateNode = %v", err)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		for sleep.Receive() {
+		}
+		ended <- sleep.Err()
+	}()
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Error("the open stream ended without an error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream open to the isolated node did not end")
+	}
 	for what, call := range map[string]func() error{"StartProcess": start, "ReadWorkspaceLog": readLog} {
 		d := wantErr(t, call(), connect.CodeFailedPrecondition, ctrlv1.FailureReason_FAILURE_REASON_STATE_CONFLICT, false)
 		if !strings.Contains(d.GetMessage(), "isolated") || d.GetObservedWorkspace().GetWorkspaceId() != ws {
 			t.Errorf("%s on an isolated node: %v; want the isolation said and the workspace observed", what, d)
 		}
 	}
-	setState(fleet.StateDraining) // a draining node still serves its Workspaces
-	if err := start(); err != nil {
-		t.Errorf("StartProcess on a DRAINING node = %v", err)
+	// A draining node still serves its Workspaces, once its agent has
+	// dialled its data tunnels again.
+	setState(fleet.StateDraining)
+	deadline := time.Now().Add(15 * time.Second)
+	for err := start(); err != nil; err = start() {
+		if connect.CodeOf(err) != connect.CodeUnavailable || time.Now().After(deadline) {
+			t.Fatalf("StartProcess on a DRAINING node = %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

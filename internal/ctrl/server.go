@@ -173,7 +173,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	// and of reclamations through the reconciler.
 	artifacts := &artifact.Service{Engine: engine, Store: cfg.Store, Now: cfg.Now}
 	s.recon = reconciler.New(reconciler.Config{Store: cfg.Store, Log: log, Now: cfg.Now, NodeGrace: cfg.NodeGrace,
-		OnDenyNodeKey: s.tunnels.CloseKey, FetchArtifact: artifacts.Fetch})
+		OnDenyNodeKey: s.tunnels.CloseKey, OnEndDataPlane: s.tunnels.CloseNode, FetchArtifact: artifacts.Fetch})
 	artifacts.OnPlatformDefault, artifacts.OnReclaimed = s.recon.PlatformChanged, s.recon.ArtifactReclaimed
 	// An upload carries up to 4 MiB of bytes besides its command ID.
 	mux.Handle(ctrlv1connect.NewArtifactServiceHandler(api.NewArtifacts(artifacts), opts,
