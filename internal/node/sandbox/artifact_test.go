@@ -3,10 +3,13 @@ package sandbox
 import (
 	"archive/tar"
 	"bytes"
+	"encoding/json"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -167,5 +170,64 @@ func TestNodeScopedCgroups(t *testing.T) {
 	}
 	if rootTag("/var/lib/kibotos/node/") != a {
 		t.Fatal("the tag depends on the spelling of the path")
+	}
+}
+
+// Two nodes on one host draw ID ranges from the same host IDs: a range one
+// claimed is never another's, a stale claim (no execution recorded by the
+// Root that claimed it) is taken over, and a freed range is free again.
+func TestIDRangesAreClaimedHostWide(t *testing.T) {
+	claims := t.TempDir()
+	mk := func(name string) *Runtime {
+		root := filepath.Join(t.TempDir(), name)
+		if err := os.MkdirAll(filepath.Join(root, "exec"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		return &Runtime{cfg: Config{IDBase: DefaultIDBase, IDRanges: 3, IDClaimDir: claims}, root: root,
+			log: slog.New(slog.DiscardHandler), idUsed: map[uint32]string{}}
+	}
+	a, b := mk("a"), mk("b")
+	a1, err := a.allocIDs("ws-a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a records its execution, as Start does.
+	if err := os.WriteFile(a.statePath("ws-a1"), []byte(`{"workspace_id":"ws-a1","id_base":`+strconv.Itoa(int(a1))+`}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b1, err := b.allocIDs("ws-b1")
+	if err != nil || b1 == a1 {
+		t.Fatalf("b got %d (%v), a holds %d", b1, err, a1)
+	}
+	// b's claim is stale: b never recorded it and its process is gone
+	// (here: the claim names a process that is not this one). a takes it
+	// over.
+	b.idUsed = map[uint32]string{}
+	forgeDeadClaim(t, b, b1, "ws-b1")
+	a2, err := a.allocIDs("ws-a2")
+	if err != nil || a2 != b1 {
+		t.Fatalf("a got %d (%v), want the stale %d", a2, err, b1)
+	}
+	// a's claim of a2 is live before a records it (its process runs): b
+	// gets the third range, then none.
+	if b3, err := b.allocIDs("ws-b3"); err != nil || b3 == a1 || b3 == a2 {
+		t.Fatalf("b got %d (%v)", b3, err)
+	}
+	if _, err := b.allocIDs("ws-b4"); err == nil {
+		t.Fatal("a fourth range out of three")
+	}
+	a.freeIDs("ws-a1", a1)
+	if b5, err := b.allocIDs("ws-b5"); err != nil || b5 != a1 {
+		t.Fatalf("b got %d (%v), want the freed %d", b5, err, a1)
+	}
+}
+
+// forgeDeadClaim rewrites r's claim of base as one of a process that no
+// longer runs.
+func forgeDeadClaim(t *testing.T, r *Runtime, base uint32, ws string) {
+	t.Helper()
+	b, _ := json.Marshal(idClaim{Root: r.root, WorkspaceID: ws, PID: 1 << 30, PIDStart: 1})
+	if err := os.WriteFile(r.claimPath(base), b, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }

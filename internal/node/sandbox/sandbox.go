@@ -101,6 +101,7 @@
 //   - volume.go: Volume images, their mounts and the storage pool
 //   - loop.go: loop devices
 //   - userns.go: the ID ranges, the idmapped layers and the overlay root
+//   - idclaim.go: the host-wide claims of ID ranges (two nodes, one host)
 //   - init.go: the init shim (package initshim)
 //   - check.go: the start-up checks
 //   - leaks.go: Leaks and Cleanup
@@ -167,6 +168,11 @@ type Config struct {
 	// many ranges there are (4096), the most executions at once.
 	IDBase   uint32
 	IDRanges int
+	// IDClaimDir is where the ranges are claimed host-wide, so that two
+	// Runtimes (two nodes) on one host never give two executions the same
+	// range (idclaim.go); DefaultIDClaimDir when empty. Every Runtime of a
+	// host must use the same.
+	IDClaimDir string
 	// Network gives executions whose configuration is mode
 	// PUBLIC_INTERNET a network (network.go); nil: lo only, and such a
 	// configuration is an invalid spec.
@@ -276,6 +282,9 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.IDRanges <= 0 {
 		cfg.IDRanges = 4096
 	}
+	if cfg.IDClaimDir == "" {
+		cfg.IDClaimDir = DefaultIDClaimDir
+	}
 	if uint64(cfg.IDBase)+uint64(cfg.IDRanges)*IDsPerExecution > 1<<32-1 {
 		return nil, errors.New("sandbox: Config.IDBase + IDRanges×65536 exceeds the 32-bit ID space")
 	}
@@ -321,6 +330,7 @@ func New(cfg Config) (*Runtime, error) {
 		cancel: cancel,
 	}
 	r.loadIDs()
+	r.reclaimRecorded()
 	_ = writeFileAtomic(filepath.Join(root, "runtime.json"), map[string]string{"cgroup_parent": cfg.CgroupParent, "cgroup": r.cgBase})
 	return r, nil
 }

@@ -343,6 +343,8 @@ func (r *Runtime) releaseLeftovers(ws string) error {
 	st := &execState{WorkspaceID: ws, Cgroup: rel, Layer: r.layerPath(ws)}
 	if old, err := r.readState(ws); err == nil {
 		signalRecorded(old, unix.SIGKILL)
+		// Its ID range is freed with the record (here and host-wide).
+		st.IDBase = old.IDBase
 		if v := old.Volume; v != nil && checkVolumeID(v.ID) == nil {
 			// The image's path is the runtime's own, never the record's.
 			st.Volume = &execVolume{ID: v.ID, Image: r.volumePath(v.ID)}

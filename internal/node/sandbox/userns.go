@@ -34,14 +34,27 @@ const IDsPerExecution = 65536
 // DefaultIDBase is the first host ID of the first range (Config.IDBase).
 const DefaultIDBase = 1_000_000_000
 
-// allocIDs reserves the lowest free range for ws and returns its first
-// host ID; freeIDs releases it.
+// allocIDs reserves the lowest free range for ws, on this Runtime and on
+// the host (idclaim.go), and returns its first host ID; freeIDs releases
+// it.
 func (r *Runtime) allocIDs(ws string) (uint32, error) {
 	r.idMu.Lock()
 	defer r.idMu.Unlock()
+	unlock, err := r.lockClaims()
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
 	for n := 0; n < r.cfg.IDRanges; n++ {
 		base := r.cfg.IDBase + uint32(n)*IDsPerExecution
-		if _, used := r.idUsed[base]; !used {
+		if _, used := r.idUsed[base]; used {
+			continue
+		}
+		ok, err := r.claimIDs(base, ws)
+		if err != nil {
+			return 0, err
+		}
+		if ok {
 			r.idUsed[base] = ws
 			return base, nil
 		}
@@ -54,6 +67,7 @@ func (r *Runtime) freeIDs(ws string, base uint32) {
 	defer r.idMu.Unlock()
 	if r.idUsed[base] == ws {
 		delete(r.idUsed, base)
+		r.unclaimIDs(base, ws)
 	}
 }
 
