@@ -31,7 +31,7 @@ type Command struct {
 	CreatedAt   time.Time
 	CompletedAt time.Time // zero while processing
 	// Message says why ctrl started a command of its own (initiator
-	// EXPIRATION, HOST_MEMORY, GUEST_SHUTDOWN), "" for a caller's; at most
+	// EXPIRATION, HOST_MEMORY, GUEST_SHUTDOWN, NODE_DRAIN), "" for a caller's; at most
 	// MaxCommandMessage bytes of UTF-8. It is recorded with the command and
 	// never updated.
 	Message string
