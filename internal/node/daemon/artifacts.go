@@ -56,6 +56,9 @@ type artifacts struct {
 	desired *nodev1.DesiredPlatform
 	// reclaiming are digests to reclaim once no execution uses them.
 	reclaiming map[string]bool
+	// installing serializes the fetch and extraction of one template
+	// version (by "id/version").
+	installing map[string]*sync.Mutex
 }
 
 // platform is a verified Platform version, sealed in memory.
@@ -68,7 +71,7 @@ func newArtifacts(store *artifact.Store, templates string, log *slog.Logger, exe
 	ready := make(chan struct{})
 	close(ready)
 	return &artifacts{store: store, templates: templates, log: log, executions: executions,
-		held: map[string]*platform{}, ready: ready, reclaiming: map[string]bool{}}
+		held: map[string]*platform{}, ready: ready, reclaiming: map[string]bool{}, installing: map[string]*sync.Mutex{}}
 }
 
 // templateDir returns the rootfs of a published template version, fetched
@@ -83,6 +86,20 @@ func (a *artifacts) templateDir(ctx context.Context, id, version string, src *no
 		return "", agent.Permanent(err)
 	}
 	rootfs := template.Path(a.templates, id, version)
+	if fi, err := os.Stat(rootfs); err == nil && fi.IsDir() {
+		return rootfs, nil
+	}
+	// One fetch and extraction per version at a time; the others find
+	// it installed.
+	a.mu.Lock()
+	l := a.installing[id+"/"+version]
+	if l == nil {
+		l = &sync.Mutex{}
+		a.installing[id+"/"+version] = l
+	}
+	a.mu.Unlock()
+	l.Lock()
+	defer l.Unlock()
 	if fi, err := os.Stat(rootfs); err == nil && fi.IsDir() {
 		return rootfs, nil
 	}

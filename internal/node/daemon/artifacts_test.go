@@ -270,3 +270,28 @@ func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Log(string(bytes.TrimSpace(b)))
 	return len(b), nil
 }
+
+// Concurrent starts of one version fetch and extract it once.
+func TestConcurrentStartsShareOneInstall(t *testing.T) {
+	var inUse []string
+	a, c := newTestArtifacts(t, &inUse)
+	good := rootfsTar(t)
+	src := &nodev1.ArtifactSource{Digest: c.put(good), SizeBytes: uint64(len(good)), Format: ctrlv1.ArtifactFormat_ARTIFACT_FORMAT_TAR}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := a.templateDir(context.Background(), "debian", "5", src)
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
