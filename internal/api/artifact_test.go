@@ -38,9 +38,9 @@ type artEnv struct {
 
 // newArtEnv starts a server with node-1 and returns an ArtifactService
 // client and a NodeService client with a certificate of node-1.
-func newArtEnv(t *testing.T, pg bool) *artEnv {
+func newArtEnv(t *testing.T, pg bool, features ...string) *artEnv {
 	t.Helper()
-	e, c, _ := wsEnv(t, ctrltest.Options{Postgres: pg})
+	e, c, _ := wsEnv(t, ctrltest.Options{Postgres: pg, NodeFeatures: features})
 	dir := t.TempDir()
 	cert, key := dir+"/node.pem", dir+"/node-key.pem"
 	if err := pki.IssueClient(e.PKI.CA, e.PKI.CAKey, "node-1", pki.RoleNode, time.Hour, cert, key); err != nil {
@@ -583,6 +583,41 @@ func TestArtifactDefaultsRetentionReclamation(t *testing.T) {
 		}
 		_, err = ae.fetch(t, p1.GetDigest(), 0)
 		wantErr(t, err, connect.CodeNotFound, ctrlv1.FailureReason_FAILURE_REASON_NOT_FOUND, false)
+	})
+}
+
+// TestArtifactTemplateOfStoppedWorkspace: a Workspace of a published
+// Template runs on a node that fetches artifacts with the version it was
+// created from, keeps it across a stop, and a STOPPED Workspace still
+// holds the version against reclamation.
+func TestArtifactTemplateOfStoppedWorkspace(t *testing.T) {
+	bothStores(t, func(t *testing.T, pg bool) {
+		ae := newArtEnv(t, pg, nodewire.FeatureArtifacts, nodewire.FeatureNetwork)
+		ctx := t.Context()
+		ae.publish(t, "tpl-1", tplKind, "tpl", fmtTar, pattern(100, 1))
+		ae.publish(t, "tpl-2", tplKind, "tpl", fmtTar, pattern(100, 2))
+		r, err := ae.c.Workspace.CreateWorkspace(ctx, connect.NewRequest(&ctrlv1.CreateWorkspaceRequest{Metadata: md("ws-tpl"),
+			TemplateId: "tpl", TemplateVersion: "1", Resources: &ctrlv1.Resources{MemoryMib: 256, CpuMillis: 500}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := r.Msg.GetWorkspace().GetWorkspaceId()
+		w := waitState(t, ae.c, id, ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE)
+		if w.GetTemplate().GetVersion() != "1" {
+			t.Fatalf("placed Workspace template = %v", w.GetTemplate())
+		}
+		if _, err := stopWS(ae.c, t, "ws-tpl-stop", w, false); err != nil {
+			t.Fatal(err)
+		}
+		w = waitState(t, ae.c, id, ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED)
+		if w.GetTemplate().GetVersion() != "1" {
+			t.Fatalf("stopped Workspace template = %v", w.GetTemplate())
+		}
+		_, err = ae.a.ApplyArtifactReclamation(ctx, connect.NewRequest(&ctrlv1.ApplyArtifactReclamationRequest{CommandId: "r-1", Artifact: ref(tplKind, "tpl"), Revision: 1}))
+		wantErr(t, err, connect.CodeFailedPrecondition, ctrlv1.FailureReason_FAILURE_REASON_STATE_CONFLICT, true)
+		if _, err := ae.a.ApplyArtifactReclamation(ctx, connect.NewRequest(&ctrlv1.ApplyArtifactReclamationRequest{CommandId: "r-2", Artifact: ref(tplKind, "tpl"), Revision: 2})); err != nil {
+			t.Fatalf("reclaiming the unused version 2 = %v", err)
+		}
 	})
 }
 
