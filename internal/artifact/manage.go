@@ -5,6 +5,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"time"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/internal/command"
@@ -220,7 +221,7 @@ func (s *Service) Retain(ctx context.Context, req *ctrlv1.RetainLaunchRevisionRe
 	if err := req.GetRetainUntil().CheckValid(); err != nil {
 		return nil, fault.Invalid("retain_until", "retain_until is not a valid timestamp")
 	}
-	until := req.GetRetainUntil().AsTime().UTC().Truncate(1000)
+	until := req.GetRetainUntil().AsTime().UTC().Truncate(time.Microsecond)
 	k, id, rev := req.GetArtifact().GetKind(), req.GetArtifact().GetArtifactId(), req.GetRevision()
 	var out *ctrlv1.ArtifactVersion
 	err := s.Store.InTx(ctx, func(tx store.Tx) error {
