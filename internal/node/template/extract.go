@@ -331,7 +331,11 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 			return err
 		}
 		if err := unix.Linkat(tfd, "", dir, name, unix.AT_EMPTY_PATH); err != nil {
-			return err
+			// AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; without it, the
+			// descriptor's magic link names the same inode.
+			if err2 := unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", tfd), dir, name, unix.AT_SYMLINK_FOLLOW); err2 != nil {
+				return err
+			}
 		}
 	case tar.TypeFifo:
 		if err := clear(dir, name, false); err != nil {

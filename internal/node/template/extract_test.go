@@ -115,6 +115,9 @@ func TestExtractKeepsWhatARootfsNeeds(t *testing.T) {
 		if err := Extract(r, f, dir, lim); err != nil {
 			t.Fatal(err)
 		}
+		// Without root, TempDir's cleanup could not empty a read-only
+		// directory.
+		t.Cleanup(func() { _ = os.Chmod(filepath.Join(dir, "etc/ro"), 0o755) })
 		stat := func(p string) *syscall.Stat_t {
 			var st syscall.Stat_t
 			if err := syscall.Lstat(filepath.Join(dir, p), &st); err != nil {
