@@ -19,7 +19,10 @@ func parseRev(s string) (uint64, bool) {
 		return 0, false
 	}
 	rev, err := strconv.ParseUint(s, 10, 64)
-	return rev, err == nil
+	if err != nil {
+		return 0, false
+	}
+	return rev, true
 }
 
 // availableByDigest returns an AVAILABLE version with digest d; nil when
