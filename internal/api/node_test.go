@@ -19,6 +19,7 @@ import (
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/internal/ctrltest"
 	"github.com/kibotos/kibotos/internal/fleet"
+	"github.com/kibotos/kibotos/internal/node/agent/agenttest"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/volume"
 )
@@ -661,4 +662,67 @@ func testNodeService(t *testing.T, pg bool) {
 			t.Errorf("GetNode pool = %v", got)
 		}
 	})
+}
+
+// TestNodeServiceLiveNodes drives NodeService against real node agents:
+// a drain with stop_workspaces stops the node's Workspace through the
+// reconciler, new Workspaces go to the other node, and a retirement ends
+// the retired node's stream (its key is denied).
+func TestNodeServiceLiveNodes(t *testing.T) {
+	t.Parallel()
+	rt := agenttest.New()
+	t.Cleanup(rt.Close)
+	e := ctrltest.New(t, ctrltest.Options{Runtime: rt})
+	c := e.Clients(e.HTTP)
+	nc := ctrlv1connect.NewNodeServiceClient(e.HTTP, e.URL)
+	ctx := t.Context()
+	w, _ := createWS(t, c, "live-create")
+	waitCommand(t, c, "live-create")
+	if n := getNode(t, nc, "node-1"); !n.GetConnected() || n.GetWorkspaces() != 1 || n.GetAllocated().GetMemoryMib() != 256 {
+		t.Fatalf("node-1 = %v", n)
+	}
+	e.StartNode(t, "node-2", ctrltest.Options{Runtime: rt})
+	deadline := time.Now().Add(20 * time.Second)
+	connected := func(id string) bool {
+		r, err := nc.GetNode(ctx, connect.NewRequest(&ctrlv1.GetNodeRequest{NodeId: id}))
+		return err == nil && r.Msg.GetNode().GetConnected()
+	}
+	for !connected("node-2") {
+		if time.Now().After(deadline) {
+			t.Fatal("node-2 never connected")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	version := getNode(t, nc, "node-1").GetRegistrationVersion()
+	if _, err := nodeOp(nc, "drain-stop", "live-drain", "node-1", version); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, c, w.GetWorkspaceId(), ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED)
+	w2, _ := createWS(t, c, "live-create-2")
+	waitCommand(t, c, "live-create-2")
+	got, err := c.Workspace.GetWorkspace(ctx, connect.NewRequest(&ctrlv1.GetWorkspaceRequest{WorkspaceId: w2.GetWorkspaceId()}))
+	if err != nil || got.Msg.GetWorkspace().GetPlacement().GetNodeId() != "node-2" {
+		t.Fatalf("a Workspace created during the drain went to %v (%v), want node-2", got.Msg.GetWorkspace().GetPlacement(), err)
+	}
+	// Retire node-1 once its Workspace is deleted.
+	_, err = nodeOp(nc, "retire", "live-retire-0", "node-1", version)
+	wantErr(t, err, connect.CodeFailedPrecondition, ctrlv1.FailureReason_FAILURE_REASON_STATE_CONFLICT, true)
+	if _, err := c.Workspace.DeleteWorkspace(ctx, connect.NewRequest(&ctrlv1.DeleteWorkspaceRequest{Metadata: md("live-delete"),
+		WorkspaceId: w.GetWorkspaceId(), ExpectedExpirationRevision: 1})); err != nil {
+		t.Fatal(err)
+	}
+	waitCommand(t, c, "live-delete")
+	if _, err := nodeOp(nc, "retire", "live-retire", "node-1", version); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(20 * time.Second)
+	for connected("node-1") {
+		if time.Now().After(deadline) {
+			t.Fatal("the retired node-1 is still connected")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := getNode(t, nc, "node-2"); !n.GetConnected() || n.GetState() != ctrlv1.NodeState_NODE_STATE_ACTIVE {
+		t.Errorf("node-2 = %v", n)
+	}
 }
