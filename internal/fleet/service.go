@@ -276,11 +276,13 @@ func (s *Service) poolOf(ctx context.Context, tx store.Tx, n *store.Node, poolID
 	}
 	out := &ctrlv1.StoragePool{NodeId: n.ID, PoolId: poolID, ReportedBytes: n.StorageBytes,
 		OverrideBytes: p.OverrideBytes, CapacityBytes: n.StorageBytes, UsedBytes: layers + volumes}
+	// The capacity is View.PoolCapacity's, what placement accounts.
 	if out.UsedBytes < layers { // overflow
 		out.UsedBytes = ^uint64(0)
 	}
-	if p.OverrideBytes > 0 && p.OverrideBytes < n.StorageBytes {
-		out.CapacityBytes = p.OverrideBytes
+	if p.OverrideBytes > 0 {
+		v := &View{Pools: map[string]uint64{PoolKey(n.ID, poolID): p.OverrideBytes}}
+		out.CapacityBytes = v.PoolCapacity(n.ID, poolID, n.StorageBytes)
 	}
 	if r != nil {
 		out.Version = r.Revision

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -149,5 +150,35 @@ func TestHooks(t *testing.T) {
 		return err
 	}); err != nil {
 		t.Error(err)
+	}
+}
+
+// BenchmarkListNodes1000 is ListNodes of 1,000 hollow nodes in one page
+// (SQLite).
+func BenchmarkListNodes1000(b *testing.B) {
+	st, err := sqlite.Open(context.Background(), b.TempDir()+"/ctrl.db")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	s := &fleet.Service{Engine: &command.Engine{Store: st}, Store: st, Pages: paging.NewCodec(make([]byte, 32))}
+	ctx := context.Background()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	if err := st.InTx(ctx, func(tx store.Tx) error {
+		for i := range 1000 {
+			if err := tx.UpsertNode(ctx, &store.Node{ID: fmt.Sprintf("node-%04d", i), CreatedAt: now, MemoryMiB: 8192, CPUMillis: 4000}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		res, err := s.List(ctx, &ctrlv1.ListNodesRequest{PageSize: 1000})
+		if err != nil || len(res.GetNodes()) != 1000 {
+			b.Fatalf("List = %d nodes, %v", len(res.GetNodes()), err)
+		}
 	}
 }
