@@ -26,13 +26,18 @@
 # (default: the time of the last commit of this script) makes two builds
 # from the same mirror state byte-identical.
 #
-# --publish then runs `kibo template publish FILE --template debian` and
-# makes the new version the default with `kibo template set-default`
-# (expecting the default it read just before), with kibo's usual settings
-# (KIBOTOS_* environment, ~/.config/kibo).
+# --publish then runs `kibo template publish FILE --template debian` (its
+# command ID names the tarball's digest, so that running it again resumes or
+# repeats the same publication) and makes that version the default with
+# `kibo template set-default debian REVISION` (expecting the default it read
+# just before), with kibo's usual settings (the KIBO_* environment that
+# scripts/dev.sh prints, or a profile).
 #
 # See docs/templates.md for what it costs and how to publish another rootfs.
 set -euo pipefail
+# The whole script is one block, read before it runs: editing or updating
+# the file during a build does not change the build.
+{
 repo=$(cd "$(dirname "$0")/.." && pwd)
 
 fail() { echo "scripts/build-template.sh: $*" >&2; exit 1; }
@@ -59,6 +64,7 @@ while [ $# -gt 0 ]; do
 done
 [ "$name" = debian ] || { [ -n "$name" ] && echo "scripts/build-template.sh: unknown template $name (known: debian)" >&2; usage; }
 case "$suite" in '' | *[!a-z0-9-]*) fail "--suite $suite: a Debian suite name (bookworm, trixie…)" ;; esac
+case "$mirror" in '' | http://?* | https://?*) ;; *) fail "--mirror $mirror: an http:// or https:// URL of a Debian archive" ;; esac
 out=${out:-debian.tar}
 case "$out" in
   *.tar) compress= ;;
@@ -131,7 +137,17 @@ export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%
 [ -n "$SOURCE_DATE_EPOCH" ] || SOURCE_DATE_EPOCH=$(date +%s)
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/build-template.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+# cleanup never follows a mount out of the temporary directory: a failed
+# mmdebstrap can leave the rootfs's /proc, /sys or /dev mounted (they are
+# lazily unmounted first, and rm stays on this file system).
+cleanup() {
+  findmnt -rn -o TARGET | awk -v p="$tmp/" 'index($0, p) == 1' | sort -r | while read -r m; do
+    umount -l "$m" 2>/dev/null || true
+  done
+  rm -rf --one-file-system "$tmp"
+  [ -z "${part:-}" ] || rm -f "$part"
+}
+trap cleanup EXIT
 chmod 755 "$tmp" # apt downloads as _apt into the rootfs below it
 echo "scripts/build-template.sh: building $name ($suite) from ${sources[*]}" >&2
 start=$(date +%s)
@@ -162,7 +178,10 @@ if [ "$compress" = gzip ]; then
   gzip -n -6 <"$tmp/rootfs.tar" >"$tmp/rootfs.tar.gz"
   result=$tmp/rootfs.tar.gz
 fi
-mv -f "$result" "$out"
+# Renamed in from beside it: FILE is never a partial tarball.
+part="$out_dir/.$(basename -- "$out").part.$$"
+mv -f "$result" "$part"
+mv -f "$part" "$out"
 
 sha=$(sha256sum "$out" | cut -d' ' -f1)
 size=$(stat -c %s "$out")
@@ -191,7 +210,9 @@ else:
 }
 
 echo "scripts/build-template.sh: publishing $out as template $name" >&2
-published=$("$kibo" template publish "$out" --template "$name" -o json) || fail "kibo template publish failed"
+# The command ID is the tarball's digest: running this again with the same
+# bytes resumes the upload, or prints the version it published.
+published=$("$kibo" template publish "$out" --template "$name" --command-id "$name:sha256-$sha" -o json) || fail "kibo template publish failed"
 revision=$(printf '%s' "$published" | json version.revision publication.revision)
 [ "$revision" != 0 ] || fail "kibo template publish printed no revision: $published"
 current=$("$kibo" template get "$name" -o json | json artifact.defaultRevision artifact.default_revision) || fail "kibo template get $name failed"
@@ -200,5 +221,12 @@ if [ "$current" = 0 ]; then
 else
   expect=(--expected-revision "$current")
 fi
-"$kibo" template set-default "$name" --revision "$revision" "${expect[@]}" >/dev/null || fail "kibo template set-default $name --revision $revision failed"
-echo "published $name revision $revision (default; was ${current/#0/none})"
+if [ "$current" = "$revision" ]; then
+  echo "published $name revision $revision (the default already)"
+  exit 0
+fi
+"$kibo" template set-default "$name" "$revision" "${expect[@]}" >/dev/null || fail "kibo template set-default $name $revision failed"
+if [ "$current" = 0 ]; then was=none; else was="revision $current"; fi
+echo "published $name revision $revision (the default; it was $was)"
+exit 0
+}
