@@ -172,7 +172,7 @@ func (r *Reconciler) registerKey(ctx context.Context, hello *nodev1.Hello, keyHa
 		}
 		n.LastSeen, n.MemoryMiB, n.CPUMillis, n.StorageBytes = now, c.GetMemoryMib(), c.GetCpuMillis(), c.GetStorageBytes()
 		if n.Doc, err = proto.Marshal(&nodev1.Hello{NodeId: id, Capacity: c, Templates: hello.GetTemplates(),
-			Features: hello.GetFeatures()}); err != nil {
+			Features: hello.GetFeatures(), Platforms: hello.GetPlatforms(), GuestProtocolVersion: hello.GetGuestProtocolVersion()}); err != nil {
 			return err
 		}
 		return tx.UpsertNode(ctx, n)
