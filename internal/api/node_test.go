@@ -698,6 +698,10 @@ func TestNodeServiceLiveNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitState(t, c, w.GetWorkspaceId(), ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED)
+	// A start on the node draining with stop_workspaces is refused.
+	_, err := c.Workspace.StartWorkspace(ctx, connect.NewRequest(&ctrlv1.StartWorkspaceRequest{Metadata: md("live-start"),
+		WorkspaceId: w.GetWorkspaceId(), ExpectedExpirationRevision: 1}))
+	wantErr(t, err, connect.CodeFailedPrecondition, ctrlv1.FailureReason_FAILURE_REASON_STATE_CONFLICT, true)
 	w2, _ := createWS(t, c, "live-create-2")
 	waitCommand(t, c, "live-create-2")
 	got, err := c.Workspace.GetWorkspace(ctx, connect.NewRequest(&ctrlv1.GetWorkspaceRequest{WorkspaceId: w2.GetWorkspaceId()}))

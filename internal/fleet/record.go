@@ -106,8 +106,17 @@ type Record struct {
 	RegistrationVersion uint64    `json:"registration_version"`
 	State               State     `json:"state"`
 	StateChangedAt      time.Time `json:"state_changed_at"`
-	// DrainStopsWorkspaces: drained with stop_workspaces.
+	// DrainStopsWorkspaces: drained with stop_workspaces. While the node
+	// stays DRAINING with it, the rule stands: a Workspace of the node that
+	// becomes AVAILABLE is stopped as well (the reconciler's loop).
 	DrainStopsWorkspaces bool `json:"drain_stops_workspaces,omitempty"`
+	// DrainCommandID is the command ID of the DrainNode that set
+	// stop_workspaces: the stops of the rule are recorded under IDs
+	// derived from it (workspace.DrainStopCommandID,
+	// workspace.DrainRuleStopCommandID). Empty whenever
+	// DrainStopsWorkspaces is false; a record written before the field
+	// existed has none, and its rule is not applied by the loop.
+	DrainCommandID string `json:"drain_command_id,omitempty"`
 	// Overcommit is the node's own ratios; nil inherits.
 	Overcommit *Ratios `json:"overcommit,omitempty"`
 	// KeyHash is the key (pki.PublicKeyHash) the node last registered

@@ -464,7 +464,7 @@ func setState(rec *Record, st State, now time.Time) {
 		rec.State, rec.StateChangedAt = st, now
 	}
 	if st != StateDraining {
-		rec.DrainStopsWorkspaces = false
+		rec.DrainStopsWorkspaces, rec.DrainCommandID = false, ""
 	}
 }
 
@@ -475,7 +475,11 @@ func stateConflict(id string, st State, what string) error {
 // Drain serves DrainNode: ACTIVE becomes DRAINING; on a DRAINING node only
 // stop_workspaces is updated. With stop_workspaces the node's running
 // Workspaces are stopped in the same transaction (StopWorkspaces) when
-// the option is newly set.
+// the option is newly set, and the record keeps the command's ID
+// (DrainCommandID): while the node stays DRAINING with the option, the
+// reconciler stops under IDs derived from it each Workspace of the node
+// that becomes AVAILABLE. CancelNodeDrain, IsolateNode and a DrainNode
+// without the option end that rule.
 func (s *Service) Drain(ctx context.Context, req *ctrlv1.DrainNodeRequest) (*ctrlv1.DrainNodeResponse, error) {
 	if req.GetStopWorkspaces() && s.StopWorkspaces == nil {
 		return nil, &fault.Error{Kind: fault.KindUnimplemented, Reason: fault.ReasonCapabilityUnavailable, Field: "stop_workspaces",
@@ -498,8 +502,9 @@ func (s *Service) Drain(ctx context.Context, req *ctrlv1.DrainNodeRequest) (*ctr
 			}
 			stop := req.GetStopWorkspaces() && !rec.DrainStopsWorkspaces
 			setState(rec, StateDraining, now)
-			rec.DrainStopsWorkspaces = req.GetStopWorkspaces()
+			rec.DrainStopsWorkspaces, rec.DrainCommandID = req.GetStopWorkspaces(), ""
 			if stop {
+				rec.DrainCommandID = cmd.ID
 				if err := s.StopWorkspaces(ctx, tx, id, cmd.ID); err != nil {
 					return false, err
 				}

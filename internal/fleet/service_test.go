@@ -89,6 +89,78 @@ func TestDrainStopsWorkspaces(t *testing.T) {
 	}
 }
 
+// TestDrainCommandID: the record keeps the command ID of the DrainNode that
+// set stop_workspaces (the standing rule's stops derive theirs from it)
+// while the node stays DRAINING with the option; a DrainNode without it,
+// CancelNodeDrain and IsolateNode clear it.
+func TestDrainCommandID(t *testing.T) {
+	s, st := newService(t)
+	ctx := t.Context()
+	addNode(t, st, "n1", nil)
+	s.StopWorkspaces = func(context.Context, store.Tx, string, string) error { return nil }
+	rec := func() *fleet.Record {
+		t.Helper()
+		var r *fleet.Record
+		if err := st.View(ctx, func(tx store.Tx) error {
+			var err error
+			_, r, err = fleet.GetRecord(ctx, tx, "n1")
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	for _, step := range []struct {
+		name    string
+		do      func(id string) error
+		id      string
+		state   fleet.State
+		stop    bool
+		drainID string
+	}{
+		{"drain without the option", func(id string) error {
+			_, err := s.Drain(ctx, &ctrlv1.DrainNodeRequest{CommandId: id, NodeId: "n1", ExpectedRegistrationVersion: 1})
+			return err
+		}, "d1", fleet.StateDraining, false, ""},
+		{"the option set", func(id string) error {
+			_, err := s.Drain(ctx, &ctrlv1.DrainNodeRequest{CommandId: id, NodeId: "n1", ExpectedRegistrationVersion: 1, StopWorkspaces: true})
+			return err
+		}, "d2", fleet.StateDraining, true, "d2"},
+		{"set again: the first drain's ID stays", func(id string) error {
+			_, err := s.Drain(ctx, &ctrlv1.DrainNodeRequest{CommandId: id, NodeId: "n1", ExpectedRegistrationVersion: 1, StopWorkspaces: true})
+			return err
+		}, "d3", fleet.StateDraining, true, "d2"},
+		{"cancelled", func(id string) error {
+			_, err := s.CancelDrain(ctx, &ctrlv1.CancelNodeDrainRequest{CommandId: id, NodeId: "n1", ExpectedRegistrationVersion: 1})
+			return err
+		}, "c1", fleet.StateActive, false, ""},
+		{"drained again with the option", func(id string) error {
+			_, err := s.Drain(ctx, &ctrlv1.DrainNodeRequest{CommandId: id, NodeId: "n1", ExpectedRegistrationVersion: 1, StopWorkspaces: true})
+			return err
+		}, "d4", fleet.StateDraining, true, "d4"},
+		{"option unset", func(id string) error {
+			_, err := s.Drain(ctx, &ctrlv1.DrainNodeRequest{CommandId: id, NodeId: "n1", ExpectedRegistrationVersion: 1})
+			return err
+		}, "d5", fleet.StateDraining, false, ""},
+		{"set once more", func(id string) error {
+			_, err := s.Drain(ctx, &ctrlv1.DrainNodeRequest{CommandId: id, NodeId: "n1", ExpectedRegistrationVersion: 1, StopWorkspaces: true})
+			return err
+		}, "d6", fleet.StateDraining, true, "d6"},
+		{"isolated", func(id string) error {
+			_, err := s.Isolate(ctx, &ctrlv1.IsolateNodeRequest{CommandId: id, NodeId: "n1", ExpectedRegistrationVersion: 1})
+			return err
+		}, "i1", fleet.StateIsolated, false, ""},
+	} {
+		if err := step.do(step.id); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		if r := rec(); r.State != step.state || r.DrainStopsWorkspaces != step.stop || r.DrainCommandID != step.drainID {
+			t.Errorf("%s: state %s, stop_workspaces %v, drain command %q; want %s, %v, %q", step.name,
+				r.State, r.DrainStopsWorkspaces, r.DrainCommandID, step.state, step.stop, step.drainID)
+		}
+	}
+}
+
 // TestHooks: Changed after every committed write, EndDataPlane after an
 // isolation, EndKey with each denied key after a retirement; none after a
 // refusal.

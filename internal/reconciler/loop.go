@@ -60,12 +60,18 @@ func (r *Reconciler) loadNodes(ctx context.Context) error {
 	})
 }
 
-// pass places unplaced Workspaces, pushes pending desired state and marks
-// the Workspaces of silent nodes UNKNOWN.
+// pass stops what the drains with stop_workspaces stop (drain.go), places
+// unplaced Workspaces, pushes pending desired state and marks the
+// Workspaces of silent nodes UNKNOWN.
 func (r *Reconciler) pass(ctx context.Context) error {
 	if err := r.refreshFleet(ctx); err != nil && ctx.Err() == nil {
 		// Placement goes on with the view it has; the next pass reloads.
 		r.log.Warn("reload fleet records", "error", err.Error())
+	}
+	// Before the pending Workspaces are read: the stops it starts are sent
+	// in this pass.
+	if err := r.drainRules(ctx); err != nil && ctx.Err() == nil {
+		r.log.Warn("apply the stop_workspaces rule of draining nodes", "error", err.Error())
 	}
 	var pending []*store.Workspace
 	if err := r.store.View(ctx, func(tx store.Tx) error {

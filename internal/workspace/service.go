@@ -15,6 +15,7 @@ import (
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/internal/command"
 	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/fleet"
 	"github.com/kibotos/kibotos/internal/ids"
 	"github.com/kibotos/kibotos/internal/labels"
 	"github.com/kibotos/kibotos/internal/netpolicy"
@@ -612,8 +613,11 @@ func (s *Service) Start(ctx context.Context, req *ctrlv1.StartWorkspaceRequest) 
 	return run(ctx, s, req, transition{
 		method: startMethod, kind: ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_START,
 		id: req.GetWorkspaceId(), expected: req.GetExpectedExpirationRevision(),
-		apply: func(_ store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, _ time.Time) error {
+		apply: func(tx store.Tx, w *store.Workspace, pub *ctrlv1.Workspace, _ time.Time) error {
 			if err := Admit(OpStart, status(w, pub)); err != nil {
+				return err
+			}
+			if err := startableOnNode(ctx, tx, w.NodeID); err != nil {
 				return err
 			}
 			w.Power, w.ForceStop = store.PowerRunning, false
@@ -623,6 +627,28 @@ func (s *Service) Start(ctx context.Context, req *ctrlv1.StartWorkspaceRequest) 
 	}, func(pub *ctrlv1.Workspace, c *ctrlv1.WorkspaceCommand) *ctrlv1.StartWorkspaceResponse {
 		return &ctrlv1.StartWorkspaceResponse{Workspace: pub, Command: c}
 	}, func() *ctrlv1.StartWorkspaceResponse { return &ctrlv1.StartWorkspaceResponse{} })
+}
+
+// startableOnNode refuses, inside tx, a start on a node that is DRAINING
+// with stop_workspaces (failed_precondition, STATE_CONFLICT): the drain's
+// standing rule would stop the Workspace as soon as it is AVAILABLE. A
+// Workspace not placed yet, or on a node without a record, starts.
+func startableOnNode(ctx context.Context, tx store.Tx, nodeID string) error {
+	if nodeID == "" {
+		return nil
+	}
+	_, rec, err := fleet.GetRecord(ctx, tx, nodeID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	case rec.State == fleet.StateDraining && rec.DrainStopsWorkspaces:
+		return fault.Precondition(fault.ReasonStateConflict,
+			"node %s is draining with stop_workspaces: its Workspaces are stopped, not started "+
+				"(DrainNode without stop_workspaces or CancelNodeDrain lifts it)", nodeID)
+	}
+	return nil
 }
 
 // Stop admits a stop command and waits for it.
