@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -80,7 +81,7 @@ func newStore(t *testing.T, f *fakeCtrl) *Store {
 	_, h := nodev1connect.NewNodeServiceHandler(f)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	s, err := New(Config{Dir: filepath.Join(t.TempDir(), "artifacts"), Client: nodev1connect.NewNodeServiceClient(srv.Client(), srv.URL)})
+	s, err := New(Config{Dir: filepath.Join(t.TempDir(), "artifacts"), Client: NewClient(srv.Client(), srv.URL)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,5 +236,73 @@ func TestFetchNoSpace(t *testing.T) {
 	s.cfg.Free = func() (uint64, error) { return 100, nil }
 	if _, err := s.Fetch(context.Background(), &nodev1.ArtifactSource{Digest: digestOf(b), SizeBytes: uint64(len(b))}); !errors.Is(err, ErrNoSpace) {
 		t.Fatal(err)
+	}
+}
+
+// TestNewClientAsksNoCompression: a Store's client does not accept gzip,
+// so ctrl sends the artifact's bytes as they are (gzip at ctrl held a
+// fetch to what one core compresses), and the fetch still verifies them.
+func TestNewClientAsksNoCompression(t *testing.T) {
+	b := blob(2*MaxChunkBytes + 7)
+	f := &fakeCtrl{blob: b, chunk: MaxChunkBytes}
+	_, h := nodev1connect.NewNodeServiceHandler(f)
+	var encoding atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r)
+		encoding.Store(w.Header().Get("Connect-Content-Encoding"))
+	}))
+	t.Cleanup(srv.Close)
+	s, err := New(Config{Dir: filepath.Join(t.TempDir(), "artifacts"), Client: NewClient(srv.Client(), srv.URL)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &nodev1.ArtifactSource{Digest: digestOf(b), SizeBytes: uint64(len(b))}
+	p, err := s.Fetch(context.Background(), src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(p); !bytes.Equal(got, b) {
+		t.Fatal("fetched bytes differ")
+	}
+	if e, _ := encoding.Load().(string); e != "" && e != "identity" {
+		t.Errorf("ctrl answered with %q", e)
+	}
+}
+
+// TestFileWriter: the bytes land in order; a failed write is the error of
+// a later write or of wait, and what is queued after it is dropped.
+func TestFileWriter(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "f")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	w := newFileWriter(f, 0)
+	b := blob(20 << 20)
+	for off := 0; off < len(b); off += 1 << 20 {
+		if err := w.write(b[off : off+1<<20]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.wait(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(p); !bytes.Equal(got, b) {
+		t.Fatal("written bytes differ")
+	}
+	ro, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	w = newFileWriter(ro, 0)
+	var werr error
+	for i := 0; i < 3*writeQueue && werr == nil; i++ {
+		werr = w.write([]byte("x"))
+		time.Sleep(time.Millisecond)
+	}
+	if err := w.wait(); err == nil || (werr != nil && !errors.Is(werr, err)) {
+		t.Fatalf("write to a read-only file: %v, wait %v", werr, err)
 	}
 }

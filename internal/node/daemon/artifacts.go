@@ -121,6 +121,7 @@ func (a *artifacts) templateDir(ctx context.Context, id, version string, src *no
 	if err != nil {
 		return "", fmt.Errorf("template %s version %s: %w", id, version, err)
 	}
+	fetched := time.Since(t0)
 	free, err := freeBytes(a.templates)
 	if err != nil {
 		return "", err
@@ -132,7 +133,8 @@ func (a *artifacts) templateDir(ctx context.Context, id, version string, src *no
 	if err != nil {
 		return "", err
 	}
-	a.log.Info("template installed", "template_id", id, "version", version, "digest", src.GetDigest(), "took", time.Since(t0).String())
+	a.log.Info("template installed", "template_id", id, "version", version, "digest", src.GetDigest(), "took", time.Since(t0).String(),
+		"fetch_took", fetched.String(), "extract_took", (time.Since(t0) - fetched).String())
 	// The archive is not needed once extracted.
 	_ = a.store.Remove(src.GetDigest())
 	return rootfs, nil

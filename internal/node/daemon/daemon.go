@@ -23,7 +23,6 @@ import (
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
-	"github.com/kibotos/kibotos/gen/kibotos/node/v1/nodev1connect"
 	"github.com/kibotos/kibotos/internal/guest/protocol"
 	"github.com/kibotos/kibotos/internal/node/agent"
 	"github.com/kibotos/kibotos/internal/node/artifact"
@@ -116,7 +115,7 @@ func Run(ctx context.Context, cfg Config) error {
 		"executions", len(rt.Executions()), "cgroup_version", rt.CgroupVersion(), "templates", len(templates()))
 	// Published artifacts come from the same ctrl over the same client.
 	store, err := artifact.New(artifact.Config{Dir: filepath.Join(cfg.StateDir, "artifacts"),
-		Client: nodev1connect.NewNodeServiceClient(cfg.HTTP, cfg.Endpoint,
+		Client: artifact.NewClient(cfg.HTTP, cfg.Endpoint,
 			connect.WithReadMaxBytes(nodewire.MaxMessageBytes), connect.WithSendMaxBytes(nodewire.MaxMessageBytes))})
 	if err != nil {
 		return err
