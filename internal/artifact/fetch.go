@@ -49,8 +49,8 @@ func availableByDigest(ctx context.Context, tx store.Tx, d string) (*versionReco
 // Fetch serves NodeService.FetchArtifact (the caller checked the node
 // peer): an AVAILABLE version's bytes by digest from offset, in messages
 // of at most MaxFetchMessage bytes, each chunk read in its own short
-// transaction. An unknown or reclaimed digest is not_found, also when the
-// version is reclaimed during the fetch.
+// transaction, one ahead of the one sent. An unknown or reclaimed digest
+// is not_found, also when the version is reclaimed during the fetch.
 func (s *Service) Fetch(ctx context.Context, req *nodev1.FetchArtifactRequest, send func(*nodev1.FetchArtifactResponse) error) error {
 	d, off := req.GetDigest(), req.GetOffset()
 	if err := CheckDigest("digest", d); err != nil {
@@ -74,31 +74,69 @@ func (s *Service) Fetch(ctx context.Context, req *nodev1.FetchArtifactRequest, s
 	if off == v.Size {
 		return send(&nodev1.FetchArtifactResponse{SizeBytes: v.Size})
 	}
+	// One chunk is read ahead while the one before is sent, so the store's
+	// read and the wire overlap (at most three chunks in memory).
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pieces := make(chan fetchPiece, 1)
+	go s.readAhead(ctx, v, off, pieces)
+	for p := range pieces {
+		if p.err != nil {
+			return p.err
+		}
+		for data := p.data; len(data) > 0; {
+			n := min(len(data), MaxFetchMessage)
+			if err := send(&nodev1.FetchArtifactResponse{SizeBytes: v.Size, Data: data[:n]}); err != nil {
+				return err
+			}
+			data = data[n:]
+		}
+	}
+	// readAhead stops without an error piece only when ctx is done: never
+	// a clean end before the size.
+	return ctx.Err()
+}
+
+// fetchPiece is the bytes of one stored chunk from where the fetch is, or
+// the error that ends it.
+type fetchPiece struct {
+	data []byte
+	err  error
+}
+
+// readAhead reads v's bytes from off to its end into pieces, each chunk in
+// its own short transaction, and closes pieces; it ends early (after an
+// error piece, or without one when ctx is done).
+func (s *Service) readAhead(ctx context.Context, v *versionRecord, off uint64, pieces chan<- fetchPiece) {
+	defer close(pieces)
+	notFound := &fault.Error{Kind: fault.KindNotFound, Reason: fault.ReasonNotFound, Message: "no AVAILABLE artifact version has digest " + v.Digest}
 	for off < v.Size {
 		var chunks []store.BlobChunk
+		p := fetchPiece{}
 		if err := s.Store.View(ctx, func(tx store.Tx) error {
 			var err error
 			chunks, err = tx.BlobChunks(ctx, v.Blob, off, 1)
 			return err
 		}); err != nil {
-			return storeErr(err)
-		}
-		if len(chunks) == 0 || chunks[0].Offset > off {
-			return notFound // reclaimed meanwhile
-		}
-		data := chunks[0].Data[off-chunks[0].Offset:]
-		if rest := v.Size - off; uint64(len(data)) > rest {
-			data = data[:rest]
-		}
-		for len(data) > 0 {
-			n := min(len(data), MaxFetchMessage)
-			if err := send(&nodev1.FetchArtifactResponse{SizeBytes: v.Size, Data: data[:n]}); err != nil {
-				return err
+			p.err = storeErr(err)
+		} else if len(chunks) == 0 || chunks[0].Offset > off {
+			p.err = notFound // reclaimed meanwhile
+		} else {
+			p.data = chunks[0].Data[off-chunks[0].Offset:]
+			if rest := v.Size - off; uint64(len(p.data)) > rest {
+				p.data = p.data[:rest]
 			}
-			data, off = data[n:], off+uint64(n)
+			off += uint64(len(p.data))
+		}
+		select {
+		case pieces <- p:
+		case <-ctx.Done():
+			return
+		}
+		if p.err != nil {
+			return
 		}
 	}
-	return nil
 }
 
 // ResolveTemplate resolves the template of a CreateWorkspace inside tx to
