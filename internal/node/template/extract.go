@@ -114,7 +114,19 @@ func cutName(s string) string {
 	return s
 }
 
+// copyBuffer is the piece a regular file's bytes are copied in.
+const copyBuffer = 1 << 20
+
+// writeBackMin: the write-back of a regular file of at least so many bytes
+// is started as soon as it is written.
+const writeBackMin = 1 << 20
+
+// onlyWriter hides *os.File's ReadFrom, which would copy with io.Copy's
+// 32 KiB buffer instead of the extractor's.
+type onlyWriter struct{ io.Writer }
+
 type extractor struct {
+	buf   []byte
 	root  int
 	lim   Limits
 	bytes uint64
@@ -278,8 +290,20 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 		}
 		f := os.NewFile(uintptr(fd), name)
 		defer f.Close()
-		if n, err := io.CopyN(f, body, hdr.Size); err != nil {
+		// In pieces of copyBuffer (io.CopyN's 32 KiB take 32 times the
+		// system calls), the write-back of a large file started at once
+		// (the syncfs before the rename-in then finds little left).
+		if x.buf == nil {
+			x.buf = make([]byte, copyBuffer)
+		}
+		if n, err := io.CopyBuffer(onlyWriter{f}, io.LimitReader(body, hdr.Size), x.buf); err != nil || n != hdr.Size {
+			if err == nil {
+				err = io.ErrUnexpectedEOF
+			}
 			return fmt.Errorf("write (%d of %d bytes): %w", n, hdr.Size, err)
+		}
+		if hdr.Size >= writeBackMin {
+			_ = unix.SyncFileRange(fd, 0, 0, unix.SYNC_FILE_RANGE_WRITE)
 		}
 		if x.chown {
 			if err := unix.Fchown(fd, hdr.Uid, hdr.Gid); err != nil {
