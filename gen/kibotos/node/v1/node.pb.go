@@ -611,6 +611,7 @@ type ConnectRequest struct {
 	//	*ConnectRequest_Report
 	//	*ConnectRequest_Heartbeat
 	//	*ConnectRequest_VolumeReport
+	//	*ConnectRequest_Inventory
 	Body          isConnectRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -689,6 +690,15 @@ func (x *ConnectRequest) GetVolumeReport() *VolumeReport {
 	return nil
 }
 
+func (x *ConnectRequest) GetInventory() *Inventory {
+	if x != nil {
+		if x, ok := x.Body.(*ConnectRequest_Inventory); ok {
+			return x.Inventory
+		}
+	}
+	return nil
+}
+
 type isConnectRequest_Body interface {
 	isConnectRequest_Body()
 }
@@ -713,6 +723,12 @@ type ConnectRequest_VolumeReport struct {
 	VolumeReport *VolumeReport `protobuf:"bytes,4,opt,name=volume_report,json=volumeReport,proto3,oneof"`
 }
 
+type ConnectRequest_Inventory struct {
+	// inventory tells what templates and platforms the node holds, after
+	// it changed since Hello.
+	Inventory *Inventory `protobuf:"bytes,5,opt,name=inventory,proto3,oneof"`
+}
+
 func (*ConnectRequest_Hello) isConnectRequest_Body() {}
 
 func (*ConnectRequest_Report) isConnectRequest_Body() {}
@@ -720,6 +736,64 @@ func (*ConnectRequest_Report) isConnectRequest_Body() {}
 func (*ConnectRequest_Heartbeat) isConnectRequest_Body() {}
 
 func (*ConnectRequest_VolumeReport) isConnectRequest_Body() {}
+
+func (*ConnectRequest_Inventory) isConnectRequest_Body() {}
+
+// Inventory is the complete list of the published artifact versions and
+// templates a node holds now (Hello.templates and Hello.platforms, again).
+type Inventory struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// templates are the templates the node holds, as in Hello.
+	Templates []*TemplateInfo `protobuf:"bytes,1,rep,name=templates,proto3" json:"templates,omitempty"`
+	// platforms are the Platform versions the node holds, as in Hello.
+	Platforms     []*TemplateInfo `protobuf:"bytes,2,rep,name=platforms,proto3" json:"platforms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Inventory) Reset() {
+	*x = Inventory{}
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Inventory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Inventory) ProtoMessage() {}
+
+func (x *Inventory) ProtoReflect() protoreflect.Message {
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Inventory.ProtoReflect.Descriptor instead.
+func (*Inventory) Descriptor() ([]byte, []int) {
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Inventory) GetTemplates() []*TemplateInfo {
+	if x != nil {
+		return x.Templates
+	}
+	return nil
+}
+
+func (x *Inventory) GetPlatforms() []*TemplateInfo {
+	if x != nil {
+		return x.Platforms
+	}
+	return nil
+}
 
 // Hello introduces the node.
 type Hello struct {
@@ -749,7 +823,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[8]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -761,7 +835,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[8]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -774,7 +848,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{8}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Hello) GetNodeId() string {
@@ -849,7 +923,7 @@ type TemplateInfo struct {
 
 func (x *TemplateInfo) Reset() {
 	*x = TemplateInfo{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[9]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -861,7 +935,7 @@ func (x *TemplateInfo) String() string {
 func (*TemplateInfo) ProtoMessage() {}
 
 func (x *TemplateInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[9]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -874,7 +948,7 @@ func (x *TemplateInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TemplateInfo.ProtoReflect.Descriptor instead.
 func (*TemplateInfo) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TemplateInfo) GetTemplateId() string {
@@ -918,7 +992,7 @@ type Capacity struct {
 
 func (x *Capacity) Reset() {
 	*x = Capacity{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -930,7 +1004,7 @@ func (x *Capacity) String() string {
 func (*Capacity) ProtoMessage() {}
 
 func (x *Capacity) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[10]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -943,7 +1017,7 @@ func (x *Capacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capacity.ProtoReflect.Descriptor instead.
 func (*Capacity) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{10}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Capacity) GetMemoryMib() uint64 {
@@ -995,7 +1069,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[11]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1007,7 +1081,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[11]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1020,7 +1094,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{11}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Heartbeat) GetSentAt() *timestamppb.Timestamp {
@@ -1060,7 +1134,7 @@ type MemoryCondition struct {
 
 func (x *MemoryCondition) Reset() {
 	*x = MemoryCondition{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[12]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1072,7 +1146,7 @@ func (x *MemoryCondition) String() string {
 func (*MemoryCondition) ProtoMessage() {}
 
 func (x *MemoryCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[12]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1085,7 +1159,7 @@ func (x *MemoryCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryCondition.ProtoReflect.Descriptor instead.
 func (*MemoryCondition) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{12}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *MemoryCondition) GetLevel() MemoryPressureLevel {
@@ -1136,7 +1210,7 @@ type WorkspaceMemory struct {
 
 func (x *WorkspaceMemory) Reset() {
 	*x = WorkspaceMemory{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[13]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +1222,7 @@ func (x *WorkspaceMemory) String() string {
 func (*WorkspaceMemory) ProtoMessage() {}
 
 func (x *WorkspaceMemory) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[13]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,7 +1235,7 @@ func (x *WorkspaceMemory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceMemory.ProtoReflect.Descriptor instead.
 func (*WorkspaceMemory) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{13}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WorkspaceMemory) GetWorkspaceId() string {
@@ -1222,7 +1296,7 @@ type ExecutionReport struct {
 
 func (x *ExecutionReport) Reset() {
 	*x = ExecutionReport{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[14]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1234,7 +1308,7 @@ func (x *ExecutionReport) String() string {
 func (*ExecutionReport) ProtoMessage() {}
 
 func (x *ExecutionReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[14]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1247,7 +1321,7 @@ func (x *ExecutionReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecutionReport.ProtoReflect.Descriptor instead.
 func (*ExecutionReport) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{14}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExecutionReport) GetWorkspaceId() string {
@@ -1372,7 +1446,7 @@ type NetworkStatus struct {
 
 func (x *NetworkStatus) Reset() {
 	*x = NetworkStatus{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[15]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1384,7 +1458,7 @@ func (x *NetworkStatus) String() string {
 func (*NetworkStatus) ProtoMessage() {}
 
 func (x *NetworkStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[15]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1397,7 +1471,7 @@ func (x *NetworkStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkStatus.ProtoReflect.Descriptor instead.
 func (*NetworkStatus) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{15}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *NetworkStatus) GetAppliedRevision() uint64 {
@@ -1447,7 +1521,7 @@ type ConnectResponse struct {
 
 func (x *ConnectResponse) Reset() {
 	*x = ConnectResponse{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[16]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1459,7 +1533,7 @@ func (x *ConnectResponse) String() string {
 func (*ConnectResponse) ProtoMessage() {}
 
 func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[16]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1472,7 +1546,7 @@ func (x *ConnectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectResponse.ProtoReflect.Descriptor instead.
 func (*ConnectResponse) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{16}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ConnectResponse) GetDesired() *DesiredState {
@@ -1509,7 +1583,7 @@ type DesiredState struct {
 
 func (x *DesiredState) Reset() {
 	*x = DesiredState{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[17]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1521,7 +1595,7 @@ func (x *DesiredState) String() string {
 func (*DesiredState) ProtoMessage() {}
 
 func (x *DesiredState) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[17]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1534,7 +1608,7 @@ func (x *DesiredState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredState.ProtoReflect.Descriptor instead.
 func (*DesiredState) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{17}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DesiredState) GetFull() bool {
@@ -1596,7 +1670,7 @@ type DesiredPlatform struct {
 
 func (x *DesiredPlatform) Reset() {
 	*x = DesiredPlatform{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[18]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1608,7 +1682,7 @@ func (x *DesiredPlatform) String() string {
 func (*DesiredPlatform) ProtoMessage() {}
 
 func (x *DesiredPlatform) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[18]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1621,7 +1695,7 @@ func (x *DesiredPlatform) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredPlatform.ProtoReflect.Descriptor instead.
 func (*DesiredPlatform) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{18}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DesiredPlatform) GetPlatformId() string {
@@ -1672,7 +1746,7 @@ type DesiredVolume struct {
 
 func (x *DesiredVolume) Reset() {
 	*x = DesiredVolume{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[19]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1684,7 +1758,7 @@ func (x *DesiredVolume) String() string {
 func (*DesiredVolume) ProtoMessage() {}
 
 func (x *DesiredVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[19]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1697,7 +1771,7 @@ func (x *DesiredVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredVolume.ProtoReflect.Descriptor instead.
 func (*DesiredVolume) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{19}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DesiredVolume) GetVolumeId() string {
@@ -1751,7 +1825,7 @@ type VolumeReport struct {
 
 func (x *VolumeReport) Reset() {
 	*x = VolumeReport{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[20]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +1837,7 @@ func (x *VolumeReport) String() string {
 func (*VolumeReport) ProtoMessage() {}
 
 func (x *VolumeReport) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[20]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +1850,7 @@ func (x *VolumeReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeReport.ProtoReflect.Descriptor instead.
 func (*VolumeReport) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{20}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *VolumeReport) GetVolumeId() string {
@@ -1859,7 +1933,7 @@ type DesiredWorkspace struct {
 
 func (x *DesiredWorkspace) Reset() {
 	*x = DesiredWorkspace{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[21]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1871,7 +1945,7 @@ func (x *DesiredWorkspace) String() string {
 func (*DesiredWorkspace) ProtoMessage() {}
 
 func (x *DesiredWorkspace) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[21]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1884,7 +1958,7 @@ func (x *DesiredWorkspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredWorkspace.ProtoReflect.Descriptor instead.
 func (*DesiredWorkspace) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{21}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DesiredWorkspace) GetWorkspaceId() string {
@@ -1986,7 +2060,7 @@ type WorkspaceVolume struct {
 
 func (x *WorkspaceVolume) Reset() {
 	*x = WorkspaceVolume{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[22]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1998,7 +2072,7 @@ func (x *WorkspaceVolume) String() string {
 func (*WorkspaceVolume) ProtoMessage() {}
 
 func (x *WorkspaceVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[22]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2011,7 +2085,7 @@ func (x *WorkspaceVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceVolume.ProtoReflect.Descriptor instead.
 func (*WorkspaceVolume) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{22}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WorkspaceVolume) GetVolumeId() string {
@@ -2053,7 +2127,7 @@ type NetworkConfig struct {
 
 func (x *NetworkConfig) Reset() {
 	*x = NetworkConfig{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[23]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2065,7 +2139,7 @@ func (x *NetworkConfig) String() string {
 func (*NetworkConfig) ProtoMessage() {}
 
 func (x *NetworkConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[23]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2078,7 +2152,7 @@ func (x *NetworkConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkConfig.ProtoReflect.Descriptor instead.
 func (*NetworkConfig) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{23}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NetworkConfig) GetPolicy() *v1.NetworkPolicy {
@@ -2127,7 +2201,7 @@ type NetworkEgress struct {
 
 func (x *NetworkEgress) Reset() {
 	*x = NetworkEgress{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[24]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2139,7 +2213,7 @@ func (x *NetworkEgress) String() string {
 func (*NetworkEgress) ProtoMessage() {}
 
 func (x *NetworkEgress) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[24]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2152,7 +2226,7 @@ func (x *NetworkEgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkEgress.ProtoReflect.Descriptor instead.
 func (*NetworkEgress) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{24}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *NetworkEgress) GetEgressId() string {
@@ -2198,7 +2272,7 @@ type NetworkResolver struct {
 
 func (x *NetworkResolver) Reset() {
 	*x = NetworkResolver{}
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[25]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2210,7 +2284,7 @@ func (x *NetworkResolver) String() string {
 func (*NetworkResolver) ProtoMessage() {}
 
 func (x *NetworkResolver) ProtoReflect() protoreflect.Message {
-	mi := &file_kibotos_node_v1_node_proto_msgTypes[25]
+	mi := &file_kibotos_node_v1_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2223,7 +2297,7 @@ func (x *NetworkResolver) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkResolver.ProtoReflect.Descriptor instead.
 func (*NetworkResolver) Descriptor() ([]byte, []int) {
-	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{25}
+	return file_kibotos_node_v1_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *NetworkResolver) GetResolverId() string {
@@ -2275,13 +2349,17 @@ const file_kibotos_node_v1_node_proto_rawDesc = "" +
 	"\x03csr\x18\x04 \x01(\fR\x03csr\"K\n" +
 	"\x0eEnrollResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12 \n" +
-	"\vcertificate\x18\x02 \x01(\fR\vcertificate\"\x86\x02\n" +
+	"\vcertificate\x18\x02 \x01(\fR\vcertificate\"\xc2\x02\n" +
 	"\x0eConnectRequest\x12.\n" +
 	"\x05hello\x18\x01 \x01(\v2\x16.kibotos.node.v1.HelloH\x00R\x05hello\x12:\n" +
 	"\x06report\x18\x02 \x01(\v2 .kibotos.node.v1.ExecutionReportH\x00R\x06report\x12:\n" +
 	"\theartbeat\x18\x03 \x01(\v2\x1a.kibotos.node.v1.HeartbeatH\x00R\theartbeat\x12D\n" +
-	"\rvolume_report\x18\x04 \x01(\v2\x1d.kibotos.node.v1.VolumeReportH\x00R\fvolumeReportB\x06\n" +
-	"\x04body\"\x9e\x03\n" +
+	"\rvolume_report\x18\x04 \x01(\v2\x1d.kibotos.node.v1.VolumeReportH\x00R\fvolumeReport\x12:\n" +
+	"\tinventory\x18\x05 \x01(\v2\x1a.kibotos.node.v1.InventoryH\x00R\tinventoryB\x06\n" +
+	"\x04body\"\x85\x01\n" +
+	"\tInventory\x12;\n" +
+	"\ttemplates\x18\x01 \x03(\v2\x1d.kibotos.node.v1.TemplateInfoR\ttemplates\x12;\n" +
+	"\tplatforms\x18\x02 \x03(\v2\x1d.kibotos.node.v1.TemplateInfoR\tplatforms\"\x9e\x03\n" +
 	"\x05Hello\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x125\n" +
 	"\bcapacity\x18\x02 \x01(\v2\x19.kibotos.node.v1.CapacityR\bcapacity\x12@\n" +
@@ -2454,7 +2532,7 @@ func file_kibotos_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_kibotos_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kibotos_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_kibotos_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_kibotos_node_v1_node_proto_goTypes = []any{
 	(MemoryPressureLevel)(0),         // 0: kibotos.node.v1.MemoryPressureLevel
 	(ExecState)(0),                   // 1: kibotos.node.v1.ExecState
@@ -2467,77 +2545,81 @@ var file_kibotos_node_v1_node_proto_goTypes = []any{
 	(*EnrollRequest)(nil),            // 8: kibotos.node.v1.EnrollRequest
 	(*EnrollResponse)(nil),           // 9: kibotos.node.v1.EnrollResponse
 	(*ConnectRequest)(nil),           // 10: kibotos.node.v1.ConnectRequest
-	(*Hello)(nil),                    // 11: kibotos.node.v1.Hello
-	(*TemplateInfo)(nil),             // 12: kibotos.node.v1.TemplateInfo
-	(*Capacity)(nil),                 // 13: kibotos.node.v1.Capacity
-	(*Heartbeat)(nil),                // 14: kibotos.node.v1.Heartbeat
-	(*MemoryCondition)(nil),          // 15: kibotos.node.v1.MemoryCondition
-	(*WorkspaceMemory)(nil),          // 16: kibotos.node.v1.WorkspaceMemory
-	(*ExecutionReport)(nil),          // 17: kibotos.node.v1.ExecutionReport
-	(*NetworkStatus)(nil),            // 18: kibotos.node.v1.NetworkStatus
-	(*ConnectResponse)(nil),          // 19: kibotos.node.v1.ConnectResponse
-	(*DesiredState)(nil),             // 20: kibotos.node.v1.DesiredState
-	(*DesiredPlatform)(nil),          // 21: kibotos.node.v1.DesiredPlatform
-	(*DesiredVolume)(nil),            // 22: kibotos.node.v1.DesiredVolume
-	(*VolumeReport)(nil),             // 23: kibotos.node.v1.VolumeReport
-	(*DesiredWorkspace)(nil),         // 24: kibotos.node.v1.DesiredWorkspace
-	(*WorkspaceVolume)(nil),          // 25: kibotos.node.v1.WorkspaceVolume
-	(*NetworkConfig)(nil),            // 26: kibotos.node.v1.NetworkConfig
-	(*NetworkEgress)(nil),            // 27: kibotos.node.v1.NetworkEgress
-	(*NetworkResolver)(nil),          // 28: kibotos.node.v1.NetworkResolver
-	(v1.ArtifactFormat)(0),           // 29: kibotos.ctrl.v1.ArtifactFormat
-	(*timestamppb.Timestamp)(nil),    // 30: google.protobuf.Timestamp
-	(*v1.EgressStatus)(nil),          // 31: kibotos.ctrl.v1.EgressStatus
-	(*v1.NetworkPolicy)(nil),         // 32: kibotos.ctrl.v1.NetworkPolicy
-	(*v1.EgressSpec)(nil),            // 33: kibotos.ctrl.v1.EgressSpec
-	(*v1.ResolverSpec)(nil),          // 34: kibotos.ctrl.v1.ResolverSpec
+	(*Inventory)(nil),                // 11: kibotos.node.v1.Inventory
+	(*Hello)(nil),                    // 12: kibotos.node.v1.Hello
+	(*TemplateInfo)(nil),             // 13: kibotos.node.v1.TemplateInfo
+	(*Capacity)(nil),                 // 14: kibotos.node.v1.Capacity
+	(*Heartbeat)(nil),                // 15: kibotos.node.v1.Heartbeat
+	(*MemoryCondition)(nil),          // 16: kibotos.node.v1.MemoryCondition
+	(*WorkspaceMemory)(nil),          // 17: kibotos.node.v1.WorkspaceMemory
+	(*ExecutionReport)(nil),          // 18: kibotos.node.v1.ExecutionReport
+	(*NetworkStatus)(nil),            // 19: kibotos.node.v1.NetworkStatus
+	(*ConnectResponse)(nil),          // 20: kibotos.node.v1.ConnectResponse
+	(*DesiredState)(nil),             // 21: kibotos.node.v1.DesiredState
+	(*DesiredPlatform)(nil),          // 22: kibotos.node.v1.DesiredPlatform
+	(*DesiredVolume)(nil),            // 23: kibotos.node.v1.DesiredVolume
+	(*VolumeReport)(nil),             // 24: kibotos.node.v1.VolumeReport
+	(*DesiredWorkspace)(nil),         // 25: kibotos.node.v1.DesiredWorkspace
+	(*WorkspaceVolume)(nil),          // 26: kibotos.node.v1.WorkspaceVolume
+	(*NetworkConfig)(nil),            // 27: kibotos.node.v1.NetworkConfig
+	(*NetworkEgress)(nil),            // 28: kibotos.node.v1.NetworkEgress
+	(*NetworkResolver)(nil),          // 29: kibotos.node.v1.NetworkResolver
+	(v1.ArtifactFormat)(0),           // 30: kibotos.ctrl.v1.ArtifactFormat
+	(*timestamppb.Timestamp)(nil),    // 31: google.protobuf.Timestamp
+	(*v1.EgressStatus)(nil),          // 32: kibotos.ctrl.v1.EgressStatus
+	(*v1.NetworkPolicy)(nil),         // 33: kibotos.ctrl.v1.NetworkPolicy
+	(*v1.EgressSpec)(nil),            // 34: kibotos.ctrl.v1.EgressSpec
+	(*v1.ResolverSpec)(nil),          // 35: kibotos.ctrl.v1.ResolverSpec
 }
 var file_kibotos_node_v1_node_proto_depIdxs = []int32{
-	29, // 0: kibotos.node.v1.ArtifactSource.format:type_name -> kibotos.ctrl.v1.ArtifactFormat
-	11, // 1: kibotos.node.v1.ConnectRequest.hello:type_name -> kibotos.node.v1.Hello
-	17, // 2: kibotos.node.v1.ConnectRequest.report:type_name -> kibotos.node.v1.ExecutionReport
-	14, // 3: kibotos.node.v1.ConnectRequest.heartbeat:type_name -> kibotos.node.v1.Heartbeat
-	23, // 4: kibotos.node.v1.ConnectRequest.volume_report:type_name -> kibotos.node.v1.VolumeReport
-	13, // 5: kibotos.node.v1.Hello.capacity:type_name -> kibotos.node.v1.Capacity
-	17, // 6: kibotos.node.v1.Hello.executions:type_name -> kibotos.node.v1.ExecutionReport
-	12, // 7: kibotos.node.v1.Hello.templates:type_name -> kibotos.node.v1.TemplateInfo
-	23, // 8: kibotos.node.v1.Hello.volumes:type_name -> kibotos.node.v1.VolumeReport
-	12, // 9: kibotos.node.v1.Hello.platforms:type_name -> kibotos.node.v1.TemplateInfo
-	30, // 10: kibotos.node.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	15, // 11: kibotos.node.v1.Heartbeat.memory:type_name -> kibotos.node.v1.MemoryCondition
-	0,  // 12: kibotos.node.v1.MemoryCondition.level:type_name -> kibotos.node.v1.MemoryPressureLevel
-	16, // 13: kibotos.node.v1.MemoryCondition.workspaces:type_name -> kibotos.node.v1.WorkspaceMemory
-	1,  // 14: kibotos.node.v1.ExecutionReport.state:type_name -> kibotos.node.v1.ExecState
-	30, // 15: kibotos.node.v1.ExecutionReport.observed_at:type_name -> google.protobuf.Timestamp
-	18, // 16: kibotos.node.v1.ExecutionReport.network:type_name -> kibotos.node.v1.NetworkStatus
-	31, // 17: kibotos.node.v1.NetworkStatus.egresses:type_name -> kibotos.ctrl.v1.EgressStatus
-	20, // 18: kibotos.node.v1.ConnectResponse.desired:type_name -> kibotos.node.v1.DesiredState
-	24, // 19: kibotos.node.v1.DesiredState.workspaces:type_name -> kibotos.node.v1.DesiredWorkspace
-	22, // 20: kibotos.node.v1.DesiredState.volumes:type_name -> kibotos.node.v1.DesiredVolume
-	21, // 21: kibotos.node.v1.DesiredState.platform:type_name -> kibotos.node.v1.DesiredPlatform
-	5,  // 22: kibotos.node.v1.DesiredPlatform.source:type_name -> kibotos.node.v1.ArtifactSource
-	2,  // 23: kibotos.node.v1.DesiredWorkspace.power:type_name -> kibotos.node.v1.Power
-	26, // 24: kibotos.node.v1.DesiredWorkspace.network:type_name -> kibotos.node.v1.NetworkConfig
-	25, // 25: kibotos.node.v1.DesiredWorkspace.volume:type_name -> kibotos.node.v1.WorkspaceVolume
-	5,  // 26: kibotos.node.v1.DesiredWorkspace.template_source:type_name -> kibotos.node.v1.ArtifactSource
-	32, // 27: kibotos.node.v1.NetworkConfig.policy:type_name -> kibotos.ctrl.v1.NetworkPolicy
-	27, // 28: kibotos.node.v1.NetworkConfig.egresses:type_name -> kibotos.node.v1.NetworkEgress
-	28, // 29: kibotos.node.v1.NetworkConfig.resolver:type_name -> kibotos.node.v1.NetworkResolver
-	33, // 30: kibotos.node.v1.NetworkEgress.spec:type_name -> kibotos.ctrl.v1.EgressSpec
-	34, // 31: kibotos.node.v1.NetworkResolver.spec:type_name -> kibotos.ctrl.v1.ResolverSpec
-	10, // 32: kibotos.node.v1.NodeService.Connect:input_type -> kibotos.node.v1.ConnectRequest
-	3,  // 33: kibotos.node.v1.NodeService.FetchArtifact:input_type -> kibotos.node.v1.FetchArtifactRequest
-	6,  // 34: kibotos.node.v1.CertificateService.RenewCertificate:input_type -> kibotos.node.v1.RenewCertificateRequest
-	8,  // 35: kibotos.node.v1.BootstrapService.Enroll:input_type -> kibotos.node.v1.EnrollRequest
-	19, // 36: kibotos.node.v1.NodeService.Connect:output_type -> kibotos.node.v1.ConnectResponse
-	4,  // 37: kibotos.node.v1.NodeService.FetchArtifact:output_type -> kibotos.node.v1.FetchArtifactResponse
-	7,  // 38: kibotos.node.v1.CertificateService.RenewCertificate:output_type -> kibotos.node.v1.RenewCertificateResponse
-	9,  // 39: kibotos.node.v1.BootstrapService.Enroll:output_type -> kibotos.node.v1.EnrollResponse
-	36, // [36:40] is the sub-list for method output_type
-	32, // [32:36] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	30, // 0: kibotos.node.v1.ArtifactSource.format:type_name -> kibotos.ctrl.v1.ArtifactFormat
+	12, // 1: kibotos.node.v1.ConnectRequest.hello:type_name -> kibotos.node.v1.Hello
+	18, // 2: kibotos.node.v1.ConnectRequest.report:type_name -> kibotos.node.v1.ExecutionReport
+	15, // 3: kibotos.node.v1.ConnectRequest.heartbeat:type_name -> kibotos.node.v1.Heartbeat
+	24, // 4: kibotos.node.v1.ConnectRequest.volume_report:type_name -> kibotos.node.v1.VolumeReport
+	11, // 5: kibotos.node.v1.ConnectRequest.inventory:type_name -> kibotos.node.v1.Inventory
+	13, // 6: kibotos.node.v1.Inventory.templates:type_name -> kibotos.node.v1.TemplateInfo
+	13, // 7: kibotos.node.v1.Inventory.platforms:type_name -> kibotos.node.v1.TemplateInfo
+	14, // 8: kibotos.node.v1.Hello.capacity:type_name -> kibotos.node.v1.Capacity
+	18, // 9: kibotos.node.v1.Hello.executions:type_name -> kibotos.node.v1.ExecutionReport
+	13, // 10: kibotos.node.v1.Hello.templates:type_name -> kibotos.node.v1.TemplateInfo
+	24, // 11: kibotos.node.v1.Hello.volumes:type_name -> kibotos.node.v1.VolumeReport
+	13, // 12: kibotos.node.v1.Hello.platforms:type_name -> kibotos.node.v1.TemplateInfo
+	31, // 13: kibotos.node.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	16, // 14: kibotos.node.v1.Heartbeat.memory:type_name -> kibotos.node.v1.MemoryCondition
+	0,  // 15: kibotos.node.v1.MemoryCondition.level:type_name -> kibotos.node.v1.MemoryPressureLevel
+	17, // 16: kibotos.node.v1.MemoryCondition.workspaces:type_name -> kibotos.node.v1.WorkspaceMemory
+	1,  // 17: kibotos.node.v1.ExecutionReport.state:type_name -> kibotos.node.v1.ExecState
+	31, // 18: kibotos.node.v1.ExecutionReport.observed_at:type_name -> google.protobuf.Timestamp
+	19, // 19: kibotos.node.v1.ExecutionReport.network:type_name -> kibotos.node.v1.NetworkStatus
+	32, // 20: kibotos.node.v1.NetworkStatus.egresses:type_name -> kibotos.ctrl.v1.EgressStatus
+	21, // 21: kibotos.node.v1.ConnectResponse.desired:type_name -> kibotos.node.v1.DesiredState
+	25, // 22: kibotos.node.v1.DesiredState.workspaces:type_name -> kibotos.node.v1.DesiredWorkspace
+	23, // 23: kibotos.node.v1.DesiredState.volumes:type_name -> kibotos.node.v1.DesiredVolume
+	22, // 24: kibotos.node.v1.DesiredState.platform:type_name -> kibotos.node.v1.DesiredPlatform
+	5,  // 25: kibotos.node.v1.DesiredPlatform.source:type_name -> kibotos.node.v1.ArtifactSource
+	2,  // 26: kibotos.node.v1.DesiredWorkspace.power:type_name -> kibotos.node.v1.Power
+	27, // 27: kibotos.node.v1.DesiredWorkspace.network:type_name -> kibotos.node.v1.NetworkConfig
+	26, // 28: kibotos.node.v1.DesiredWorkspace.volume:type_name -> kibotos.node.v1.WorkspaceVolume
+	5,  // 29: kibotos.node.v1.DesiredWorkspace.template_source:type_name -> kibotos.node.v1.ArtifactSource
+	33, // 30: kibotos.node.v1.NetworkConfig.policy:type_name -> kibotos.ctrl.v1.NetworkPolicy
+	28, // 31: kibotos.node.v1.NetworkConfig.egresses:type_name -> kibotos.node.v1.NetworkEgress
+	29, // 32: kibotos.node.v1.NetworkConfig.resolver:type_name -> kibotos.node.v1.NetworkResolver
+	34, // 33: kibotos.node.v1.NetworkEgress.spec:type_name -> kibotos.ctrl.v1.EgressSpec
+	35, // 34: kibotos.node.v1.NetworkResolver.spec:type_name -> kibotos.ctrl.v1.ResolverSpec
+	10, // 35: kibotos.node.v1.NodeService.Connect:input_type -> kibotos.node.v1.ConnectRequest
+	3,  // 36: kibotos.node.v1.NodeService.FetchArtifact:input_type -> kibotos.node.v1.FetchArtifactRequest
+	6,  // 37: kibotos.node.v1.CertificateService.RenewCertificate:input_type -> kibotos.node.v1.RenewCertificateRequest
+	8,  // 38: kibotos.node.v1.BootstrapService.Enroll:input_type -> kibotos.node.v1.EnrollRequest
+	20, // 39: kibotos.node.v1.NodeService.Connect:output_type -> kibotos.node.v1.ConnectResponse
+	4,  // 40: kibotos.node.v1.NodeService.FetchArtifact:output_type -> kibotos.node.v1.FetchArtifactResponse
+	7,  // 41: kibotos.node.v1.CertificateService.RenewCertificate:output_type -> kibotos.node.v1.RenewCertificateResponse
+	9,  // 42: kibotos.node.v1.BootstrapService.Enroll:output_type -> kibotos.node.v1.EnrollResponse
+	39, // [39:43] is the sub-list for method output_type
+	35, // [35:39] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_kibotos_node_v1_node_proto_init() }
@@ -2550,6 +2632,7 @@ func file_kibotos_node_v1_node_proto_init() {
 		(*ConnectRequest_Report)(nil),
 		(*ConnectRequest_Heartbeat)(nil),
 		(*ConnectRequest_VolumeReport)(nil),
+		(*ConnectRequest_Inventory)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2557,7 +2640,7 @@ func file_kibotos_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kibotos_node_v1_node_proto_rawDesc), len(file_kibotos_node_v1_node_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
