@@ -84,13 +84,8 @@ func migrate(ctx context.Context, cfg *pgx.ConnConfig) (err error) {
 			if _, err := tx.Exec(ctx, m.SQL); err != nil {
 				return err
 			}
-			if m.Change() == rowcodec.BackfillWorkspaceUsage {
-				if err := backfillWorkspaceUsage(ctx, tx); err != nil {
-					return err
-				}
-			}
-			if m.Change() == rowcodec.BackfillWorkspaceCPUTemplate {
-				if err := backfillWorkspaceCPUTemplate(ctx, tx); err != nil {
+			if fill := backfills[m.Change()]; fill != nil {
+				if err := fill(ctx, tx); err != nil {
 					return err
 				}
 			}
@@ -105,49 +100,63 @@ func migrate(ctx context.Context, cfg *pgx.ConnConfig) (err error) {
 	return nil
 }
 
-// backfillWorkspaceUsage fills memory_mib and layer_bytes of the Workspaces
-// stored before the migration that added them, from their documents
-// (rowcodec.WorkspaceUsage), in the migration's transaction.
-func backfillWorkspaceUsage(ctx context.Context, tx pgx.Tx) error {
+// backfills are the Go steps of migrations whose rows SQL cannot fill,
+// by migration.Change name; each runs in the migration's transaction.
+var backfills = map[string]func(context.Context, pgx.Tx) error{
+	rowcodec.BackfillWorkspaceUsage:       backfillWorkspaceUsage,
+	rowcodec.BackfillWorkspaceCPUTemplate: backfillWorkspaceCPUTemplate,
+}
+
+// eachWorkspaceDoc calls fn with the ID and document of every stored
+// Workspace; the rows are closed before it returns, so that the caller may
+// write afterwards in the same transaction.
+func eachWorkspaceDoc(ctx context.Context, tx pgx.Tx, fn func(id string, doc []byte) error) error {
 	rows, err := tx.Query(ctx, `SELECT id, doc FROM workspaces`)
 	if err != nil {
 		return err
 	}
-	var ids []string
-	var memories, layers []int64
+	defer rows.Close()
 	for rows.Next() {
 		var (
 			id  string
 			doc []byte
 		)
 		if err := rows.Scan(&id, &doc); err != nil {
-			rows.Close()
 			return err
 		}
+		if err := fn(id, doc); err != nil {
+			return err
+		}
+	}
+	rows.Close()
+	return rows.Err()
+}
+
+// backfillWorkspaceUsage fills memory_mib and layer_bytes of the Workspaces
+// stored before the migration that added them, from their documents
+// (rowcodec.WorkspaceUsage).
+func backfillWorkspaceUsage(ctx context.Context, tx pgx.Tx) error {
+	var ids []string
+	var memories, layers []int64
+	if err := eachWorkspaceDoc(ctx, tx, func(id string, doc []byte) error {
 		memory, layer, _ := rowcodec.WorkspaceUsage(doc)
 		if memory == 0 && layer == 0 {
-			continue
+			return nil
 		}
 		m, err := rowcodec.U2I("memory", memory)
 		if err != nil {
-			rows.Close()
 			return err
 		}
 		l, err := rowcodec.U2I("layer bytes", layer)
 		if err != nil {
-			rows.Close()
 			return err
 		}
 		ids, memories, layers = append(ids, id), append(memories, m), append(layers, l)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+		return nil
+	}); err != nil || len(ids) == 0 {
 		return err
 	}
-	if len(ids) == 0 {
-		return nil
-	}
-	_, err = tx.Exec(ctx, `UPDATE workspaces w SET memory_mib = u.memory, layer_bytes = u.layer
+	_, err := tx.Exec(ctx, `UPDATE workspaces w SET memory_mib = u.memory, layer_bytes = u.layer
 		FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[]) AS u(id, memory, layer) WHERE w.id = u.id`,
 		ids, memories, layers)
 	return err
@@ -155,42 +164,25 @@ func backfillWorkspaceUsage(ctx context.Context, tx pgx.Tx) error {
 
 // backfillWorkspaceCPUTemplate fills cpu_millis and template_key of the
 // Workspaces stored before the migration that added them, from their
-// documents (rowcodec.WorkspaceCPUTemplate), in the migration's transaction.
+// documents (rowcodec.WorkspaceCPUTemplate).
 func backfillWorkspaceCPUTemplate(ctx context.Context, tx pgx.Tx) error {
-	rows, err := tx.Query(ctx, `SELECT id, doc FROM workspaces`)
-	if err != nil {
-		return err
-	}
 	var ids, templates []string
 	var cpus []int64
-	for rows.Next() {
-		var (
-			id  string
-			doc []byte
-		)
-		if err := rows.Scan(&id, &doc); err != nil {
-			rows.Close()
-			return err
-		}
+	if err := eachWorkspaceDoc(ctx, tx, func(id string, doc []byte) error {
 		cpu, template, _ := rowcodec.WorkspaceCPUTemplate(doc)
 		if cpu == 0 && template == "" {
-			continue
+			return nil
 		}
 		c, err := rowcodec.U2I("cpu", cpu)
 		if err != nil {
-			rows.Close()
 			return err
 		}
 		ids, cpus, templates = append(ids, id), append(cpus, c), append(templates, template)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+		return nil
+	}); err != nil || len(ids) == 0 {
 		return err
 	}
-	if len(ids) == 0 {
-		return nil
-	}
-	_, err = tx.Exec(ctx, `UPDATE workspaces w SET cpu_millis = u.cpu, template_key = u.template
+	_, err := tx.Exec(ctx, `UPDATE workspaces w SET cpu_millis = u.cpu, template_key = u.template
 		FROM unnest($1::TEXT[], $2::BIGINT[], $3::TEXT[]) AS u(id, cpu, template) WHERE w.id = u.id`,
 		ids, cpus, templates)
 	return err

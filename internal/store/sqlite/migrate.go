@@ -66,13 +66,8 @@ func migrate(ctx context.Context, db *sql.DB) error {
 		if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
 			return fmt.Errorf("%s: %w", m.Name, err)
 		}
-		if m.Change() == rowcodec.BackfillWorkspaceUsage {
-			if err := backfillWorkspaceUsage(ctx, tx); err != nil {
-				return fmt.Errorf("%s: %w", m.Name, err)
-			}
-		}
-		if m.Change() == rowcodec.BackfillWorkspaceCPUTemplate {
-			if err := backfillWorkspaceCPUTemplate(ctx, tx); err != nil {
+		if fill := backfills[m.Change()]; fill != nil {
+			if err := fill(ctx, tx); err != nil {
 				return fmt.Errorf("%s: %w", m.Name, err)
 			}
 		}
@@ -84,47 +79,65 @@ func migrate(ctx context.Context, db *sql.DB) error {
 	return tx.Commit()
 }
 
-// backfillWorkspaceUsage fills memory_mib and layer_bytes of the Workspaces
-// stored before the migration that added them, from their documents
-// (rowcodec.WorkspaceUsage), in the migration's transaction.
-func backfillWorkspaceUsage(ctx context.Context, tx *sql.Tx) error {
-	type usage struct {
-		id            string
-		memory, layer int64
-	}
-	var fill []usage
+// backfills are the Go steps of migrations whose rows SQL cannot fill,
+// by migration.Change name; each runs in the migration's transaction.
+var backfills = map[string]func(context.Context, *sql.Tx) error{
+	rowcodec.BackfillWorkspaceUsage:       backfillWorkspaceUsage,
+	rowcodec.BackfillWorkspaceCPUTemplate: backfillWorkspaceCPUTemplate,
+}
+
+// eachWorkspaceDoc calls fn with the ID and document of every stored
+// Workspace; the rows are closed before it returns, so that the caller may
+// write afterwards in the same transaction.
+func eachWorkspaceDoc(ctx context.Context, tx *sql.Tx, fn func(id string, doc []byte) error) error {
 	rows, err := tx.QueryContext(ctx, `SELECT id, doc FROM workspaces`)
 	if err != nil {
 		return err
 	}
+	defer rows.Close()
 	for rows.Next() {
 		var (
 			id  string
 			doc []byte
 		)
 		if err := rows.Scan(&id, &doc); err != nil {
-			rows.Close()
 			return err
 		}
-		memory, layer, _ := rowcodec.WorkspaceUsage(doc)
-		if memory > 0 || layer > 0 {
-			m, err := rowcodec.U2I("memory", memory)
-			if err != nil {
-				rows.Close()
-				return err
-			}
-			l, err := rowcodec.U2I("layer bytes", layer)
-			if err != nil {
-				rows.Close()
-				return err
-			}
-			fill = append(fill, usage{id, m, l})
+		if err := fn(id, doc); err != nil {
+			return err
 		}
 	}
-	if err := rows.Close(); err != nil {
+	if err := rows.Err(); err != nil {
 		return err
 	}
-	if err := rows.Err(); err != nil {
+	return rows.Close()
+}
+
+// backfillWorkspaceUsage fills memory_mib and layer_bytes of the Workspaces
+// stored before the migration that added them, from their documents
+// (rowcodec.WorkspaceUsage).
+func backfillWorkspaceUsage(ctx context.Context, tx *sql.Tx) error {
+	type usage struct {
+		id            string
+		memory, layer int64
+	}
+	var fill []usage
+	if err := eachWorkspaceDoc(ctx, tx, func(id string, doc []byte) error {
+		memory, layer, _ := rowcodec.WorkspaceUsage(doc)
+		if memory == 0 && layer == 0 {
+			return nil
+		}
+		m, err := rowcodec.U2I("memory", memory)
+		if err != nil {
+			return err
+		}
+		l, err := rowcodec.U2I("layer bytes", layer)
+		if err != nil {
+			return err
+		}
+		fill = append(fill, usage{id, m, l})
+		return nil
+	}); err != nil {
 		return err
 	}
 	for _, u := range fill {
@@ -137,40 +150,25 @@ func backfillWorkspaceUsage(ctx context.Context, tx *sql.Tx) error {
 
 // backfillWorkspaceCPUTemplate fills cpu_millis and template_key of the
 // Workspaces stored before the migration that added them, from their
-// documents (rowcodec.WorkspaceCPUTemplate), in the migration's transaction.
+// documents (rowcodec.WorkspaceCPUTemplate).
 func backfillWorkspaceCPUTemplate(ctx context.Context, tx *sql.Tx) error {
 	type fill struct {
 		id, template string
 		cpu          int64
 	}
 	var fills []fill
-	rows, err := tx.QueryContext(ctx, `SELECT id, doc FROM workspaces`)
-	if err != nil {
-		return err
-	}
-	for rows.Next() {
-		var (
-			id  string
-			doc []byte
-		)
-		if err := rows.Scan(&id, &doc); err != nil {
-			rows.Close()
+	if err := eachWorkspaceDoc(ctx, tx, func(id string, doc []byte) error {
+		cpu, template, _ := rowcodec.WorkspaceCPUTemplate(doc)
+		if cpu == 0 && template == "" {
+			return nil
+		}
+		c, err := rowcodec.U2I("cpu", cpu)
+		if err != nil {
 			return err
 		}
-		cpu, template, _ := rowcodec.WorkspaceCPUTemplate(doc)
-		if cpu > 0 || template != "" {
-			c, err := rowcodec.U2I("cpu", cpu)
-			if err != nil {
-				rows.Close()
-				return err
-			}
-			fills = append(fills, fill{id, template, c})
-		}
-	}
-	if err := rows.Close(); err != nil {
-		return err
-	}
-	if err := rows.Err(); err != nil {
+		fills = append(fills, fill{id, template, c})
+		return nil
+	}); err != nil {
 		return err
 	}
 	for _, f := range fills {
