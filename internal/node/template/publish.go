@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 )
 
 // Published template versions: a version fetched from ctrl (an archive
@@ -99,38 +98,15 @@ func Install(dir, id, version, digest, archive string, f Format, lim Limits) (st
 // Published lists every published version under dir (those with a
 // recorded digest), with its digest.
 func Published(dir string) ([]Info, error) {
-	names, err := os.ReadDir(dir)
-	if err != nil {
-		if os.IsNotExist(err) {
-			return nil, nil
-		}
-		return nil, err
-	}
 	var out []Info
-	for _, n := range names {
-		if !n.IsDir() || strings.HasPrefix(n.Name(), ".") {
-			continue
-		}
-		versions, err := os.ReadDir(filepath.Join(dir, n.Name()))
-		if err != nil {
-			return nil, err
-		}
+	err := eachTemplate(dir, func(_ string, versions []installed) {
 		for _, v := range versions {
-			if !v.IsDir() || strings.HasPrefix(v.Name(), ".") {
-				continue
+			if v.info.Digest != "" {
+				out = append(out, v.info)
 			}
-			d, err := os.ReadFile(filepath.Join(dir, n.Name(), v.Name(), digestFile))
-			if err != nil {
-				continue
-			}
-			rootfs := Path(dir, n.Name(), v.Name())
-			if fi, err := os.Stat(rootfs); err != nil || !fi.IsDir() {
-				continue
-			}
-			out = append(out, Info{Name: n.Name(), Version: v.Name(), Rootfs: rootfs, Digest: strings.TrimSpace(string(d))})
 		}
-	}
-	return out, nil
+	})
+	return out, err
 }
 
 // Remove deletes a version of a template: renamed aside first (so it is

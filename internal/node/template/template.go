@@ -271,30 +271,34 @@ type Info struct {
 	Digest string
 }
 
-// List returns the templates under dir: for each name, the version whose
-// rootfs was installed last (by the version directory's modification time;
-// ties go to the greater version string). Build directories (".build-*")
-// and versions without a rootfs are ignored.
-func List(dir string) ([]Info, error) {
+// installed is one installed version of a template: its directory entry
+// and rootfs.
+type installed struct {
+	entry os.DirEntry
+	info  Info
+}
+
+// eachTemplate calls fn, for each template under dir, with its versions
+// that have a rootfs (with their recorded digest, if any). Build and
+// removal directories (".*") are ignored.
+func eachTemplate(dir string, fn func(name string, versions []installed)) error {
 	names, err := os.ReadDir(dir)
 	if err != nil {
 		if os.IsNotExist(err) {
-			return nil, nil
+			return nil
 		}
-		return nil, err
+		return err
 	}
-	var out []Info
 	for _, n := range names {
 		if !n.IsDir() || strings.HasPrefix(n.Name(), ".") {
 			continue
 		}
-		versions, err := os.ReadDir(filepath.Join(dir, n.Name()))
+		entries, err := os.ReadDir(filepath.Join(dir, n.Name()))
 		if err != nil {
-			return nil, err
+			return err
 		}
-		var best Info
-		var bestTime int64
-		for _, v := range versions {
+		var vs []installed
+		for _, v := range entries {
 			if !v.IsDir() || strings.HasPrefix(v.Name(), ".") {
 				continue
 			}
@@ -302,21 +306,39 @@ func List(dir string) ([]Info, error) {
 			if fi, err := os.Stat(rootfs); err != nil || !fi.IsDir() {
 				continue
 			}
-			fi, err := v.Info()
+			info := Info{Name: n.Name(), Version: v.Name(), Rootfs: rootfs}
+			if d, err := os.ReadFile(filepath.Join(dir, n.Name(), v.Name(), digestFile)); err == nil {
+				info.Digest = strings.TrimSpace(string(d))
+			}
+			vs = append(vs, installed{entry: v, info: info})
+		}
+		fn(n.Name(), vs)
+	}
+	return nil
+}
+
+// List returns the templates under dir: for each name, the version whose
+// rootfs was installed last (by the version directory's modification time;
+// ties go to the greater version string). Build directories (".build-*")
+// and versions without a rootfs are ignored.
+func List(dir string) ([]Info, error) {
+	var out []Info
+	err := eachTemplate(dir, func(_ string, versions []installed) {
+		var best *Info
+		var bestTime int64
+		for i, v := range versions {
+			fi, err := v.entry.Info()
 			if err != nil {
 				continue
 			}
 			t := fi.ModTime().UnixNano()
-			if best.Name == "" || t > bestTime || (t == bestTime && v.Name() > best.Version) {
-				best, bestTime = Info{Name: n.Name(), Version: v.Name(), Rootfs: rootfs}, t
-				if d, err := os.ReadFile(filepath.Join(dir, n.Name(), v.Name(), digestFile)); err == nil {
-					best.Digest = strings.TrimSpace(string(d))
-				}
+			if best == nil || t > bestTime || (t == bestTime && v.info.Version > best.Version) {
+				best, bestTime = &versions[i].info, t
 			}
 		}
-		if best.Name != "" {
-			out = append(out, best)
+		if best != nil {
+			out = append(out, *best)
 		}
-	}
-	return out, nil
+	})
+	return out, err
 }
