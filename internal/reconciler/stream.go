@@ -90,6 +90,8 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 				r.memoryCondition(ctx, id, b.Heartbeat.GetMemory())
 			case *nodev1.ConnectRequest_VolumeReport:
 				r.volumeReport(ctx, id, b.VolumeReport)
+			case *nodev1.ConnectRequest_Inventory:
+				r.inventory(ctx, nc, b.Inventory)
 			}
 		}
 	}()
