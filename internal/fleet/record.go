@@ -156,17 +156,41 @@ func GetRecord(ctx context.Context, tx store.Tx, nodeID string) (*store.Resource
 
 // PutRecord writes rec as the row of nodeID (inserting it when r is nil).
 func PutRecord(ctx context.Context, tx store.Tx, r *store.Resource, nodeID string, rec *Record, now time.Time) error {
-	b, err := json.Marshal(rec)
+	_, err := putJSON(ctx, tx, r, KindNode, nodeID, rec, now)
+	return err
+}
+
+// putJSON writes v, JSON-encoded, as the spec of the row r, moving its
+// revision on; when r is nil it inserts the row kind/id at revision 1. It
+// returns the row written.
+func putJSON(ctx context.Context, tx store.Tx, r *store.Resource, kind store.ResourceKind, id string, v any, now time.Time) (*store.Resource, error) {
+	b, err := json.Marshal(v)
 	if err != nil {
-		return fault.Internal("encode node record: %v", err)
+		return nil, fault.Internal("encode %s: %v", kind, err)
 	}
 	if r == nil {
-		return tx.InsertResource(ctx, &store.Resource{Kind: KindNode, ID: nodeID, CreatedAt: now, UpdatedAt: now,
+		r = &store.Resource{Kind: kind, ID: id, CreatedAt: now, UpdatedAt: now,
 			Revision: 1, Spec: b, LabelsRevision: 1, AnnotationsRevision: 1,
-			Labels: map[string]string{}, Annotations: map[string]string{}})
+			Labels: map[string]string{}, Annotations: map[string]string{}}
+		return r, tx.InsertResource(ctx, r)
 	}
 	r.Spec, r.UpdatedAt, r.Revision = b, now, r.Revision+1
-	return tx.UpdateResource(ctx, r)
+	return r, tx.UpdateResource(ctx, r)
+}
+
+// checkVersion compares the version of the row r (zero when there is none
+// yet) with the request's expected_version: a mismatch is aborted
+// (REVISION_MISMATCH); what names the object in the message.
+func checkVersion(r *store.Resource, expected uint64, what string) error {
+	var have uint64
+	if r != nil {
+		have = r.Revision
+	}
+	if have == expected {
+		return nil
+	}
+	return &fault.Error{Kind: fault.KindAborted, Reason: fault.ReasonRevisionMismatch, Field: "expected_version",
+		Message: fmt.Sprintf("%s: the version is %d, not %d", what, have, expected)}
 }
 
 // Register records, inside tx, that node nodeID registered with the key

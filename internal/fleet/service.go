@@ -670,29 +670,11 @@ func (s *Service) SetDefaults(ctx context.Context, req *ctrlv1.SetOvercommitDefa
 			if err != nil {
 				return nil, err
 			}
-			var have uint64
-			if r != nil {
-				have = r.Revision
-			}
-			if have != req.GetExpectedVersion() {
-				return nil, &fault.Error{Kind: fault.KindAborted, Reason: fault.ReasonRevisionMismatch, Field: "expected_version",
-					Message: fmt.Sprintf("the overcommit defaults are at version %d, not %d", have, req.GetExpectedVersion())}
+			if err := checkVersion(r, req.GetExpectedVersion(), "the overcommit defaults"); err != nil {
+				return nil, err
 			}
 			if r == nil || d != want {
-				b, err := json.Marshal(want)
-				if err != nil {
-					return nil, fault.Internal("encode overcommit defaults: %v", err)
-				}
-				now := s.now()
-				if r == nil {
-					r = &store.Resource{Kind: KindDefaults, ID: DefaultsID, CreatedAt: now, UpdatedAt: now, Revision: 1, Spec: b,
-						LabelsRevision: 1, AnnotationsRevision: 1, Labels: map[string]string{}, Annotations: map[string]string{}}
-					err = tx.InsertResource(ctx, r)
-				} else {
-					r.Spec, r.UpdatedAt, r.Revision = b, now, r.Revision+1
-					err = tx.UpdateResource(ctx, r)
-				}
-				if err != nil {
+				if r, err = putJSON(ctx, tx, r, KindDefaults, DefaultsID, want, s.now()); err != nil {
 					return nil, err
 				}
 			}
@@ -750,30 +732,12 @@ func (s *Service) SetPoolCapacity(ctx context.Context, req *ctrlv1.SetStoragePoo
 			if err != nil {
 				return nil, err
 			}
-			var have uint64
-			if r != nil {
-				have = r.Revision
-			}
-			if have != req.GetExpectedVersion() {
-				return nil, &fault.Error{Kind: fault.KindAborted, Reason: fault.ReasonRevisionMismatch, Field: "expected_version",
-					Message: fmt.Sprintf("storage pool %s of node %s is at version %d, not %d", poolID, id, have, req.GetExpectedVersion())}
+			if err := checkVersion(r, req.GetExpectedVersion(), fmt.Sprintf("storage pool %s of node %s", poolID, id)); err != nil {
+				return nil, err
 			}
 			if p.OverrideBytes != capacity {
 				p.OverrideBytes = capacity
-				b, err := json.Marshal(p)
-				if err != nil {
-					return nil, fault.Internal("encode storage pool: %v", err)
-				}
-				now := s.now()
-				if r == nil {
-					err = tx.InsertResource(ctx, &store.Resource{Kind: KindPool, ID: PoolKey(id, poolID), CreatedAt: now, UpdatedAt: now,
-						Revision: 1, Spec: b, LabelsRevision: 1, AnnotationsRevision: 1,
-						Labels: map[string]string{}, Annotations: map[string]string{}})
-				} else {
-					r.Spec, r.UpdatedAt, r.Revision = b, now, r.Revision+1
-					err = tx.UpdateResource(ctx, r)
-				}
-				if err != nil {
+				if _, err := putJSON(ctx, tx, r, KindPool, PoolKey(id, poolID), p, s.now()); err != nil {
 					return nil, err
 				}
 			}
