@@ -147,6 +147,21 @@ type Artifacts interface {
 	Platforms() []*nodev1.TemplateInfo
 }
 
+// InventoryNotifier is implemented by a Runtime that tells when the
+// templates or platforms it holds change while the node runs (a version
+// installed or reclaimed, a platform verified or dropped): the agent then
+// sends ctrl an Inventory with the complete lists, as Hello has them.
+type InventoryNotifier interface {
+	// OnInventoryChange makes the runtime call f after each such change;
+	// f does not block.
+	OnInventoryChange(f func())
+}
+
+// inventoryDelay is how long the agent waits after a change of what the
+// node holds before it sends the Inventory: the changes of a burst (a
+// reclamation of many versions) go in one.
+const inventoryDelay = 200 * time.Millisecond
+
 // Config configures an Agent.
 type Config struct {
 	NodeID   string
@@ -189,6 +204,10 @@ type Agent struct {
 
 	// The Volumes (volumes.go), under mu like the workspaces.
 	vols volumeWork
+
+	// inventory holds a signal when what the node holds changed since
+	// the last Hello or Inventory.
+	inventory chan struct{}
 }
 
 // New returns an Agent.
@@ -196,16 +215,44 @@ func New(cfg Config) *Agent {
 	if cfg.Heartbeat == 0 {
 		cfg.Heartbeat = 5 * time.Second
 	}
-	return &Agent{
+	a := &Agent{
 		cfg: cfg,
 		client: nodev1connect.NewNodeServiceClient(cfg.HTTP, cfg.Endpoint,
 			connect.WithReadMaxBytes(nodewire.MaxMessageBytes), connect.WithSendMaxBytes(nodewire.MaxMessageBytes)),
-		reports: newOutbox(),
-		desired: map[string]*nodev1.DesiredWorkspace{},
-		busy:    map[string]bool{},
-		dirty:   map[string]bool{},
-		vols:    newVolumeWork(),
+		reports:   newOutbox(),
+		desired:   map[string]*nodev1.DesiredWorkspace{},
+		busy:      map[string]bool{},
+		dirty:     map[string]bool{},
+		vols:      newVolumeWork(),
+		inventory: make(chan struct{}, 1),
 	}
+	if n, ok := cfg.Runtime.(InventoryNotifier); ok {
+		n.OnInventoryChange(a.InventoryChanged)
+	}
+	return a
+}
+
+// InventoryChanged tells the agent that the templates or platforms the
+// node holds changed: while a stream is up it sends ctrl an Inventory
+// (after inventoryDelay, one for a burst); without one the next Hello
+// lists them. It never blocks.
+func (a *Agent) InventoryChanged() {
+	select {
+	case a.inventory <- struct{}{}:
+	default:
+	}
+}
+
+// holdings lists the templates and platforms the node holds, for Hello
+// and Inventory alike.
+func (a *Agent) holdings() (templates, platforms []*nodev1.TemplateInfo) {
+	if a.cfg.Templates != nil {
+		templates = a.cfg.Templates()
+	}
+	if art, ok := a.cfg.Runtime.(Artifacts); ok {
+		platforms = art.Platforms()
+	}
+	return templates, platforms
 }
 
 // Run keeps a stream to ctrl open until ctx is done, reconnecting with
@@ -278,12 +325,13 @@ func (a *Agent) session(parent context.Context) error {
 	stream := a.client.Connect(ctx)
 	hello := &nodev1.Hello{NodeId: a.cfg.NodeID, Capacity: a.cfg.Capacity, Features: a.cfg.Features,
 		GuestProtocolVersion: nodewire.GuestProtocolVersion}
-	if a.cfg.Templates != nil {
-		hello.Templates = a.cfg.Templates()
+	// The Hello lists what the node holds now: a change signalled before
+	// is in it.
+	select {
+	case <-a.inventory:
+	default:
 	}
-	if art, ok := a.cfg.Runtime.(Artifacts); ok {
-		hello.Platforms = art.Platforms()
-	}
+	hello.Templates, hello.Platforms = a.holdings()
 	for _, st := range a.cfg.Runtime.Executions() {
 		hello.Executions = append(hello.Executions, a.statusReport(st, st.Generation))
 	}
@@ -304,9 +352,20 @@ func (a *Agent) session(parent context.Context) error {
 	}()
 	hb := time.NewTicker(a.cfg.Heartbeat)
 	defer hb.Stop()
+	var invDue <-chan time.Time // an Inventory is to be sent then
 	for {
 		var msg *nodev1.ConnectRequest
 		select {
+		case <-a.inventory:
+			if invDue == nil {
+				invDue = time.After(inventoryDelay)
+			}
+			continue
+		case <-invDue:
+			invDue = nil
+			inv := &nodev1.Inventory{}
+			inv.Templates, inv.Platforms = a.holdings()
+			msg = &nodev1.ConnectRequest{Body: &nodev1.ConnectRequest_Inventory{Inventory: inv}}
 		case <-ctx.Done():
 			_ = stream.CloseRequest()
 			return ctx.Err()
