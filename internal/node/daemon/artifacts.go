@@ -59,6 +59,10 @@ type artifacts struct {
 	// installing serializes the fetch and extraction of one template
 	// version (by "id/version").
 	installing map[string]*sync.Mutex
+	// changed, when set, is called after what the node holds changed: a
+	// template version installed or reclaimed, a platform verified or
+	// reclaimed (agent.InventoryNotifier).
+	changed func()
 }
 
 // platform is a verified Platform version, sealed in memory.
@@ -135,6 +139,7 @@ func (a *artifacts) templateDir(ctx context.Context, id, version string, src *no
 	}
 	a.log.Info("template installed", "template_id", id, "version", version, "digest", src.GetDigest(), "took", time.Since(t0).String(),
 		"fetch_took", fetched.String(), "extract_took", (time.Since(t0) - fetched).String())
+	a.inventoryChanged()
 	// The archive is not needed once extracted.
 	_ = a.store.Remove(src.GetDigest())
 	return rootfs, nil
@@ -245,6 +250,7 @@ func (a *artifacts) prepare(gen uint64, p *nodev1.DesiredPlatform, ready chan st
 				a.current = pl
 			}
 			a.mu.Unlock()
+			a.inventoryChanged()
 			log.Info("platform ready: new executions boot with it")
 			return
 		}
@@ -387,6 +393,7 @@ func (a *artifacts) reclaimPending() {
 				continue
 			}
 			a.log.Info("template version reclaimed", "template_id", t.Name, "version", t.Version, "digest", d)
+			a.inventoryChanged()
 		}
 		a.mu.Lock()
 		if p := a.held[d]; p != nil && p != a.current {
@@ -396,6 +403,7 @@ func (a *artifacts) reclaimPending() {
 			p.guest.Close()
 			a.guestMu.Unlock()
 			a.log.Info("platform version reclaimed", "platform_id", p.id, "version", p.version, "digest", d)
+			a.inventoryChanged()
 			a.mu.Lock()
 		} else if p != nil {
 			done = false // the current platform: kept until another is desired
@@ -411,6 +419,13 @@ func (a *artifacts) reclaimPending() {
 			delete(a.reclaiming, d)
 			a.mu.Unlock()
 		}
+	}
+}
+
+// inventoryChanged calls changed, when set.
+func (a *artifacts) inventoryChanged() {
+	if a.changed != nil {
+		a.changed()
 	}
 }
 

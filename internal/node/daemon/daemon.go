@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"connectrpc.com/connect"
@@ -220,6 +221,8 @@ type Runtime struct {
 	templates string
 	events    chan agent.Event
 	art       *artifacts
+	// notify is what OnInventoryChange set.
+	notify atomic.Pointer[func()]
 }
 
 // NewRuntime returns the adapter; templates is the directory of templates
@@ -229,6 +232,7 @@ type Runtime struct {
 func NewRuntime(rt *sandbox.Runtime, templates string) *Runtime {
 	r := &Runtime{rt: rt, templates: templates, events: make(chan agent.Event, 256)}
 	r.art = newArtifacts(nil, templates, slog.New(slog.DiscardHandler), r.executionRootfs)
+	r.art.changed = r.inventoryChanged
 	go r.forward()
 	return r
 }
@@ -238,7 +242,19 @@ func NewRuntime(rt *sandbox.Runtime, templates string) *Runtime {
 // until ctx is done.
 func (r *Runtime) UseArtifacts(ctx context.Context, store *artifact.Store, log *slog.Logger) {
 	r.art = newArtifacts(store, r.templates, log, r.executionRootfs)
+	r.art.changed = r.inventoryChanged
 	go r.art.runReclaimer(ctx)
+}
+
+// OnInventoryChange makes r call f after a published template version
+// was installed or reclaimed, or a platform verified or reclaimed
+// (agent.InventoryNotifier).
+func (r *Runtime) OnInventoryChange(f func()) { r.notify.Store(&f) }
+
+func (r *Runtime) inventoryChanged() {
+	if f := r.notify.Load(); f != nil {
+		(*f)()
+	}
 }
 
 // executionRootfs lists the rootfs directories the executions run from.
@@ -261,7 +277,10 @@ func (r *Runtime) Reclaim(digests []string) { r.art.Reclaim(digests) }
 // Platforms lists the Platform versions the node holds.
 func (r *Runtime) Platforms() []*nodev1.TemplateInfo { return r.art.Platforms() }
 
-var _ agent.Artifacts = (*Runtime)(nil)
+var (
+	_ agent.Artifacts         = (*Runtime)(nil)
+	_ agent.InventoryNotifier = (*Runtime)(nil)
+)
 
 func (r *Runtime) forward() {
 	defer close(r.events)
