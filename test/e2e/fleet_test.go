@@ -295,6 +295,21 @@ func TestFleetOperations(t *testing.T) {
 	if onNode["local"] == nil || onNode["second"] == nil {
 		t.Fatalf("tiny ran on %v, not on both nodes", onNode)
 	}
+	// "second" fetched tiny version 1 for its Workspace, after its Hello:
+	// GetNode lists it within seconds (the node's Inventory), no reconnect.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		n := f.node("second")
+		held := false
+		for _, a := range n.GetTemplates() {
+			held = held || (a.GetArtifactId() == "tiny" && a.GetVersion() == "1")
+		}
+		if held {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GetNode(second).templates = %v, without tiny version 1", n.GetTemplates())
+		}
+	}
 
 	// Version 2 becomes the default; version 1 is still needed by a
 	// stopped Workspace.
