@@ -62,6 +62,24 @@ func (r *Reconciler) inventory(ctx context.Context, nc *nodeConn, inv *nodev1.In
 	r.Kick()
 }
 
+// checkHello applies the rules of an Inventory to the holdings a Hello
+// lists, before anything of it is recorded: lists over the bound are
+// dropped whole, bad entries left out, both with a log line.
+func (r *Reconciler) checkHello(hello *nodev1.Hello) {
+	id := hello.GetNodeId()
+	if err := nodewire.CheckInventory(&nodev1.Inventory{Templates: hello.GetTemplates(), Platforms: hello.GetPlatforms()}); err != nil {
+		r.log.Warn("node hello: templates and platforms ignored", "node_id", id, "error", err.Error())
+		hello.Templates, hello.Platforms = nil, nil
+		return
+	}
+	var dropped, droppedP int
+	hello.Templates, dropped = inventoryEntries(hello.GetTemplates())
+	hello.Platforms, droppedP = inventoryEntries(hello.GetPlatforms())
+	if dropped+droppedP > 0 {
+		r.log.Warn("node hello: entries left out", "node_id", id, "templates", dropped, "platforms", droppedP)
+	}
+}
+
 // current reports whether nc is the stream of its node on this ctrl.
 func (r *Reconciler) current(nc *nodeConn) bool {
 	r.mu.Lock()

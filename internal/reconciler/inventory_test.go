@@ -103,3 +103,26 @@ func TestInventory(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckHello: a Hello's holdings follow the Inventory rules before
+// anything of it is recorded.
+func TestCheckHello(t *testing.T) {
+	digest := "sha256:" + strings.Repeat("cd", 32)
+	good := &nodev1.TemplateInfo{TemplateId: "tiny", Version: "1", Digest: digest}
+	r := New(Config{})
+	h := &nodev1.Hello{NodeId: "n", Templates: []*nodev1.TemplateInfo{good, {TemplateId: "../etc", Version: "1"}},
+		Platforms: []*nodev1.TemplateInfo{{TemplateId: "sandbox", Version: "2", Digest: "md5:00"}}}
+	r.checkHello(h)
+	if len(h.GetTemplates()) != 1 || h.GetTemplates()[0].GetTemplateId() != "tiny" || len(h.GetPlatforms()) != 0 {
+		t.Fatalf("after checkHello: templates %v, platforms %v", h.GetTemplates(), h.GetPlatforms())
+	}
+	many := make([]*nodev1.TemplateInfo, nodewire.MaxInventoryEntries+1)
+	for i := range many {
+		many[i] = good
+	}
+	h = &nodev1.Hello{NodeId: "n", Templates: many}
+	r.checkHello(h)
+	if len(h.GetTemplates()) != 0 {
+		t.Fatalf("an oversized Hello kept %d templates", len(h.GetTemplates()))
+	}
+}

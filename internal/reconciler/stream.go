@@ -43,6 +43,7 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 		return fault.Invalid("hello", "the stream must open with a Hello naming the node")
 	}
 	id := hello.GetNodeId()
+	r.checkHello(hello)
 	if peer.NodeID != id {
 		return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
 			Message: "the node certificate does not name the node of the Hello"}
