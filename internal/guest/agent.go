@@ -6,7 +6,8 @@
 // sends over its channel (package protocol), reports the guest's condition
 // (READY, DISK_PRESSURE when the writable layer has less than 5% free,
 // MEMORY_PRESSURE when the working set of the workspace's cgroup is above 90%
-// of its limit), flushes the writable layer when the node asks for writeback,
+// of its limit) and the protocol version it speaks (the node's handshake),
+// flushes the writable layer when the node asks for writeback,
 // serves the data plane's ProcessService (process.go, ring.go, serve.go:
 // connect-go over HTTP/2 on the node's connections) and powers the
 // workspace off on request. At boot it writes /etc/resolv.conf
@@ -435,8 +436,10 @@ func (a *Agent) handle(req protocol.Request) protocol.Response {
 	a.mu.Unlock()
 	switch req.Op {
 	case protocol.OpPing:
+		// The version handshake: the same constant the binary's
+		// declaration states (nodewire.GuestProtocolDeclaration).
 		cond, msg := a.Condition()
-		return protocol.Response{OK: true, Condition: cond, Message: msg}
+		return protocol.Response{OK: true, Condition: cond, Message: msg, ProtocolVersion: nodewire.GuestProtocolVersion}
 	case protocol.OpWriteback:
 		synced, err := a.Writeback()
 		if err != nil {

@@ -1,7 +1,14 @@
 // Package protocol is the node ↔ guest wire protocol of the sandbox runtime.
 //
-// It is internal and may change freely: the node and the guest agent ship
-// together (the node runs its own kibotos-guest in every execution).
+// It is internal, and versioned: nodewire.GuestProtocolVersion is the
+// version a build speaks. The node runs its own kibotos-guest or a
+// Platform's, which may be of another build; it boots only one that speaks
+// its version. Before the boot it reads the binary's declaration
+// (nodewire.GuestProtocolOf); after it, the handshake is the first ping:
+// the guest states the version it speaks (Response.ProtocolVersion), and a
+// guest that states another, none, or answers what the node cannot decode
+// fails its start for good. A change of this protocol that an older node or
+// guest cannot follow takes a new version.
 //
 // # Transport
 //
@@ -36,8 +43,11 @@
 //
 // # Requests
 //
-//   - OpPing: the guest answers with its Condition and a Message. A guest
-//     that answers is at least BOOTING; READY once it serves requests.
+//   - OpPing: the guest answers with its Condition, a Message and the
+//     protocol version it speaks (ProtocolVersion). A guest that answers
+//     is at least BOOTING; READY once it serves requests. The node's first
+//     ping after the boot is the version handshake, and every later one
+//     checks the version again.
 //   - OpWriteback: the guest syncs the writable layer (syncfs on "/", which on
 //     overlayfs flushes the upper ext4 filesystem down to its loop device and
 //     from there to the image file) and every mounted storage filesystem
@@ -186,6 +196,11 @@ type Response struct {
 	// Condition and Message answer OpPing (and accompany every response).
 	Condition Condition `json:"condition,omitempty"`
 	Message   string    `json:"message,omitempty"`
+	// ProtocolVersion answers OpPing: the version of this protocol the
+	// guest speaks (nodewire.GuestProtocolVersion of its build; versions
+	// start at 1, so 0 states none). A JSON number that is not a uint32
+	// makes the response undecodable (ErrMalformed).
+	ProtocolVersion uint32 `json:"protocol_version,omitempty"`
 	// Synced lists the mount points an OpWriteback flushed.
 	Synced []string    `json:"synced,omitempty"`
 	Exec   *ExecResult `json:"exec,omitempty"`
@@ -226,8 +241,14 @@ func WriteMessage(w io.Writer, v any, max int) error {
 // the bound, and the connection is of no further use.
 var ErrTooLong = errors.New("protocol: message exceeds its bound")
 
+// ErrMalformed: a line is not one JSON object of the expected type (a
+// syntax error, a field of the wrong type, an unknown field, something
+// after the object).
+var ErrMalformed = errors.New("protocol: malformed message")
+
 // ReadMessage reads one line of at most max bytes into v. It never
-// buffers more than max bytes (plus bufio's buffer).
+// buffers more than max bytes (plus bufio's buffer). A line that does not
+// decode strictly into v is ErrMalformed.
 func ReadMessage(r *bufio.Reader, v any, max int) error {
 	var buf []byte
 	for {
@@ -250,7 +271,10 @@ func ReadMessage(r *bufio.Reader, v any, max int) error {
 	dec := json.NewDecoder(bytes.NewReader(buf))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("protocol: decode: %w", err)
+		return fmt.Errorf("%w: decode: %w", ErrMalformed, err)
+	}
+	if dec.More() {
+		return fmt.Errorf("%w: more than one value on a line", ErrMalformed)
 	}
 	return nil
 }
