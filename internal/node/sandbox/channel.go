@@ -13,6 +13,7 @@ import (
 
 	"github.com/kibotos/kibotos/internal/guest/protocol"
 	"github.com/kibotos/kibotos/internal/node/sandbox/initshim"
+	"github.com/kibotos/kibotos/internal/nodewire"
 )
 
 // The node's side of an execution's guest: the channel (package protocol)
@@ -280,17 +281,40 @@ func (r *Runtime) call(ctx context.Context, e *execution, req protocol.Request) 
 	return resp, nil
 }
 
-// ping asks e's guest for its condition; a condition the guest may not
-// report is a failed ping.
+// ping asks e's guest for its condition and checks the protocol version it
+// states (guestProtocol); an answer that cannot be decoded is ErrGuestProtocol
+// too. A condition the guest may not report is a failed ping.
 func (r *Runtime) ping(ctx context.Context, e *execution) (GuestCondition, string, error) {
 	resp, err := r.call(ctx, e, protocol.Request{Op: protocol.OpPing})
+	if errors.Is(err, protocol.ErrMalformed) {
+		return "", "", fmt.Errorf("%w: the guest's answer is not of protocol %d: %s", ErrGuestProtocol,
+			nodewire.GuestProtocolVersion, protocol.Clip(err.Error(), protocol.MaxText))
+	}
 	if err != nil {
+		return "", "", err
+	}
+	if err := guestProtocol(resp); err != nil {
 		return "", "", err
 	}
 	if !resp.Condition.Reported() {
 		return "", "", fmt.Errorf("guest: ping: condition %q", protocol.Clip(string(resp.Condition), 64))
 	}
 	return resp.Condition, resp.Message, nil
+}
+
+// guestProtocol checks the protocol version a guest's answer to a ping
+// states against the node's (nodewire.GuestProtocolVersion): another
+// version, or none, is ErrGuestProtocol.
+func guestProtocol(resp protocol.Response) error {
+	switch v := resp.ProtocolVersion; v {
+	case nodewire.GuestProtocolVersion:
+		return nil
+	case 0:
+		return fmt.Errorf("%w: the guest states no protocol version (a guest built before the handshake?), the node speaks protocol %d",
+			ErrGuestProtocol, nodewire.GuestProtocolVersion)
+	default:
+		return fmt.Errorf("%w: the guest speaks protocol %d, the node %d", ErrGuestProtocol, v, nodewire.GuestProtocolVersion)
+	}
 }
 
 // readNotices waits for the guest's notices on ch. A power-off notice is

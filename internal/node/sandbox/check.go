@@ -69,9 +69,10 @@ func CheckTools() error {
 }
 
 // Permanent reports whether a Start error is one that no retry of the same
-// Spec can fix: a malformed spec (including an unusable template directory)
-// or an invalid capacity. Other failures (mounts, cgroups, a guest that did
-// not answer in time) may pass.
+// Spec can fix: a malformed spec (including an unusable template directory),
+// an invalid capacity, or a guest that does not speak the node's protocol.
+// Other failures (mounts, cgroups, a guest that did not answer in time) may
+// pass.
 func Permanent(err error) bool {
-	return errors.Is(err, ErrInvalidSpec) || errors.Is(err, ErrCapacity)
+	return errors.Is(err, ErrInvalidSpec) || errors.Is(err, ErrCapacity) || errors.Is(err, ErrGuestProtocol)
 }

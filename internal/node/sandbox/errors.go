@@ -29,6 +29,13 @@ var (
 	// ErrGuestNotReady: the execution started but its guest agent never
 	// answered within the start timeout; the start was rolled back.
 	ErrGuestNotReady = errors.New("sandbox: guest agent did not become ready")
+	// ErrGuestProtocol: the guest's first answer (the version handshake of
+	// the first ping) does not state the node-guest protocol version the
+	// node speaks (nodewire.GuestProtocolVersion): it states another, none,
+	// or cannot be decoded. The start was rolled back; the same guest
+	// binary answers the same, so it is Permanent. Later pings that fail
+	// the check count as failed (UNRESPONSIVE).
+	ErrGuestProtocol = errors.New("sandbox: guest protocol mismatch")
 	// ErrStart: the execution could not be set up (mounts, cgroup, loop
 	// device, init); the start was rolled back.
 	ErrStart = errors.New("sandbox: start failed")

@@ -44,7 +44,8 @@ func (r *Runtime) stopHealth(e *execution) {
 // health pings the guest every HealthInterval and records its condition;
 // after UnresponsiveAfter failed pings in a row the guest is UNRESPONSIVE.
 // A ping fails when the guest does not answer within HealthTimeout, answers
-// more than protocol.MaxResponse, or reports a condition it may not
+// more than protocol.MaxResponse, does not state the node's protocol
+// version (ErrGuestProtocol), or reports a condition it may not
 // (protocol.Condition.Reported); its message is clipped to
 // protocol.MaxText.
 // A change of condition is an EventCondition, except while e stops.

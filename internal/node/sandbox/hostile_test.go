@@ -21,6 +21,7 @@ import (
 
 	"github.com/kibotos/kibotos/internal/guest/protocol"
 	"github.com/kibotos/kibotos/internal/node/sandbox/initshim"
+	"github.com/kibotos/kibotos/internal/nodewire"
 )
 
 // The guest is untrusted: root inside a workspace is whoever the caller is,
@@ -664,4 +665,43 @@ func TestHostileGuest(t *testing.T) {
 		})
 		assertNoLeaks(t, root)
 	})
+}
+
+// A PID 1 (the helper as the guest binary) that fails the protocol version
+// handshake of its first ping: it states another version, none, or one the
+// node cannot decode. The start fails at once with a permanent
+// ErrGuestProtocol that names both versions, nothing of the execution is
+// left, and the workspace is never READY.
+func TestHostileGuestProtocol(t *testing.T) {
+	bin, _ := hostileSetup(t)
+	r, root := newRuntime(t, func(c *Config) {
+		c.GuestBinary = bin
+		c.InitBinary = "/proc/self/exe"
+	})
+	v := strconv.Itoa(nodewire.GuestProtocolVersion)
+	for mode, want := range map[string]string{
+		"protoother":  "the guest speaks protocol " + strconv.Itoa(nodewire.GuestProtocolVersion+1) + ", the node " + v,
+		"protonone":   "the guest states no protocol version",
+		"protozero":   "the guest states no protocol version",
+		"protostring": "the guest's answer is not of protocol " + v,
+		"protohuge":   "the guest's answer is not of protocol " + v,
+		"protoextra":  "the guest's answer is not of protocol " + v,
+	} {
+		t.Run(mode, func(t *testing.T) {
+			ws := "ws-hs-" + mode
+			var err error
+			within(t, 10*time.Second, "Start", func() { err = r.Start(context.Background(), testSpec(ws)) })
+			t.Logf("Start: %.300v", err)
+			if !errors.Is(err, ErrGuestProtocol) || !Permanent(err) {
+				t.Fatalf("Start = %v; want a permanent ErrGuestProtocol", err)
+			}
+			if !strings.Contains(err.Error(), want) || len(err.Error()) > protocol.MaxText+200 {
+				t.Errorf("Start = %.300q (%d bytes); want it to say %q", err, len(err.Error()), want)
+			}
+			if st, ok := r.Status(ws); ok {
+				t.Errorf("an execution held after a failed handshake: %+v", st)
+			}
+			assertNoLeaks(t, root)
+		})
+	}
 }

@@ -82,7 +82,7 @@ func (r *Runtime) Start(ctx context.Context, s Spec) error {
 //     layers idmapped through the shim's user namespace, goes to the shim
 //     with its configuration (and the Volume's mount, idmapped too); the
 //     shim moves it into place, mounts, pivots and execs the guest;
-//  10. waitGuest: the guest's first answer;
+//  10. waitGuest: the guest's first answer, the protocol version handshake;
 //  11. markRunning: the record, phase running; health pings start.
 //
 // On any error what was set up is released again (the layer stays).
@@ -546,7 +546,9 @@ func (r *Runtime) logTail(e *execution) string {
 
 // waitGuest waits for the guest's first answer (at most StartTimeout): a
 // ping on the channel, which waits in the channel until the guest serves
-// it. The execution's end cuts the wait short.
+// it. The execution's end cuts the wait short. The answer is the protocol
+// version handshake: a guest that does not state the node's version
+// (ErrGuestProtocol, Permanent) fails the start, which is then rolled back.
 func (r *Runtime) waitGuest(ctx context.Context, e *execution) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartTimeout)
 	defer cancel()
@@ -563,6 +565,9 @@ func (r *Runtime) waitGuest(ctx context.Context, e *execution) error {
 		e.cond, e.msg = cond, msg
 		e.mu.Unlock()
 		return nil
+	}
+	if errors.Is(err, ErrGuestProtocol) {
+		return err
 	}
 	if !e.alive() {
 		return fmt.Errorf("%w: the execution exited before its guest answered: %s", ErrStart, r.logTail(e))

@@ -28,7 +28,23 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/internal/guest/protocol"
+	"github.com/kibotos/kibotos/internal/nodewire"
 )
+
+// ready is a good guest's answer to a ping: READY, in the node's protocol
+// version.
+var ready = `{"ok":true,"condition":"READY","protocol_version":` + strconv.Itoa(nodewire.GuestProtocolVersion) + `}`
+
+// firstAnswers are the answers to the first ping (the version handshake)
+// of the modes that fail it; every other mode answers it with ready.
+var firstAnswers = map[string]string{
+	"protoother":  `{"ok":true,"condition":"READY","protocol_version":` + strconv.Itoa(nodewire.GuestProtocolVersion+1) + `}`,
+	"protonone":   `{"ok":true,"condition":"READY"}`,
+	"protozero":   `{"ok":true,"condition":"READY","protocol_version":0}`,
+	"protostring": `{"ok":true,"condition":"READY","protocol_version":"` + strconv.Itoa(nodewire.GuestProtocolVersion) + `"}`,
+	"protohuge":   `{"ok":true,"condition":"READY","protocol_version":4294967297}`,
+	"protoextra":  `{"ok":true,"condition":"READY","protocol_version":` + strconv.Itoa(nodewire.GuestProtocolVersion) + `,"` + strings.Repeat("x", 60<<10) + `":1}`,
+}
 
 func init() { runtime.LockOSThread() }
 
@@ -170,7 +186,7 @@ func guest(ws string) {
 		}
 		if first {
 			first = false
-			answer1(c)
+			answer1(c, mode)
 			if mode == "notices" {
 				// Power-off notices far past their bound, sent raw.
 				go func() {
@@ -188,14 +204,19 @@ func guest(ws string) {
 	}
 }
 
-// answer1 answers one request as a good guest would.
-func answer1(c net.Conn) {
+// answer1 answers one request as a good guest would, or as mode's
+// firstAnswers says.
+func answer1(c net.Conn, mode string) {
 	defer c.Close()
 	br := bufio.NewReader(c)
 	if _, err := br.ReadString('\n'); err != nil {
 		return
 	}
-	_, _ = c.Write([]byte(`{"ok":true,"condition":"READY"}` + "\n"))
+	line, ok := firstAnswers[mode]
+	if !ok {
+		line = ready
+	}
+	_, _ = c.Write([]byte(line + "\n"))
 }
 
 func misbehave(c net.Conn, mode string) {
@@ -221,8 +242,9 @@ func misbehave(c net.Conn, mode string) {
 	case "lie": // a condition a guest may not report, a long message
 		_, _ = c.Write([]byte(`{"ok":true,"condition":"UNRESPONSIVE","message":"` + strings.Repeat("l", 50<<10) + `"}` + "\n"))
 	case "longmsg": // a good condition, a long message
-		_, _ = c.Write([]byte(`{"ok":true,"condition":"READY","message":"` + strings.Repeat("m", 50<<10) + `"}` + "\n"))
+		_, _ = c.Write([]byte(`{"ok":true,"condition":"READY","protocol_version":` + strconv.Itoa(nodewire.GuestProtocolVersion) +
+			`,"message":"` + strings.Repeat("m", 50<<10) + `"}` + "\n"))
 	default: // a good guest
-		_, _ = c.Write([]byte(`{"ok":true,"condition":"READY"}` + "\n"))
+		_, _ = c.Write([]byte(ready + "\n"))
 	}
 }
