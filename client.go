@@ -38,6 +38,9 @@ type Client struct {
 	// NodeService is NodeService (Operator API): the fleet, drains,
 	// isolations, retirements, overcommit and storage pool capacities.
 	NodeService ctrlv1connect.NodeServiceClient
+	// ArtifactService is ArtifactService (Operator API): publications,
+	// defaults, retention and reclamation of Templates and Platforms.
+	ArtifactService ctrlv1connect.ArtifactServiceClient
 	// SessionService is SessionService: data-plane credentials.
 	SessionService ctrlv1connect.SessionServiceClient
 	// ProcessService is the data plane's ProcessService: its requests need
@@ -208,6 +211,7 @@ func NewClient(endpoint string, opts ...Option) (*Client, error) {
 		VolumeService:     ctrlv1connect.NewVolumeServiceClient(hc, base, o.connectOpts...),
 		EnrollmentService: ctrlv1connect.NewEnrollmentServiceClient(hc, base, o.connectOpts...),
 		NodeService:       ctrlv1connect.NewNodeServiceClient(hc, base, o.connectOpts...),
+		ArtifactService:   ctrlv1connect.NewArtifactServiceClient(hc, base, o.connectOpts...),
 		SessionService:    ctrlv1connect.NewSessionServiceClient(hc, base, o.connectOpts...),
 		ProcessService:    ctrlv1connect.NewProcessServiceClient(hc, base, o.connectOpts...),
 		FileService:       ctrlv1connect.NewFileServiceClient(hc, base, append([]connect.ClientOption{noGzip}, o.connectOpts...)...),

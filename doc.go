@@ -15,7 +15,7 @@
 // ~/.config/kibo/profile.json); LoadSettings returns them.
 //
 // The Client exposes the generated Connect clients of every service
-// (c.ServerInfoService, c.WorkspaceService, c.EgressService, c.ResolverService, c.VolumeService, c.EnrollmentService, c.NodeService, c.SessionService); requests
+// (c.ServerInfoService, c.WorkspaceService, c.EgressService, c.ResolverService, c.VolumeService, c.EnrollmentService, c.NodeService, c.ArtifactService, c.SessionService); requests
 // and responses are the generated messages of package ctrlv1.
 //
 // # Capabilities

@@ -40,7 +40,7 @@ var (
 
 // artifactClient is ArtifactService over the session's connection.
 func artifactClient(s *session) ctrlv1connect.ArtifactServiceClient {
-	return ctrlv1connect.NewArtifactServiceClient(s.client.HTTPClient(), s.client.Endpoint())
+	return s.client.ArtifactService
 }
 
 func (k artifactKind) ref(id string) *ctrlv1.ArtifactRef {
