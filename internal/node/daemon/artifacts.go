@@ -54,6 +54,11 @@ type artifacts struct {
 	ready chan struct{}
 	// desired is the latest desired platform (nil: the own guest).
 	desired *nodev1.DesiredPlatform
+	// refused are the digests of Platform versions whose guest failed the
+	// protocol handshake of a start here (refuse); SetPlatform does not
+	// bring them back. Kept in memory only: a restarted node tries such a
+	// version once more.
+	refused map[string]bool
 	// reclaiming are digests to reclaim once no execution uses them.
 	reclaiming map[string]bool
 	// installing serializes the fetch and extraction of one template
@@ -75,7 +80,7 @@ func newArtifacts(store *artifact.Store, templates string, log *slog.Logger, exe
 	ready := make(chan struct{})
 	close(ready)
 	return &artifacts{store: store, templates: templates, log: log, executions: executions,
-		held: map[string]*platform{}, ready: ready, reclaiming: map[string]bool{}, installing: map[string]*sync.Mutex{}}
+		held: map[string]*platform{}, ready: ready, refused: map[string]bool{}, reclaiming: map[string]bool{}, installing: map[string]*sync.Mutex{}}
 }
 
 // templateDir returns the rootfs of a published template version, fetched
@@ -169,10 +174,10 @@ func freeBytes(dir string) (uint64, error) {
 	return st.Bavail * uint64(st.Bsize), nil
 }
 
-// guest returns the sealed guest new executions boot with (nil: the
-// node's own), waiting (at most platformWait, or ctx) for the desired
-// Platform's preparation; release ends its use.
-func (a *artifacts) guest(ctx context.Context) (g *os.File, release func()) {
+// guest returns the platform new executions boot with (nil: the node's
+// own guest), waiting (at most platformWait, or ctx) for the desired
+// Platform's preparation; release ends the use of its sealed guest.
+func (a *artifacts) guest(ctx context.Context) (p *platform, release func()) {
 	a.mu.Lock()
 	ready := a.ready
 	a.mu.Unlock()
@@ -186,10 +191,59 @@ func (a *artifacts) guest(ctx context.Context) (g *os.File, release func()) {
 	a.guestMu.RLock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.current == nil {
-		return nil, a.guestMu.RUnlock
+	return a.current, a.guestMu.RUnlock
+}
+
+// boot runs start with the guest new executions boot with (nil: the
+// node's own). When a Platform's guest fails the protocol handshake
+// (sandbox.ErrGuestProtocol), the platform is refused and start runs once
+// more with the node's own guest, whose error is the start's.
+func (a *artifacts) boot(ctx context.Context, start func(guest *os.File) error) error {
+	p, release := a.guest(ctx)
+	if p == nil {
+		defer release()
+		return start(nil)
 	}
-	return a.current.guest, a.guestMu.RUnlock
+	err := start(p.guest)
+	release()
+	if !errors.Is(err, sandbox.ErrGuestProtocol) {
+		return err
+	}
+	a.refuse(p, err)
+	return start(nil)
+}
+
+// refuse stops booting p, whose guest failed the handshake with err: it
+// is dropped from what the node holds (and its cached binary deleted) and
+// its digest remembered, so that new executions boot with the node's own
+// guest until ctrl desires another version or digest.
+func (a *artifacts) refuse(p *platform, err error) {
+	a.mu.Lock()
+	if a.refused[p.digest] {
+		a.mu.Unlock()
+		return // a concurrent start refused it already
+	}
+	a.refused[p.digest] = true
+	if a.current == p {
+		a.current = nil
+	}
+	held := a.held[p.digest] == p
+	if held {
+		delete(a.held, p.digest)
+	}
+	a.mu.Unlock()
+	a.log.Warn("platform refused: its guest failed the protocol handshake; new executions boot with the node's own guest",
+		"platform_id", p.id, "version", p.version, "digest", p.digest, "error", err.Error())
+	if !held {
+		return
+	}
+	a.guestMu.Lock() // no start uses it
+	p.guest.Close()
+	a.guestMu.Unlock()
+	if a.store != nil {
+		_ = a.store.Remove(p.digest)
+	}
+	a.inventoryChanged()
 }
 
 // SetPlatform makes p the Platform new executions boot with, once fetched
@@ -206,6 +260,12 @@ func (a *artifacts) SetPlatform(p *nodev1.DesiredPlatform) {
 	gen := a.gen
 	if p == nil {
 		a.current = nil
+		return
+	}
+	if a.refused[p.GetSource().GetDigest()] {
+		a.current = nil
+		a.log.Warn("platform refused earlier (its guest failed the protocol handshake): new executions boot with the node's own guest",
+			"platform_id", p.GetPlatformId(), "version", p.GetVersion(), "digest", p.GetSource().GetDigest())
 		return
 	}
 	if h := a.held[p.GetSource().GetDigest()]; h != nil {

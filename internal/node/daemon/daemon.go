@@ -308,7 +308,9 @@ func condition(c protocol.Condition) ctrlv1.GuestCondition {
 //
 // A published template version (s.TemplateVersion) the node lacks is
 // fetched from s.TemplateSource and extracted first; new executions boot
-// with the desired Platform's guest when the node holds it (SetPlatform).
+// with the desired Platform's guest when the node holds it (SetPlatform),
+// and with the node's own when that guest fails the protocol handshake
+// (the Platform is refused then: artifacts.boot).
 func (r *Runtime) Start(ctx context.Context, s agent.Spec) error {
 	dir, err := r.templateDir(ctx, s)
 	if err != nil {
@@ -319,12 +321,14 @@ func (r *Runtime) Start(ctx context.Context, s agent.Spec) error {
 	if v := s.Volume; v != nil {
 		spec.Volume = &sandbox.VolumeMount{VolumeID: v.VolumeID, MountPath: v.MountPath}
 	}
-	if _, running := r.rt.Status(s.WorkspaceID); !running {
-		guest, release := r.art.guest(ctx)
-		defer release()
-		spec.Guest = guest
+	if _, running := r.rt.Status(s.WorkspaceID); running {
+		err = r.rt.Start(ctx, spec)
+	} else {
+		err = r.art.boot(ctx, func(guest *os.File) error {
+			spec.Guest = guest
+			return r.rt.Start(ctx, spec)
+		})
 	}
-	err = r.rt.Start(ctx, spec)
 	if sandbox.Permanent(err) {
 		return agent.Permanent(err)
 	}
