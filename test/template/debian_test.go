@@ -5,7 +5,9 @@
 // device node, IDs a workspace's user namespace maps, nothing of the build
 // host), and the extracted rootfs running as a real sandbox workspace
 // (python3, git, curl, the user) once installed as a node installs a
-// published version. Tests only.
+// published version, then the whole path through kibotos-ctrl --dev and
+// kibo (publish, set-default, create --template debian, exec python3).
+// Tests only.
 //
 // The build downloads about 62 MB of Debian packages from the mirror this
 // machine's apt uses and takes a minute or two, so it runs only as root and
@@ -187,6 +189,7 @@ func TestDebianTemplate(t *testing.T) {
 		return
 	}
 	t.Run("workspace", func(t *testing.T) { runInSandbox(t, dir, tarball, sum) })
+	t.Run("through ctrl", func(t *testing.T) { runThroughCtrl(t, tarball) })
 }
 
 func checkContents(t *testing.T, members map[string]entry) {
