@@ -832,7 +832,9 @@ type VolumeCommand struct {
 	// created_at is when it was accepted.
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// completed_at is when it completed.
-	CompletedAt   *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=completed_at,json=completedAt,proto3" json:"completed_at,omitempty"`
+	CompletedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=completed_at,json=completedAt,proto3" json:"completed_at,omitempty"`
+	// caller is who sent the command, as WorkspaceCommand.caller.
+	Caller        string `protobuf:"bytes,8,opt,name=caller,proto3" json:"caller,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -914,6 +916,13 @@ func (x *VolumeCommand) GetCompletedAt() *timestamppb.Timestamp {
 		return x.CompletedAt
 	}
 	return nil
+}
+
+func (x *VolumeCommand) GetCaller() string {
+	if x != nil {
+		return x.Caller
+	}
+	return ""
 }
 
 // UpdateVolumeLabelsRequest replaces the label map.
@@ -1208,7 +1217,7 @@ const file_kibotos_ctrl_v1_volume_proto_rawDesc = "" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\"T\n" +
 	"\x18GetVolumeCommandResponse\x128\n" +
-	"\acommand\x18\x01 \x01(\v2\x1e.kibotos.ctrl.v1.VolumeCommandR\acommand\"\xf0\x02\n" +
+	"\acommand\x18\x01 \x01(\v2\x1e.kibotos.ctrl.v1.VolumeCommandR\acommand\"\x88\x03\n" +
 	"\rVolumeCommand\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x1b\n" +
@@ -1218,7 +1227,8 @@ const file_kibotos_ctrl_v1_volume_proto_rawDesc = "" +
 	"\x05error\x18\x05 \x01(\v2\x1d.kibotos.ctrl.v1.CommandErrorR\x05error\x129\n" +
 	"\n" +
 	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12=\n" +
-	"\fcompleted_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\"\xae\x02\n" +
+	"\fcompleted_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x12\x16\n" +
+	"\x06caller\x18\b \x01(\tR\x06caller\"\xae\x02\n" +
 	"\x19UpdateVolumeLabelsRequest\x12<\n" +
 	"\bmetadata\x18\x01 \x01(\v2 .kibotos.ctrl.v1.CommandMetadataR\bmetadata\x12\x1b\n" +
 	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\x12+\n" +

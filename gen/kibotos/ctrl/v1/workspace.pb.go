@@ -912,7 +912,11 @@ type WorkspaceCommand struct {
 	// EXPIRATION, HOST_MEMORY or GUEST_SHUTDOWN), e.g. which deadline passed
 	// or which node's memory was exhausted and why this Workspace was chosen.
 	// It is empty for a caller's command. At most 1 KiB of UTF-8.
-	Message       string `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"`
+	Message string `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"`
+	// caller is who sent the command: the subject of the caller's Operator
+	// certificate (RFC 4514 string, at most 1 KiB); empty for a command ctrl
+	// started itself and for commands recorded before callers were.
+	Caller        string `protobuf:"bytes,10,opt,name=caller,proto3" json:"caller,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1006,6 +1010,13 @@ func (x *WorkspaceCommand) GetCompletedAt() *timestamppb.Timestamp {
 func (x *WorkspaceCommand) GetMessage() string {
 	if x != nil {
 		return x.Message
+	}
+	return ""
+}
+
+func (x *WorkspaceCommand) GetCaller() string {
+	if x != nil {
+		return x.Caller
 	}
 	return ""
 }
@@ -2439,7 +2450,7 @@ const file_kibotos_ctrl_v1_workspace_proto_rawDesc = "" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12<\n" +
 	"\fwait_timeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\vwaitTimeout\"Z\n" +
 	"\x1bGetWorkspaceCommandResponse\x12;\n" +
-	"\acommand\x18\x01 \x01(\v2!.kibotos.ctrl.v1.WorkspaceCommandR\acommand\"\xda\x03\n" +
+	"\acommand\x18\x01 \x01(\v2!.kibotos.ctrl.v1.WorkspaceCommandR\acommand\"\xf2\x03\n" +
 	"\x10WorkspaceCommand\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12!\n" +
@@ -2451,7 +2462,9 @@ const file_kibotos_ctrl_v1_workspace_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12=\n" +
 	"\fcompleted_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x12\x18\n" +
-	"\amessage\x18\t \x01(\tR\amessage\"\xa9\x02\n" +
+	"\amessage\x18\t \x01(\tR\amessage\x12\x16\n" +
+	"\x06caller\x18\n" +
+	" \x01(\tR\x06caller\"\xa9\x02\n" +
 	"\x14StopWorkspaceRequest\x12<\n" +
 	"\bmetadata\x18\x01 \x01(\v2 .kibotos.ctrl.v1.CommandMetadataR\bmetadata\x12!\n" +
 	"\fworkspace_id\x18\x02 \x01(\tR\vworkspaceId\x12@\n" +
