@@ -1,8 +1,8 @@
 // Command hostile is a helper of the sandbox runtime's hostile tests
 // (hostile_test.go), which build it static. Run inside a workspace, it
 // tries what the workspace's root must not be able to do; run as PID 1 of
-// a workspace (the runtime's GuestBinary), it is a guest that misbehaves,
-// how depending on its workspace ID.
+// a workspace (the runtime's GuestBinary, or a Platform's binary), it is a
+// guest that misbehaves, how depending on its workspace ID.
 //
 //	hostile ptrace-attach PID      PTRACE_ATTACH, prints "ok" or the error
 //	hostile pidfd-getfd PID FD     pidfd_getfd, prints "ok" or the error
@@ -28,6 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/internal/guest/protocol"
+	"github.com/kibotos/kibotos/internal/node/sandbox/initshim"
 	"github.com/kibotos/kibotos/internal/nodewire"
 )
 
@@ -49,6 +50,11 @@ var firstAnswers = map[string]string{
 func init() { runtime.LockOSThread() }
 
 func main() {
+	// Booted as a node's Platform (internal/node/daemon's tests), it is
+	// the execution's init shim too, as kibotos-guest is.
+	if initshim.MaybeRun() {
+		return
+	}
 	if os.Getpid() == 1 {
 		guest(os.Getenv("KIBOTOS_WORKSPACE_ID"))
 		return
