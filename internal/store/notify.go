@@ -14,8 +14,8 @@ import (
 //
 // Notifications make waits prompt; they are not what makes them correct.
 // Every waiter also re-reads the store at least every RecheckInterval, so
-// a notification that is lost (another replica committed the change: the
-// PostgreSQL store does not carry notifications between ctrl replicas yet)
+// a notification that is lost (the PostgreSQL store carries notifications
+// between ctrl replicas with LISTEN/NOTIFY, as a hint that may not arrive)
 // costs at most that interval.
 type Notifier interface {
 	// Notify wakes every current subscriber of topic. Call it after the
@@ -40,10 +40,10 @@ const RecheckInterval = time.Second
 func WorkspaceTopic(workspaceID string) string { return "workspace/" + workspaceID }
 
 // LocalNotifier is a Notifier within one process: Notify wakes the
-// subscribers of this process only. Both dialects use it for now; it is
-// enough for SQLite (one replica by design), and with PostgreSQL a
-// completion committed by another replica reaches this one's waiters at
-// their next recheck (RecheckInterval). The zero value is ready to use.
+// subscribers of this process only. It is the SQLite store's Notifier (one
+// replica by design); the PostgreSQL store holds its waiters in one and
+// carries notifications between replicas on top of it. The zero value is
+// ready to use.
 //
 // Subscribe and Notify cost O(1): the subscribers of a topic share one
 // channel, closed by Notify and dropped when the last one is released.
@@ -103,6 +103,18 @@ func (l *LocalNotifier) Notify(topic string) {
 		l.total -= w.n
 		delete(l.topics, topic)
 	}
+}
+
+// NotifyAll wakes every current subscriber, of every topic: for a carrier
+// of notifications that may have missed some (a connection lost).
+func (l *LocalNotifier) NotifyAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for topic, w := range l.topics {
+		close(w.ch)
+		delete(l.topics, topic)
+	}
+	l.total = 0
 }
 
 // Waiters returns the number of subscriptions neither notified nor

@@ -77,3 +77,36 @@ func TestLocalNotifierConcurrent(t *testing.T) {
 		t.Fatalf("Waiters() = %d after every waiter left, want 0", got)
 	}
 }
+
+func TestLocalNotifierNotifyAll(t *testing.T) {
+	t.Parallel()
+	var n store.LocalNotifier
+	var chans []<-chan struct{}
+	var releases []func()
+	for i := range 10 {
+		ch, release := n.Subscribe(store.WorkspaceTopic(fmt.Sprint(i % 3)))
+		chans = append(chans, ch)
+		releases = append(releases, release)
+	}
+	n.NotifyAll()
+	for i, ch := range chans {
+		select {
+		case <-ch:
+		default:
+			t.Fatalf("subscription %d not woken by NotifyAll", i)
+		}
+	}
+	if got := n.Waiters(); got != 0 {
+		t.Fatalf("Waiters() after NotifyAll = %d, want 0", got)
+	}
+	for _, r := range releases {
+		r() // notified already: nothing to drop
+	}
+	ch, release := n.Subscribe("t")
+	defer release()
+	if n.Waiters() != 1 {
+		t.Fatal("a subscription after NotifyAll is not counted")
+	}
+	n.Notify("t")
+	<-ch
+}

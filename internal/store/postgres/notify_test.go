@@ -1,0 +1,233 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/internal/store/postgres/pgtest"
+)
+
+// openPair opens two stores on one schema, as two ctrl replicas on one
+// database.
+func openPair(t *testing.T) (a, b *Store) {
+	t.Helper()
+	var url string
+	a, cleanup, err := pgtest.Open(context.Background(), testURL(t), func(ctx context.Context, u string) (*Store, error) {
+		url = u
+		return Open(ctx, u)
+	})
+	if err != nil {
+		t.Fatalf("pgtest.Open: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := cleanup(); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	b, err = Open(context.Background(), url)
+	if err != nil {
+		t.Fatalf("Open B: %v", err)
+	}
+	t.Cleanup(func() { b.Close() }) // runs before the schema is dropped
+	return a, b
+}
+
+func woken(ch <-chan struct{}, within time.Duration) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+	}
+	select {
+	case <-ch:
+		return true
+	case <-time.After(within):
+		return false
+	}
+}
+
+// TestNotifyAcrossStores: a subscriber of B is woken by Notify on A, of
+// that topic only; A's own subscriber is woken once, by Notify itself, and
+// its echo through the channel is skipped. Logs the latency from A's Notify
+// to B's wake-up over 100 notifications.
+func TestNotifyAcrossStores(t *testing.T) {
+	a, b := openPair(t)
+
+	other, releaseOther := b.Subscribe("other")
+	defer releaseOther()
+	const n = 100
+	lat := make([]time.Duration, n)
+	for i := range n {
+		topic := fmt.Sprintf("workspace/ws-%d", i)
+		ch, release := b.Subscribe(topic)
+		start := time.Now()
+		a.Notify(topic)
+		if !woken(ch, 5*time.Second) {
+			t.Fatalf("notification %d: B's subscriber not woken within 5 s", i)
+		}
+		lat[i] = time.Since(start)
+		release()
+	}
+	slices.Sort(lat)
+	p50, p99 := lat[n/2], lat[n*99/100]
+	t.Logf("A.Notify → B woken, %d notifications: p50 %v, p99 %v, max %v", n, p50, p99, lat[n-1])
+	if p99 > time.Second {
+		t.Errorf("p99 %v: no faster than the recheck", p99)
+	}
+	select {
+	case <-other:
+		t.Error("a subscriber of another topic was woken")
+	default:
+	}
+
+	// A's own subscriber: woken by Notify at once, not again by the echo.
+	ch, release := a.Subscribe("mine")
+	defer release()
+	own := a.notify.own.Load()
+	a.Notify("mine")
+	if !woken(ch, 0) {
+		t.Fatal("A's subscriber not woken by A's Notify at once")
+	}
+	again, releaseAgain := a.Subscribe("mine")
+	defer releaseAgain()
+	deadline := time.Now().Add(5 * time.Second)
+	for a.notify.own.Load() == own {
+		if time.Now().After(deadline) {
+			t.Fatal("A's own notification did not come back through the channel")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if woken(again, 50*time.Millisecond) {
+		t.Error("A's own notification woke A's subscribers twice")
+	}
+}
+
+// TestNotifyBounds: topics NOTIFY cannot carry wake the local subscribers
+// only, and nothing fails.
+func TestNotifyBounds(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		topic string
+		ok    bool
+	}{
+		{"short", "workspace/ws-1", true},
+		{"largest", strings.Repeat("x", maxPayload-17), true},
+		{"too long", strings.Repeat("x", maxPayload-16), false},
+		{"9000 bytes", strings.Repeat("x", 9000), false},
+		{"empty", "", false},
+		{"NUL", "workspace/a\x00b", false},
+		{"not UTF-8", "workspace/\xff", false},
+	} {
+		if _, ok := payload("0123456789abcdef", tc.topic); ok != tc.ok {
+			t.Errorf("%s: payload ok = %v, want %v", tc.name, ok, tc.ok)
+		}
+	}
+
+	a, b := openPair(t)
+	long := strings.Repeat("x", 9000)
+	la, releaseA := a.Subscribe(long)
+	defer releaseA()
+	lb, releaseB := b.Subscribe(long)
+	defer releaseB()
+	dropped := a.notify.dropped.Load()
+	a.Notify(long)
+	if !woken(la, 0) {
+		t.Error("a topic too long for NOTIFY did not wake the local subscriber")
+	}
+	if got := a.notify.dropped.Load() - dropped; got != 1 {
+		t.Errorf("dropped %d, want 1", got)
+	}
+	// The next notification still crosses.
+	ch, release := b.Subscribe("after")
+	defer release()
+	a.Notify("after")
+	if !woken(ch, 5*time.Second) {
+		t.Fatal("a notification after a refused one did not reach B")
+	}
+	if woken(lb, 0) {
+		t.Error("a topic too long for NOTIFY reached B")
+	}
+}
+
+// TestNotifyReconnect: when B's listening connection is terminated, B
+// reconnects, wakes every subscriber once, and hears A again.
+func TestNotifyReconnect(t *testing.T) {
+	a, b := openPair(t)
+	pid := b.notify.listenerPID.Load()
+	if pid == 0 {
+		t.Fatal("B has no listening connection")
+	}
+	waiting, release := b.Subscribe("workspace/waiting")
+	defer release()
+	start := time.Now()
+	var ok bool
+	if err := a.pool.QueryRow(context.Background(), `SELECT pg_terminate_backend($1)`, int32(pid)).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend(%d) = %v, %v", pid, ok, err)
+	}
+	if !woken(waiting, 10*time.Second) {
+		t.Fatal("B's subscriber not woken after its listener reconnected")
+	}
+	t.Logf("listener terminated → subscribers woken after reconnection in %v", time.Since(start))
+	if got := b.notify.connects.Load(); got != 2 {
+		t.Errorf("B connected %d times, want 2", got)
+	}
+	if got := b.notify.listenerPID.Load(); got == 0 || got == pid {
+		t.Errorf("listener PID %d after reconnection (was %d)", got, pid)
+	}
+	if got := b.Waiters(); got != 0 {
+		t.Errorf("%d waiters after the wake-up of all, want 0", got)
+	}
+	ch, release2 := b.Subscribe("workspace/after")
+	defer release2()
+	a.Notify("workspace/after")
+	if !woken(ch, 5*time.Second) {
+		t.Fatal("B does not hear A after reconnecting")
+	}
+}
+
+// TestNotifyClose: Close ends the notifier's goroutines, an idle one and
+// one reconnecting alike.
+func TestNotifyClose(t *testing.T) {
+	url := testURL(t)
+	leaked := func() string {
+		buf := make([]byte, 1<<20)
+		stacks := string(buf[:runtime.Stack(buf, true)])
+		for _, g := range strings.Split(stacks, "\n\n") {
+			if strings.Contains(g, "store/postgres.(*notifier)") {
+				return g
+			}
+		}
+		return ""
+	}
+	for _, reconnecting := range []bool{false, true} {
+		s, cleanup, err := pgtest.Open(context.Background(), url, Open)
+		if err != nil {
+			t.Fatalf("pgtest.Open: %v", err)
+		}
+		ch, release := s.Subscribe("t")
+		s.Notify("t")
+		<-ch
+		release()
+		if reconnecting {
+			pid := s.notify.listenerPID.Load()
+			if _, err := s.pool.Exec(context.Background(), `SELECT pg_terminate_backend($1)`, int32(pid)); err != nil {
+				t.Fatal(err)
+			}
+			for s.notify.listenerPID.Load() == pid {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		if err := cleanup(); err != nil {
+			t.Fatal(err)
+		}
+		s.Close() // twice is fine
+		if g := leaked(); g != "" {
+			t.Errorf("reconnecting %v: a goroutine of the notifier is left after Close:\n%s", reconnecting, g)
+		}
+	}
+}
