@@ -56,6 +56,9 @@ type Options struct {
 // Main runs kibotos-ctrl with args (without the program name) and returns
 // the process exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "backup" {
+		return backupMain(args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("kibotos-ctrl", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o Options
