@@ -254,6 +254,10 @@ type Dialer struct {
 	// Dial replaces the TLS dial (tests); it returns a connection to
 	// ctrl's listener ready for HTTP/1.1.
 	Dial func(ctx context.Context) (net.Conn, error)
+	// Target, when set, replaces Endpoint and Dial: it returns a TLS
+	// connection to the ctrl to use now, ready for HTTP/1.1, and that
+	// ctrl's URL (the node's endpoint choice, internal/node/ctrlset).
+	Target func(ctx context.Context) (net.Conn, string, error)
 	// Handler serves ctrl's requests.
 	Handler http.Handler
 	// Conns is how many tunnels to keep open; zero is one.
@@ -307,16 +311,29 @@ func (d *Dialer) keep(ctx context.Context) {
 
 // once opens one tunnel and serves it until it closes.
 func (d *Dialer) once(ctx context.Context) error {
-	u, err := url.Parse(d.Endpoint)
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	endpoint := d.Endpoint
+	var conn net.Conn
+	var err error
+	if d.Target != nil {
+		conn, endpoint, err = d.Target(dctx)
+	}
 	if err != nil {
 		return err
 	}
-	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	var conn net.Conn
-	if d.Dial != nil {
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		if conn != nil {
+			conn.Close()
+		}
+		return err
+	}
+	switch {
+	case conn != nil:
+	case d.Dial != nil:
 		conn, err = d.Dial(dctx)
-	} else {
+	default:
 		c := d.TLS.Clone()
 		c.NextProtos = []string{"http/1.1"}
 		host := u.Host

@@ -17,18 +17,19 @@ import (
 	"crypto/tls"
 	"errors"
 	"log/slog"
+	"net"
 	"net/http"
 	"sync"
 	"time"
 
 	"connectrpc.com/connect"
-	"golang.org/x/net/http2"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/node/v1/nodev1connect"
+	"github.com/kibotos/kibotos/internal/node/ctrlset"
 	"github.com/kibotos/kibotos/internal/nodewire"
 	"github.com/kibotos/kibotos/internal/tunnel"
 )
@@ -165,8 +166,11 @@ const inventoryDelay = 200 * time.Millisecond
 // Config configures an Agent.
 type Config struct {
 	NodeID   string
-	Endpoint string       // ctrl's URL
-	HTTP     *http.Client // presents the node certificate
+	Endpoint string       // ctrl's URL, when Ctrl is nil
+	HTTP     *http.Client // presents the node certificate, when Ctrl is nil
+	// Ctrl is the ctrl endpoints (several URLs, names resolving to
+	// several addresses); nil is Endpoint reached through HTTP.
+	Ctrl     *ctrlset.Set
 	Runtime  Runtime
 	Capacity *nodev1.Capacity
 	// Templates lists the templates the node holds, read at every (re)connect.
@@ -192,8 +196,8 @@ type Config struct {
 
 // Agent is a running node agent.
 type Agent struct {
-	cfg    Config
-	client nodev1connect.NodeServiceClient
+	cfg  Config
+	ctrl *ctrlset.Set
 
 	reports *outbox
 
@@ -215,10 +219,13 @@ func New(cfg Config) *Agent {
 	if cfg.Heartbeat == 0 {
 		cfg.Heartbeat = 5 * time.Second
 	}
+	ctrl := cfg.Ctrl
+	if ctrl == nil {
+		ctrl = ctrlset.Static(cfg.Endpoint, cfg.HTTP)
+	}
 	a := &Agent{
-		cfg: cfg,
-		client: nodev1connect.NewNodeServiceClient(cfg.HTTP, cfg.Endpoint,
-			connect.WithReadMaxBytes(nodewire.MaxMessageBytes), connect.WithSendMaxBytes(nodewire.MaxMessageBytes)),
+		cfg:       cfg,
+		ctrl:      ctrl,
 		reports:   newOutbox(),
 		desired:   map[string]*nodev1.DesiredWorkspace{},
 		busy:      map[string]bool{},
@@ -255,16 +262,26 @@ func (a *Agent) holdings() (templates, platforms []*nodev1.TemplateInfo) {
 	return templates, platforms
 }
 
-// Run keeps a stream to ctrl open until ctx is done, reconnecting with
-// back-off.
+// Reconnect bounds the wait before the next connect after a stream ended:
+// drawn in [d/2, d] (ctrlset.Backoff), d from ReconnectMin doubling with
+// each failure in a row up to ReconnectMax.
+const (
+	ReconnectMin = 100 * time.Millisecond
+	ReconnectMax = 3 * time.Second
+)
+
+// Run keeps a stream to ctrl open until ctx is done. When it ends (ctrl
+// died, or refused it), the agent connects to the next endpoint of Ctrl
+// after a back-off with jitter and sends Hello with its full state, as at
+// every connect; the executions keep running meanwhile.
 //
 // Beside the stream it keeps DataTunnels data tunnels (internal/tunnel)
-// open to the same ctrl, on which ctrl reaches the node's data service
-// (NewDataHandler, when the Runtime implements Guests): bytes of the
-// data plane never travel on the control stream. Every ctrl a node is
-// connected to thus has a tunnel to it; a ctrl replica that is not
-// connected to the node has none (serving it through another replica is
-// future work).
+// open to the endpoint the stream uses, on which ctrl reaches the node's
+// data service (NewDataHandler, when the Runtime implements Guests):
+// bytes of the data plane never travel on the control stream. A tunnel
+// is closed when the stream moves to another endpoint and dialed again to
+// the new one. A ctrl replica that is not connected to the node has none
+// (serving it through another replica is future work).
 func (a *Agent) Run(ctx context.Context) error {
 	go a.watchEvents(ctx)
 	if tlsc := a.dataTLS(); tlsc != nil {
@@ -272,25 +289,32 @@ func (a *Agent) Run(ctx context.Context) error {
 		if p, ok := a.cfg.Runtime.(Guests); ok {
 			h = NewDataHandler(p)
 		}
-		d := &tunnel.Dialer{Endpoint: a.cfg.Endpoint, TLS: tlsc, Handler: h, Conns: a.cfg.DataTunnels, Log: a.cfg.Log}
+		d := &tunnel.Dialer{TLS: tlsc, Handler: h, Conns: a.cfg.DataTunnels, Log: a.cfg.Log,
+			Target: func(ctx context.Context) (net.Conn, string, error) {
+				conn, e, err := a.ctrl.DialCurrent(ctx, tlsc, []string{"http/1.1"})
+				return conn, e.URL, err
+			}}
 		go d.Run(ctx)
 	}
-	backoff := 100 * time.Millisecond
+	backoff := ctrlset.Backoff{Min: ReconnectMin, Max: ReconnectMax}
+	// The first connect goes to the endpoint chosen first (the tunnels
+	// may have chosen it already), every other to the next one.
+	pick := a.ctrl.Current
 	for ctx.Err() == nil {
 		start := time.Now()
-		err := a.session(ctx)
+		ep, err := pick(ctx)
+		if err == nil {
+			pick = a.ctrl.Next
+			err = a.sessionTo(ctx, ep)
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
 		a.cfg.Log.Warn("ctrl stream ended", "error", errString(err))
 		if time.Since(start) > 10*time.Second {
-			backoff = 100 * time.Millisecond
+			backoff.Reset()
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
+		backoff.Wait(ctx)
 	}
 	return nil
 }
@@ -300,16 +324,7 @@ func (a *Agent) dataTLS() *tls.Config {
 	if a.cfg.DataTLS != nil {
 		return a.cfg.DataTLS
 	}
-	if a.cfg.HTTP == nil {
-		return nil
-	}
-	switch t := a.cfg.HTTP.Transport.(type) {
-	case *http2.Transport:
-		return t.TLSClientConfig
-	case *http.Transport:
-		return t.TLSClientConfig
-	}
-	return nil
+	return a.ctrl.TLS()
 }
 
 func errString(err error) string {
@@ -319,10 +334,23 @@ func errString(err error) string {
 	return err.Error()
 }
 
-func (a *Agent) session(parent context.Context) error {
+// session runs one stream to the endpoint in use.
+func (a *Agent) session(ctx context.Context) error {
+	ep, err := a.ctrl.Current(ctx)
+	if err != nil {
+		return err
+	}
+	return a.sessionTo(ctx, ep)
+}
+
+// sessionTo runs one stream to ep: Hello with the node's full state, then
+// reports and heartbeats, until it fails or ctx is done.
+func (a *Agent) sessionTo(parent context.Context, ep ctrlset.Endpoint) error {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
-	stream := a.client.Connect(ctx)
+	a.cfg.Log.Info("connecting to ctrl", "url", ep.URL, "addr", ep.Addr)
+	stream := nodev1connect.NewNodeServiceClient(a.ctrl.Client(ep), ep.URL,
+		connect.WithReadMaxBytes(nodewire.MaxMessageBytes), connect.WithSendMaxBytes(nodewire.MaxMessageBytes)).Connect(ctx)
 	hello := &nodev1.Hello{NodeId: a.cfg.NodeID, Capacity: a.cfg.Capacity, Features: a.cfg.Features,
 		GuestProtocolVersion: nodewire.GuestProtocolVersion}
 	// The Hello lists what the node holds now: a change signalled before

@@ -24,9 +24,11 @@ import (
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
+	"github.com/kibotos/kibotos/gen/kibotos/node/v1/nodev1connect"
 	"github.com/kibotos/kibotos/internal/guest/protocol"
 	"github.com/kibotos/kibotos/internal/node/agent"
 	"github.com/kibotos/kibotos/internal/node/artifact"
+	"github.com/kibotos/kibotos/internal/node/ctrlset"
 	"github.com/kibotos/kibotos/internal/node/sandbox"
 	"github.com/kibotos/kibotos/internal/node/template"
 	"github.com/kibotos/kibotos/internal/nodewire"
@@ -35,8 +37,12 @@ import (
 // Config configures a node.
 type Config struct {
 	NodeID   string
-	Endpoint string       // ctrl's URL
-	HTTP     *http.Client // presents the node certificate; no overall timeout
+	Endpoint string       // ctrl's URL, when Ctrl is nil
+	HTTP     *http.Client // presents the node certificate; no overall timeout; when Ctrl is nil
+	// Ctrl is the ctrl endpoints (kibotos-node --ctrl): the stream, the
+	// data tunnels, renewals and artifact fetches go to the one in use.
+	// nil is Endpoint through HTTP (ctrl --dev's node).
+	Ctrl *ctrlset.Set
 	// StateDir holds layers, execution state and templates.
 	StateDir string
 	// GuestBinary is the static kibotos-guest.
@@ -114,17 +120,22 @@ func Run(ctx context.Context, cfg Config) error {
 	templates := func() []*nodev1.TemplateInfo { return heldTemplates(tmplDir, cfg.Log) }
 	cfg.Log.Info("node ready", "node_id", cfg.NodeID, "memory_mib", capacity.GetMemoryMib(), "memory_budget_mib", budget, "cpu_millis", capacity.GetCpuMillis(),
 		"executions", len(rt.Executions()), "cgroup_version", rt.CgroupVersion(), "templates", len(templates()))
-	// Published artifacts come from the same ctrl over the same client.
+	if cfg.Ctrl == nil {
+		cfg.Ctrl = ctrlset.Static(cfg.Endpoint, cfg.HTTP)
+	}
+	// Published artifacts come from the ctrl the stream uses.
 	store, err := artifact.New(artifact.Config{Dir: filepath.Join(cfg.StateDir, "artifacts"),
-		Client: artifact.NewClient(cfg.HTTP, cfg.Endpoint,
-			connect.WithReadMaxBytes(nodewire.MaxMessageBytes), connect.WithSendMaxBytes(nodewire.MaxMessageBytes))})
+		Client: cfg.Ctrl.NodeService(func(hc connect.HTTPClient, url string) nodev1connect.NodeServiceClient {
+			return artifact.NewClient(hc, url,
+				connect.WithReadMaxBytes(nodewire.MaxMessageBytes), connect.WithSendMaxBytes(nodewire.MaxMessageBytes))
+		})})
 	if err != nil {
 		return err
 	}
 	nodeRT := NewRuntime(rt, tmplDir)
 	nodeRT.UseArtifacts(ctx, store, cfg.Log)
 	a := agent.New(agent.Config{
-		NodeID: cfg.NodeID, Endpoint: cfg.Endpoint, HTTP: cfg.HTTP, Log: cfg.Log, Capacity: capacity,
+		NodeID: cfg.NodeID, Ctrl: cfg.Ctrl, Log: cfg.Log, Capacity: capacity,
 		Runtime: nodeRT, Templates: templates, Memory: memory,
 		Features: []string{nodewire.FeatureNetwork, nodewire.FeatureVolumes, nodewire.FeatureArtifacts},
 	})

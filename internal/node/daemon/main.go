@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/kibotos/kibotos/internal/netguard"
+	"github.com/kibotos/kibotos/internal/node/ctrlset"
 	"github.com/kibotos/kibotos/internal/node/enroll"
 )
 
@@ -28,8 +29,9 @@ func Main(args []string, stderr io.Writer) int {
 		ca, cert, key, lvl string
 		token, tokenFile   string
 		allow, resolver    string
+		ctrls              ctrlset.Flag
 	)
-	fs.StringVar(&cfg.Endpoint, "ctrl", "", "ctrl's URL, e.g. https://ctrl.example:7443 (required)")
+	fs.Var(&ctrls, "ctrl", "ctrl's URL, e.g. https://ctrl.example:7443 (required); several replicas: comma-separated or the flag repeated, and a host name resolving to several addresses counts as several; the node uses one at a time and moves to the next when it fails")
 	fs.StringVar(&ca, "ca", "", "CA that signed ctrl's server certificate (PEM)")
 	fs.StringVar(&cert, "cert", "", "this node's certificate (PEM, OU \"node\", issued by ctrl's CA); default: STATE-DIR/pki/node.pem, obtained with --enroll-token")
 	fs.StringVar(&key, "key", "", "this node's private key (PEM); default: STATE-DIR/pki/node-key.pem")
@@ -77,8 +79,13 @@ func Main(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kibotos-node: %v\n", err)
 		return 2
 	}
-	if cfg.Endpoint == "" || ca == "" {
+	if len(ctrls) == 0 || ca == "" {
 		fmt.Fprintln(stderr, "kibotos-node: --ctrl and --ca are required")
+		return 2
+	}
+	urls, err := ctrlset.Parse(ctrls)
+	if err != nil {
+		fmt.Fprintf(stderr, "kibotos-node: --ctrl: %v\n", err)
 		return 2
 	}
 	if (cert == "") != (key == "") {
@@ -120,14 +127,14 @@ func Main(args []string, stderr io.Writer) int {
 		}
 		var err error
 		cert, key, err = enroll.Ensure(ctx, enroll.Options{
-			Endpoint: cfg.Endpoint, CA: ca, Dir: filepath.Join(cfg.StateDir, "pki"), Token: token, NodeID: cfg.NodeID, Log: cfg.Log,
+			Endpoints: urls, CA: ca, Dir: filepath.Join(cfg.StateDir, "pki"), Token: token, NodeID: cfg.NodeID, Log: cfg.Log,
 		})
 		if err != nil {
 			cfg.Log.Error("node certificate", "error", err.Error())
 			return 1
 		}
 	}
-	hc, renewer, err := enroll.Client(cfg.Endpoint, ca, cert, key, cfg.Log)
+	set, renewer, err := enroll.Clients(urls, nil, ca, cert, key, cfg.Log)
 	if err != nil {
 		cfg.Log.Error("load certificates", "error", err.Error())
 		return 1
@@ -135,7 +142,7 @@ func Main(args []string, stderr io.Writer) int {
 	if cfg.NodeID == "" {
 		cfg.NodeID = renewer.Holder.Current().Leaf.Subject.CommonName
 	}
-	cfg.HTTP = hc
+	cfg.Ctrl = set
 	go renewer.Run(ctx)
 	if err := Run(ctx, cfg); err != nil {
 		cfg.Log.Error("kibotos-node failed", "error", err.Error())

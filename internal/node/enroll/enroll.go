@@ -13,7 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,13 +23,19 @@ import (
 
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/node/v1/nodev1connect"
+	"github.com/kibotos/kibotos/internal/node/ctrlset"
 	"github.com/kibotos/kibotos/internal/pki"
 )
 
 // Options configure Ensure.
 type Options struct {
-	// Endpoint is ctrl's URL.
-	Endpoint string
+	// Endpoint is ctrl's URL; Endpoints, when set, replaces it: several
+	// URLs (ctrlset.Parse), each address of each tried in turn.
+	Endpoint  string
+	Endpoints []string
+	// Resolve resolves the host names of Endpoints (nil: the system's
+	// resolver).
+	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
 	// CA is the CA that signed ctrl's server certificate (PEM file).
 	CA string
 	// Dir receives node.pem and node-key.pem.
@@ -80,14 +86,27 @@ func Ensure(ctx context.Context, o Options) (cert, key string, err error) {
 	if err != nil {
 		return "", "", err
 	}
-	client := nodev1connect.NewBootstrapServiceClient(
-		&http.Client{Transport: &http.Transport{TLSClientConfig: tlsc, ForceAttemptHTTP2: true}, Timeout: 30 * time.Second},
-		strings.TrimRight(o.Endpoint, "/"))
+	urls := o.Endpoints
+	if len(urls) == 0 {
+		urls = []string{strings.TrimRight(o.Endpoint, "/")}
+	}
+	set, err := ctrlset.New(ctrlset.Config{URLs: urls, TLS: tlsc, Timeout: 30 * time.Second, Resolve: o.Resolve, Log: log})
+	if err != nil {
+		return "", "", err
+	}
 	host, _ := os.Hostname()
 	req := &nodev1.EnrollRequest{Token: o.Token, NodeId: o.NodeID, Hostname: host, Csr: csr}
-	backoff := 200 * time.Millisecond
+	backoff := ctrlset.Backoff{Min: 200 * time.Millisecond, Max: 5 * time.Second}
 	for {
-		res, err := client.Enroll(ctx, connect.NewRequest(req))
+		// Each attempt goes to the next endpoint: a dead replica does not
+		// hold the enrollment up.
+		e, err := set.Next(ctx)
+		var res *connect.Response[nodev1.EnrollResponse]
+		if err == nil {
+			res, err = nodev1connect.NewBootstrapServiceClient(set.Client(e), e.URL).Enroll(ctx, connect.NewRequest(req))
+		} else {
+			err = connect.NewError(connect.CodeUnavailable, err)
+		}
 		if err == nil {
 			if err := pki.WriteCertificate(cert, res.Msg.GetCertificate(), signer); err != nil {
 				return "", "", err
@@ -98,13 +117,11 @@ func Ensure(ctx context.Context, o Options) (cert, key string, err error) {
 		if !transient(err) {
 			return "", "", fmt.Errorf("enrollment: %w", err)
 		}
-		log.Warn("enrollment: ctrl not reachable yet; retrying", "error", err.Error(), "in", backoff.String())
-		select {
-		case <-ctx.Done():
+		log.Warn("enrollment: ctrl not reachable; retrying at the next endpoint", "url", e.URL, "error", err.Error())
+		backoff.Wait(ctx)
+		if ctx.Err() != nil {
 			return "", "", ctx.Err()
-		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 10*time.Second)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/node/v1/nodev1connect"
+	"github.com/kibotos/kibotos/internal/node/ctrlset"
 	"github.com/kibotos/kibotos/internal/pki"
 )
 
@@ -26,9 +28,11 @@ import (
 // next check renews again.
 type Renewer struct {
 	// Endpoint is ctrl's URL; HTTP a client whose TLS config presents
-	// Holder (pki.ClientConfigWith).
+	// Holder (pki.ClientConfigWith). Ctrl, when set, replaces both: the
+	// renewal goes to the endpoint the node's stream uses.
 	Endpoint string
 	HTTP     *http.Client
+	Ctrl     *ctrlset.Set
 	// Cert and Key are the files of the certificate and its key.
 	Cert, Key string
 	// Holder is the certificate new connections present.
@@ -97,7 +101,15 @@ func (r *Renewer) Renew(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	client := nodev1connect.NewCertificateServiceClient(r.HTTP, strings.TrimRight(r.Endpoint, "/"))
+	hc, endpoint := r.HTTP, strings.TrimRight(r.Endpoint, "/")
+	if r.Ctrl != nil {
+		e, err := r.Ctrl.Current(ctx)
+		if err != nil {
+			return fmt.Errorf("renew: %w", err)
+		}
+		hc, endpoint = r.Ctrl.Client(e), e.URL
+	}
+	client := nodev1connect.NewCertificateServiceClient(hc, endpoint)
 	res, err := client.RenewCertificate(ctx, connect.NewRequest(&nodev1.RenewCertificateRequest{Csr: csr}))
 	if err != nil {
 		return fmt.Errorf("renew: %w", err)
@@ -126,4 +138,24 @@ func Client(endpoint, ca, cert, key string, log *slog.Logger) (*http.Client, *Re
 	}
 	hc := &http.Client{Transport: &http2.Transport{TLSClientConfig: tlsc}}
 	return hc, &Renewer{Endpoint: endpoint, HTTP: hc, Cert: cert, Key: key, Holder: holder, Log: log}, nil
+}
+
+// Clients is Client for several ctrl URLs (ctrlset.Parse): it returns the
+// Set the node reaches ctrl through, presenting the node certificate, and
+// the Renewer, which renews at the endpoint in use. resolve is the
+// resolver of host names (nil: the system's).
+func Clients(urls []string, resolve func(context.Context, string) ([]netip.Addr, error), ca, cert, key string, log *slog.Logger) (*ctrlset.Set, *Renewer, error) {
+	holder, err := pki.LoadClientCertificate(cert, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	tlsc, err := pki.ClientConfigWith(ca, holder)
+	if err != nil {
+		return nil, nil, err
+	}
+	set, err := ctrlset.New(ctrlset.Config{URLs: urls, TLS: tlsc, Resolve: resolve, Log: log})
+	if err != nil {
+		return nil, nil, err
+	}
+	return set, &Renewer{Ctrl: set, Cert: cert, Key: key, Holder: holder, Log: log}, nil
 }
