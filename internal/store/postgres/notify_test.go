@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kibotos/kibotos/internal/command"
+	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/store/postgres/pgtest"
 )
 
@@ -104,6 +106,58 @@ func TestNotifyAcrossStores(t *testing.T) {
 	}
 	if woken(again, 50*time.Millisecond) {
 		t.Error("A's own notification woke A's subscribers twice")
+	}
+}
+
+// TestAwaitAcrossStores: a command.Awaiter on B, which re-reads the store
+// only once a minute here, returns as soon as A completes the command and
+// notifies, as StopWorkspace and GetWorkspaceCommand's waits do when the
+// command completes through another replica.
+func TestAwaitAcrossStores(t *testing.T) {
+	a, b := openPair(t)
+	ctx := t.Context()
+	const id, ws = "cmd-1", "ws-1"
+	cmd := &store.Command{ID: id, Method: "kibotos.ctrl.v1.WorkspaceService/StopWorkspace", Fingerprint: []byte{1},
+		ObjectKind: "workspace", ObjectID: ws, Status: store.CommandProcessing, CreatedAt: time.Now()}
+	if err := a.InTx(ctx, func(tx store.Tx) error { return tx.InsertCommand(ctx, cmd) }); err != nil {
+		t.Fatal(err)
+	}
+	aw := command.Awaiter{
+		Store: b,
+		Read: func(ctx context.Context, id string) (c *store.Command, err error) {
+			err = b.View(ctx, func(tx store.Tx) error { c, err = tx.GetCommand(ctx, id); return err })
+			return c, err
+		},
+		Topic:   store.WorkspaceTopic,
+		Recheck: time.Minute,
+	}
+	type result struct {
+		done bool
+		err  error
+		at   time.Time
+	}
+	res := make(chan result, 1)
+	go func() {
+		_, done, err := aw.Await(ctx, id, ws, 30*time.Second)
+		res <- result{done, err, time.Now()}
+	}()
+	for b.TopicWaiters(store.WorkspaceTopic(ws)) == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	cmd.Status, cmd.CompletedAt = store.CommandCompleted, time.Now()
+	if err := a.InTx(ctx, func(tx store.Tx) error { return tx.UpdateCommand(ctx, cmd) }); err != nil {
+		t.Fatal(err)
+	}
+	notified := time.Now()
+	a.Notify(store.WorkspaceTopic(ws))
+	r := <-res
+	if r.err != nil || !r.done {
+		t.Fatalf("Await on B = done %v, %v; want done", r.done, r.err)
+	}
+	d := r.at.Sub(notified)
+	t.Logf("A completed and notified → Await on B returned in %v", d)
+	if d > 5*time.Second {
+		t.Errorf("Await on B returned %v after A's Notify", d)
 	}
 }
 
