@@ -14,8 +14,9 @@ import (
 )
 
 // DefaultMaxStale is how long the Verifier trusts a cached generation that
-// no notification has invalidated: the revocation latency when the revoke
-// committed on another replica (whose notification does not reach this one).
+// no notification has invalidated: the revocation latency when a
+// notification is lost (a revoke committed on another replica reaches this
+// one through PostgreSQL's LISTEN/NOTIFY within milliseconds, as a hint).
 const DefaultMaxStale = time.Second
 
 // DefaultCacheSize bounds the Workspaces whose generation is cached.
@@ -25,7 +26,8 @@ const DefaultCacheSize = 4096
 // Workspace and scope against the request, and the generation against a
 // per-Workspace cache. A cached generation is re-read from the store when
 // the Workspace's topic (store.WorkspaceTopic) is notified — a revocation
-// on this replica is seen by the next Verify after its commit — and at the
+// on this replica is seen by the next Verify after its commit, one on
+// another replica as soon as its notification arrives — and at the
 // latest MaxStale after it was read, which bounds the latency of a
 // revocation whose notification is lost.
 //

@@ -8,8 +8,9 @@
 // NextExpiration), which workspace.Save keeps equal to each Workspace's
 // document; the engine keeps nothing it needs across a restart. It sleeps
 // until the earliest deadline, or until an admission that may arm one
-// notifies workspace.ExpirationTopic, or at most Recheck (so that a
-// deadline armed through another replica is seen within it); each wake
+// notifies workspace.ExpirationTopic (on any replica: the PostgreSQL store
+// carries notifications between them), or at most Recheck (so that a
+// deadline whose notification was lost is seen within it); each wake
 // reads the due deadlines and the next one from the index, so an idle
 // engine costs the same whatever the number of armed deadlines.
 //
@@ -50,8 +51,9 @@ type Engine struct {
 	// Log receives a line per firing and per failure; nil discards.
 	Log *slog.Logger
 	// Recheck is the longest sleep without a notification
-	// (store.RecheckInterval by default): what another replica armed, and
-	// a Workspace whose state had to settle, are looked at again within it.
+	// (store.RecheckInterval by default): what was armed with a lost
+	// notification, and a Workspace whose state had to settle, are looked
+	// at again within it.
 	Recheck time.Duration
 	// Workers is how many firings run at once (DefaultWorkers when 0).
 	Workers int
