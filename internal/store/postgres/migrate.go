@@ -32,12 +32,20 @@ func migrations() ([]migration.Migration, error) {
 // in its own transaction, on a dedicated connection holding a session
 // advisory lock: a second process migrating the same schema at the same time
 // waits, then finds nothing left to do. Closing the connection releases the
-// lock whatever happens.
-func migrate(ctx context.Context, cfg *pgx.ConnConfig) (err error) {
+// lock whatever happens. What it applies, and whether it refuses a schema
+// that needs a newer binary, is migration.Plan's decision, with
+// schema_compat (compat.go).
+func migrate(ctx context.Context, cfg *pgx.ConnConfig) error {
 	ms, err := migrations()
 	if err != nil {
 		return err
 	}
+	return migrateWith(ctx, cfg, ms)
+}
+
+// migrateWith is migrate with the migrations ms (tests pass the migrations
+// of an older or a newer binary).
+func migrateWith(ctx context.Context, cfg *pgx.ConnConfig, ms []migration.Migration) (err error) {
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return err
@@ -74,10 +82,20 @@ func migrate(ctx context.Context, cfg *pgx.ConnConfig) (err error) {
 	for _, v := range versions {
 		applied[int(v)] = true
 	}
-	for _, m := range ms {
-		if applied[m.Version] {
-			continue
+	rec, err := readCompat(ctx, conn)
+	if err != nil {
+		return err
+	}
+	pending, raise, err := migration.Plan(migration.Postgres, ms, applied, rec)
+	if err != nil {
+		return err
+	}
+	if raise != nil {
+		if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return raiseCompat(ctx, tx, *raise) }); err != nil {
+			return err
 		}
+	}
+	for _, m := range pending {
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			// Without arguments Exec uses the simple protocol, which runs a
 			// file of several statements.
@@ -89,9 +107,14 @@ func migrate(ctx context.Context, cfg *pgx.ConnConfig) (err error) {
 					return err
 				}
 			}
-			_, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)`,
-				m.Version, m.Name, time.Now().UnixMicro())
-			return err
+			if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)`,
+				m.Version, m.Name, time.Now().UnixMicro()); err != nil {
+				return err
+			}
+			if m.Breaks() {
+				return raiseCompat(ctx, tx, migration.Compat{MinVersion: m.Version, Change: m.Change()})
+			}
+			return nil
 		})
 		if err != nil {
 			return fmt.Errorf("%s: %w", m.Name, err)

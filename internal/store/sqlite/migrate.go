@@ -23,11 +23,19 @@ func migrations() ([]migration.Migration, error) {
 // migrate applies the migrations not yet recorded in schema_migrations, in
 // order, in one BEGIN IMMEDIATE transaction: a second process opening the
 // same file waits for the first (busy_timeout) and then finds them applied.
+// What it applies, and whether it refuses a database that needs a newer
+// binary, is migration.Plan's decision, with schema_compat (compat.go).
 func migrate(ctx context.Context, db *sql.DB) error {
 	ms, err := migrations()
 	if err != nil {
 		return err
 	}
+	return migrateWith(ctx, db, ms)
+}
+
+// migrateWith is migrate with the migrations ms (tests pass the migrations
+// of an older or a newer binary).
+func migrateWith(ctx context.Context, db *sql.DB, ms []migration.Migration) error {
 	tx, err := db.BeginTx(ctx, nil) // BEGIN IMMEDIATE: _txlock on the writer
 	if err != nil {
 		return err
@@ -59,10 +67,20 @@ func migrate(ctx context.Context, db *sql.DB) error {
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	for _, m := range ms {
-		if applied[m.Version] {
-			continue
+	rec, err := readCompat(ctx, tx)
+	if err != nil {
+		return err
+	}
+	pending, raise, err := migration.Plan(migration.SQLite, ms, applied, rec)
+	if err != nil {
+		return err
+	}
+	if raise != nil {
+		if err := raiseCompat(ctx, tx, *raise); err != nil {
+			return err
 		}
+	}
+	for _, m := range pending {
 		if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
 			return fmt.Errorf("%s: %w", m.Name, err)
 		}
@@ -74,6 +92,11 @@ func migrate(ctx context.Context, db *sql.DB) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`,
 			m.Version, m.Name, time.Now().UnixMicro()); err != nil {
 			return fmt.Errorf("%s: %w", m.Name, err)
+		}
+		if m.Breaks() {
+			if err := raiseCompat(ctx, tx, migration.Compat{MinVersion: m.Version, Change: m.Change()}); err != nil {
+				return fmt.Errorf("%s: %w", m.Name, err)
+			}
 		}
 	}
 	return tx.Commit()
