@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/internal/caller"
 	"github.com/kibotos/kibotos/internal/command"
 	"github.com/kibotos/kibotos/internal/commandid"
 	"github.com/kibotos/kibotos/internal/fault"
@@ -143,7 +144,8 @@ func (s *Service) Begin(ctx context.Context, req *ctrlv1.BeginArtifactPublicatio
 		}
 		if err := tx.InsertCommand(ctx, &store.Command{ID: id, Method: beginMethod, Fingerprint: fp,
 			ObjectKind: objectKind, ObjectID: artifactKey(k, aid),
-			Initiator: int(ctrlv1.CommandInitiator_COMMAND_INITIATOR_CALLER), Status: store.CommandProcessing, CreatedAt: now}); err != nil {
+			Initiator: int(ctrlv1.CommandInitiator_COMMAND_INITIATOR_CALLER), Status: store.CommandProcessing, CreatedAt: now,
+			Caller: caller.From(ctx)}); err != nil {
 			return err
 		}
 		out = p.message(id, r)

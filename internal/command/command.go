@@ -29,6 +29,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/internal/caller"
 	"github.com/kibotos/kibotos/internal/commandid"
 	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/store"
@@ -198,7 +199,7 @@ func Execute[Req proto.Message, Resp proto.Message](ctx context.Context, e *Engi
 		if replayed, err = claim(ctx, tx, id); err != nil || replayed != nil {
 			return err
 		}
-		rec := s.record(id, fp, e.now())
+		rec := s.record(ctx, id, fp, e.now())
 		out, err := s.Decide(ctx, tx, rec)
 		if err != nil {
 			if Settles(err) {
@@ -244,7 +245,7 @@ func recordFailure[Req proto.Message, Resp proto.Message](ctx context.Context, e
 		if replayed, err = claim(ctx, tx, id); err != nil || replayed != nil {
 			return err
 		}
-		rec := s.record(id, fp, e.now())
+		rec := s.record(ctx, id, fp, e.now())
 		rec.ErrorCode, rec.ErrorDetail = code, detail
 		return tx.InsertCommand(ctx, rec)
 	})
@@ -272,13 +273,15 @@ func claim(ctx context.Context, tx store.Tx, id string) (*store.Command, error) 
 	return prior, err
 }
 
-// record is the completed record of a caller's command at now.
-func (s Spec[Req, Resp]) record(id string, fp []byte, now time.Time) *store.Command {
+// record is the completed record of a caller's command at now, naming
+// the caller of ctx (internal/caller).
+func (s Spec[Req, Resp]) record(ctx context.Context, id string, fp []byte, now time.Time) *store.Command {
 	return &store.Command{
 		ID: id, Method: s.Method, Fingerprint: fp,
 		ObjectKind: s.ObjectKind, ObjectID: s.ObjectID, Kind: s.CommandKind,
 		Initiator: int(ctrlv1.CommandInitiator_COMMAND_INITIATOR_CALLER),
 		Status:    store.CommandCompleted, CreatedAt: now, CompletedAt: now,
+		Caller: caller.From(ctx),
 	}
 }
 

@@ -30,6 +30,7 @@ import (
 	"github.com/kibotos/kibotos/internal/api"
 	"github.com/kibotos/kibotos/internal/apierr"
 	"github.com/kibotos/kibotos/internal/artifact"
+	"github.com/kibotos/kibotos/internal/caller"
 	"github.com/kibotos/kibotos/internal/catalog"
 	"github.com/kibotos/kibotos/internal/command"
 	"github.com/kibotos/kibotos/internal/dataplane"
@@ -297,7 +298,9 @@ func TLSConfig(base *tls.Config) *tls.Config {
 // against the client CA (else unauthenticated), then its role, its only OU,
 // against the one the path needs, exactly (else permission_denied):
 // NodeService, CertificateService and the data tunnel need OU "node", every other API OU
-// "operator"; a certificate with another OU, several or none calls nothing. gRPC
+// "operator"; a certificate with another OU, several or none calls nothing. A
+// node's identity goes into the request's context as a nodepeer.Peer, an
+// operator's certificate subject as its caller (internal/caller). gRPC
 // health is served without a certificate, for load balancers and probes,
 // and so is BootstrapService, whose enrollment token is the credential of a
 // node that has no certificate yet, and the data plane's ProcessService,
@@ -346,6 +349,8 @@ func (s *Server) authenticate(api, health http.Handler) http.Handler {
 		}
 		if role == pki.RoleNode {
 			r = r.WithContext(nodepeer.With(r.Context(), nodepeer.Peer{NodeID: auth.id.CommonName, KeyHash: auth.keyHash}))
+		} else {
+			r = r.WithContext(caller.With(r.Context(), auth.subject))
 		}
 		if r.ContentLength > maxRequestBytes(r.URL.Path) {
 			_ = errw.Write(w, r, apierr.FromDetail(connect.CodeResourceExhausted, &ctrlv1.ErrorDetail{
@@ -424,6 +429,7 @@ type connAuth struct {
 	id       pki.Identity
 	notAfter time.Time
 	keyHash  []byte // of the certificate's public key (pki.PublicKeyHash)
+	subject  string // the certificate's subject (caller.Subject)
 }
 
 // verify verifies the chain of r's connection against the client CA in r's
@@ -445,6 +451,7 @@ func (a *connAuth) verify(r *http.Request, count *atomic.Int64) {
 		return
 	}
 	a.id, a.notAfter, a.keyHash = pki.IdentityOf(chain[0]), chain[0].NotAfter, h[:]
+	a.subject = caller.Subject(chain[0].Subject)
 }
 
 type connAuthKey struct{}

@@ -35,6 +35,11 @@ type Command struct {
 	// MaxCommandMessage bytes of UTF-8. It is recorded with the command and
 	// never updated.
 	Message string
+	// Caller is who sent the command: the subject of the caller's Operator
+	// certificate (internal/caller), "" for a command ctrl started itself.
+	// It is recorded with the command and never updated, and is never a
+	// secret.
+	Caller string
 }
 
 // MaxCommandMessage bounds Command.Message (the API's
@@ -52,7 +57,7 @@ type CommandTx interface {
 	InsertCommand(ctx context.Context, c *Command) error
 	// UpdateCommand replaces the mutable fields (Status, Result, ErrorCode,
 	// ErrorDetail, CompletedAt) of a recorded command, keeping the others
-	// (Message included); ErrNotFound when absent.
+	// (Message and Caller included); ErrNotFound when absent.
 	UpdateCommand(ctx context.Context, c *Command) error
 	// ProcessingCommands returns the commands of objectKind still
 	// PROCESSING, oldest first.

@@ -16,6 +16,7 @@ import (
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
+	"github.com/kibotos/kibotos/internal/caller"
 	"github.com/kibotos/kibotos/internal/command"
 	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/fleet"
@@ -109,6 +110,7 @@ func CommandMessage(rec *store.Command) *ctrlv1.VolumeCommand {
 	c := &ctrlv1.VolumeCommand{
 		CommandId: rec.ID, VolumeId: rec.ObjectID, Kind: ctrlv1.VolumeCommandKind(rec.Kind),
 		Status: ctrlv1.VolumeCommandStatus(rec.Status), CreatedAt: timestamppb.New(rec.CreatedAt),
+		Caller: nodewire.Cut(rec.Caller, caller.MaxSubject),
 	}
 	if !rec.CompletedAt.IsZero() {
 		c.CompletedAt = timestamppb.New(rec.CompletedAt)

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/internal/caller"
 	"github.com/kibotos/kibotos/internal/command"
 	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/fleet"
@@ -167,6 +168,7 @@ func CommandMessage(rec *store.Command) *ctrlv1.WorkspaceCommand {
 	}
 	// Why ctrl started it, bounded again whoever recorded it.
 	c.Message = nodewire.Cut(rec.Message, store.MaxCommandMessage)
+	c.Caller = nodewire.Cut(rec.Caller, caller.MaxSubject)
 	if rec.ErrorCode != "" {
 		d := &ctrlv1.ErrorDetail{}
 		_ = proto.Unmarshal(rec.ErrorDetail, d)

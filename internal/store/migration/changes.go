@@ -65,6 +65,7 @@ var Changes = []Change{
 	{Name: "command_message", SQLite: 9, Postgres: 8},
 	{Name: "workspace_usage", SQLite: 10, Postgres: 9},
 	{Name: "workspace_cpu_template", SQLite: 11, Postgres: 10},
+	{Name: "command_caller", SQLite: 12, Postgres: 11},
 }
 
 // LoadDialect is Load, checking that the files are those Changes lists for

@@ -131,7 +131,7 @@ func (t *txn) InsertCommand(ctx context.Context, c *store.Command) error {
 		fmt.Sprintf("command %q", c.ID),
 		stmt{`SELECT EXISTS (SELECT 1 FROM commands WHERE command_id = $1)`, []any{c.ID}},
 		stmt{`INSERT INTO commands (` + rowcodec.CommandColumns + `)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`,
 			rowcodec.CommandArgs(c)})
 }
 

@@ -9,7 +9,7 @@ import (
 // CommandColumns are the columns of commands, in the order ScanCommand reads
 // them and CommandArgs returns their values.
 const CommandColumns = `command_id, method, fingerprint, object_kind, object_id, kind, initiator,
-	status, result, error_code, error_detail, created_at, completed_at, message`
+	status, result, error_code, error_detail, created_at, completed_at, message, caller`
 
 // ScanCommand scans CommandColumns; N is the driver's nullable BIGINT.
 func ScanCommand[N NullInt64](row Scanner) (*store.Command, error) {
@@ -20,7 +20,7 @@ func ScanCommand[N NullInt64](row Scanner) (*store.Command, error) {
 		completed           N
 	)
 	if err := row.Scan(&c.ID, &c.Method, &c.Fingerprint, &c.ObjectKind, &c.ObjectID, &kind, &initr,
-		&status, &c.Result, &c.ErrorCode, &c.ErrorDetail, &created, &completed, &c.Message); err != nil {
+		&status, &c.Result, &c.ErrorCode, &c.ErrorDetail, &created, &completed, &c.Message, &c.Caller); err != nil {
 		return nil, err
 	}
 	c.Kind, c.Initiator, c.Status = int(kind), int(initr), store.CommandStatus(status)
@@ -33,12 +33,12 @@ func ScanCommand[N NullInt64](row Scanner) (*store.Command, error) {
 func CommandArgs(c *store.Command) []any {
 	return []any{c.ID, c.Method, NonNil(c.Fingerprint), c.ObjectKind, c.ObjectID, int64(c.Kind), int64(c.Initiator),
 		int64(c.Status), NonNil(c.Result), c.ErrorCode, NonNil(c.ErrorDetail), Micros(c.CreatedAt), OptMicros(c.CompletedAt),
-		c.Message}
+		c.Message, c.Caller}
 }
 
 // CommandUpdateArgs returns the values of the mutable columns of commands,
 // status, result, error_code, error_detail and completed_at, for c
-// (message is written once, by CommandArgs).
+// (message and caller are written once, by CommandArgs).
 func CommandUpdateArgs(c *store.Command) []any {
 	return []any{int64(c.Status), NonNil(c.Result), c.ErrorCode, NonNil(c.ErrorDetail), OptMicros(c.CompletedAt)}
 }

@@ -160,7 +160,7 @@ func (t *txn) GetCommand(ctx context.Context, commandID string) (*store.Command,
 // InsertCommand implements store.Tx.
 func (t *txn) InsertCommand(ctx context.Context, c *store.Command) error {
 	n, err := t.execN(ctx, `INSERT INTO commands (`+rowcodec.CommandColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (command_id) DO NOTHING`,
 		rowcodec.CommandArgs(c)...)
 	if err != nil {

@@ -12,9 +12,10 @@ import (
 )
 
 // testCommandMessage: Command.Message (why ctrl started a command of its
-// own) is stored as given, up to MaxCommandMessage bytes of any UTF-8, read
-// back by GetCommand and ProcessingCommands, empty when none was given, and
-// kept by UpdateCommand, which never writes it.
+// own) and Command.Caller (who sent it) are stored as given, the message up
+// to MaxCommandMessage bytes of any UTF-8, read back by GetCommand and
+// ProcessingCommands, empty when none was given, and kept by UpdateCommand,
+// which never writes them.
 func testCommandMessage(t *testing.T, s store.Store) {
 	// 1 KiB exactly, multi-byte characters included ("é" is 2 bytes, "…" 3).
 	long := strings.Repeat("é", 300) + strings.Repeat("…", 100) + "'; --"
@@ -29,7 +30,7 @@ func testCommandMessage(t *testing.T, s store.Store) {
 		{ID: "expiration/ws-b", ObjectKind: "workspace", ObjectID: "ws-b", Kind: 3, Initiator: 2,
 			Status: store.CommandProcessing, CreatedAt: base.Add(time.Microsecond), Message: long},
 		{ID: "caller", ObjectKind: "workspace", ObjectID: "ws-c", Kind: 3, Initiator: 1,
-			Status: store.CommandProcessing, CreatedAt: base.Add(2 * time.Microsecond)},
+			Status: store.CommandProcessing, CreatedAt: base.Add(2 * time.Microsecond), Caller: `CN=dev-operator,OU=operator,O=K\, é`},
 	}
 	inTx(t, s, func(ctx context.Context, tx store.Tx) error {
 		for _, c := range cmds {
@@ -43,8 +44,8 @@ func testCommandMessage(t *testing.T, s store.Store) {
 		t.Helper()
 		var gotM, wantM []string
 		for i := range got {
-			gotM = append(gotM, got[i].Message)
-			wantM = append(wantM, cmds[i].Message)
+			gotM = append(gotM, got[i].Message, got[i].Caller)
+			wantM = append(wantM, cmds[i].Message, cmds[i].Caller)
 		}
 		if diff := gocmp.Diff(wantM, gotM); diff != "" {
 			t.Errorf("%s: messages (-want +got):\n%s", where, diff)
@@ -72,7 +73,7 @@ func testCommandMessage(t *testing.T, s store.Store) {
 	inTx(t, s, func(ctx context.Context, tx store.Tx) error {
 		for _, c := range cmds {
 			upd := *c
-			upd.Status, upd.CompletedAt, upd.Message = store.CommandCompleted, base.Add(time.Second), "changed"
+			upd.Status, upd.CompletedAt, upd.Message, upd.Caller = store.CommandCompleted, base.Add(time.Second), "changed", "changed"
 			if err := tx.UpdateCommand(ctx, &upd); err != nil {
 				return err
 			}
