@@ -369,11 +369,15 @@ func (a *Agent) sessionTo(parent context.Context, ep ctrlset.Endpoint) error {
 	}
 	errc := make(chan error, 2)
 	go func() {
-		for {
+		for first := true; ; first = false {
 			msg, err := stream.Receive()
 			if err != nil {
 				errc <- err
 				return
+			}
+			if first {
+				// ctrl accepted the Hello: its full desired state is here.
+				a.cfg.Log.Info("ctrl stream open", "url", ep.URL, "addr", ep.Addr)
 			}
 			a.apply(parent, msg.GetDesired())
 		}
