@@ -58,6 +58,8 @@ type notifier struct {
 	queued  map[string]struct{} // the set of pending
 	kick    chan struct{}       // cap 1: pending is not empty
 
+	idleCheck, pingTimeout time.Duration // idleCheck and pingTimeout, shorter in tests
+
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -100,6 +102,18 @@ func payload(origin, topic string) (string, bool) {
 // startNotifier connects the listener (an error if it cannot) and starts
 // the goroutines that listen and send; stop ends them.
 func startNotifier(ctx context.Context, local *store.LocalNotifier, pool *pgxpool.Pool, connCfg *pgx.ConnConfig) (*notifier, error) {
+	n, err := newNotifier(ctx, local, pool, connCfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.start(ctx); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// newNotifier returns a notifier not started yet.
+func newNotifier(ctx context.Context, local *store.LocalNotifier, pool *pgxpool.Pool, connCfg *pgx.ConnConfig) (*notifier, error) {
 	var schema string
 	if err := pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
 		return nil, fmt.Errorf("store/postgres: notifications: current schema: %w", err)
@@ -116,16 +130,24 @@ func startNotifier(ctx context.Context, local *store.LocalNotifier, pool *pgxpoo
 		origin:  hex.EncodeToString(id[:]),
 		queued:  map[string]struct{}{},
 		kick:    make(chan struct{}, 1),
+
+		idleCheck:   idleCheck,
+		pingTimeout: pingTimeout,
 	}
+	return n, nil
+}
+
+// start connects the listener and starts the goroutines.
+func (n *notifier) start(ctx context.Context) error {
 	conn, err := n.connect(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("store/postgres: notifications: %w", err)
+		return fmt.Errorf("store/postgres: notifications: %w", err)
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.wg.Add(2)
 	go n.listen(conn)
 	go n.send()
-	return n, nil
+	return nil
 }
 
 // stop ends the goroutines and closes the listening connection; topics not
@@ -247,7 +269,7 @@ func (n *notifier) listen(conn *pgx.Conn) {
 // stop.
 func (n *notifier) receive(conn *pgx.Conn) {
 	for {
-		ctx, cancel := context.WithTimeout(n.ctx, idleCheck)
+		ctx, cancel := context.WithTimeout(n.ctx, n.idleCheck)
 		nt, err := conn.WaitForNotification(ctx)
 		idle := ctx.Err() != nil
 		cancel()
@@ -258,7 +280,7 @@ func (n *notifier) receive(conn *pgx.Conn) {
 		if n.ctx.Err() != nil || !idle || conn.IsClosed() {
 			return
 		}
-		ctx, cancel = context.WithTimeout(n.ctx, pingTimeout)
+		ctx, cancel = context.WithTimeout(n.ctx, n.pingTimeout)
 		err = conn.Ping(ctx)
 		cancel()
 		if err != nil {

@@ -3,9 +3,13 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"net"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -241,6 +245,129 @@ func TestNotifyReconnect(t *testing.T) {
 	a.Notify("workspace/after")
 	if !woken(ch, 5*time.Second) {
 		t.Fatal("B does not hear A after reconnecting")
+	}
+}
+
+// TestNotifySilentCut: a listening connection that stops answering without
+// being closed (a network cut: the proxy it goes through drops every byte)
+// is noticed by the idle ping; the listener reconnects, wakes every
+// subscriber and hears the other store again.
+func TestNotifySilentCut(t *testing.T) {
+	a, b := openPair(t)
+	proxy := newCutProxy(t, b.notify.connCfg.Host, b.notify.connCfg.Port)
+	cfg := b.notify.connCfg.Copy()
+	cfg.Host, cfg.Port = "127.0.0.1", proxy.port
+	cfg.Fallbacks = nil
+	var local store.LocalNotifier
+	n, err := newNotifier(t.Context(), &local, b.pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.idleCheck, n.pingTimeout = 100*time.Millisecond, 200*time.Millisecond
+	if err := n.start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer n.stop()
+
+	ch, release := local.Subscribe("workspace/before")
+	a.Notify("workspace/before")
+	if !woken(ch, 5*time.Second) {
+		t.Fatal("the notifier behind the proxy does not hear A")
+	}
+	release()
+
+	waiting, release := local.Subscribe("workspace/waiting")
+	defer release()
+	start := time.Now()
+	proxy.cut()
+	if !woken(waiting, 10*time.Second) {
+		t.Fatal("subscriber not woken after a silent cut")
+	}
+	t.Logf("silent cut → subscribers woken after reconnection in %v (idle check %v, ping timeout %v)", time.Since(start), n.idleCheck, n.pingTimeout)
+	if got := n.connects.Load(); got != 2 {
+		t.Errorf("connected %d times, want 2", got)
+	}
+	ch, release2 := local.Subscribe("workspace/after")
+	defer release2()
+	a.Notify("workspace/after")
+	if !woken(ch, 5*time.Second) {
+		t.Fatal("the notifier does not hear A after reconnecting")
+	}
+}
+
+// cutProxy forwards TCP connections to a server until cut, which makes
+// every connection open then drop all it carries, in both directions,
+// without closing it. Connections opened later are forwarded.
+type cutProxy struct {
+	port  uint16
+	mu    sync.Mutex
+	conns []*atomic.Bool // dead flags of the connections
+}
+
+func newCutProxy(t *testing.T, host string, port uint16) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{port: uint16(ln.Addr().(*net.TCPAddr).Port)}
+	var open []net.Conn
+	var mu sync.Mutex
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range open {
+			c.Close()
+		}
+	})
+	target := net.JoinHostPort(host, strconv.Itoa(int(port)))
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			open = append(open, c, s)
+			mu.Unlock()
+			dead := new(atomic.Bool)
+			p.mu.Lock()
+			p.conns = append(p.conns, dead)
+			p.mu.Unlock()
+			pipe := func(dst, src net.Conn) {
+				defer dst.Close()
+				defer src.Close()
+				buf := make([]byte, 32<<10)
+				for {
+					k, err := src.Read(buf)
+					if k > 0 && !dead.Load() {
+						if _, err := dst.Write(buf[:k]); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}
+			go pipe(s, c)
+			go pipe(c, s)
+		}
+	}()
+	return p
+}
+
+func (p *cutProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, d := range p.conns {
+		d.Store(true)
 	}
 }
 
