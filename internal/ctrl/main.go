@@ -25,6 +25,7 @@ import (
 	"github.com/kibotos/kibotos/internal/node/daemon"
 	"github.com/kibotos/kibotos/internal/node/enroll"
 	"github.com/kibotos/kibotos/internal/pki"
+	"github.com/kibotos/kibotos/internal/retention"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/store/postgres"
 	"github.com/kibotos/kibotos/internal/store/sqlite"
@@ -51,6 +52,8 @@ type Options struct {
 	CAKey         string
 	NodeCertValid time.Duration
 	DataPlaneURL  string
+	// CommandRetention and DeletedRetention: internal/retention.
+	CommandRetention, DeletedRetention time.Duration
 }
 
 // Main runs kibotos-ctrl with args (without the program name) and returns
@@ -81,6 +84,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.NodeCertValid, "node-cert-validity", pki.DefaultNodeCertValidity, "validity of node certificates issued at enrollment")
 	fs.DurationVar(&o.NodeGrace, "node-grace", 15*time.Second, "how long a node may stay silent before its workspaces turn UNKNOWN")
 	fs.StringVar(&o.DataPlaneURL, "data-plane-url", "", "public URL of the data plane, returned with every data-plane session (https://host[:port]); with --dev defaults to https://LISTEN")
+	fs.DurationVar(&o.CommandRetention, "command-retention", retention.DefaultRetention, "how long a completed command record (what a resent command ID replays) is kept before it is pruned; at least 24h")
+	fs.DurationVar(&o.DeletedRetention, "deleted-retention", retention.DefaultRetention, "how long a Workspace or Volume whose deletion completed stays readable before its row is pruned; at least 24h")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -90,6 +95,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "kibotos-ctrl: unexpected argument %q\n", fs.Arg(0))
 		return 2
+	}
+	for flag, d := range map[string]time.Duration{"command-retention": o.CommandRetention, "deleted-retention": o.DeletedRetention} {
+		if err := retention.Check(flag, d); err != nil {
+			fmt.Fprintf(stderr, "kibotos-ctrl: %v\n", err)
+			return 2
+		}
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.LogLevel)); err != nil {
@@ -199,6 +210,7 @@ func run(ctx context.Context, o Options, log *slog.Logger, stdout io.Writer) err
 		Store: st, Checker: &netguard.Checker{Allow: allow}, Logger: log,
 		SourceRevision: buildinfo.Revision(), Registry: reg, WaitBound: o.CommandWait, NodeGrace: o.NodeGrace,
 		Issuer: issuer, NodeCertValidity: o.NodeCertValid, DataPlaneURL: dataPlaneURL,
+		CommandRetention: o.CommandRetention, DeletedRetention: o.DeletedRetention,
 	})
 	if err != nil {
 		return err

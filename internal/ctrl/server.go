@@ -43,6 +43,7 @@ import (
 	"github.com/kibotos/kibotos/internal/paging"
 	"github.com/kibotos/kibotos/internal/pki"
 	"github.com/kibotos/kibotos/internal/reconciler"
+	"github.com/kibotos/kibotos/internal/retention"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/tunnel"
 	"github.com/kibotos/kibotos/internal/volume"
@@ -98,6 +99,11 @@ type Config struct {
 	// although nothing serves them yet, so that tests can issue data-plane
 	// sessions through the API. Tests only: no flag sets it.
 	DataPlaneForTests bool
+	// CommandRetention is how long a completed command record is kept,
+	// DeletedRetention how long a Workspace or Volume whose deletion
+	// completed is (internal/retention); zero is 7 days, less than 24 hours
+	// is refused.
+	CommandRetention, DeletedRetention time.Duration
 }
 
 // Server is a configured control plane.
@@ -109,6 +115,7 @@ type Server struct {
 	metrics *metrics
 	recon   *reconciler.Reconciler
 	expire  *expiration.Engine
+	retain  *retention.Pruner
 	enroll  *enrollment.Service
 	dplane  *dataplane.Service
 	// tunnels are the nodes' data connections to this ctrl.
@@ -133,6 +140,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Checker == nil {
 		cfg.Checker = &netguard.Checker{}
 	}
+	retain := &retention.Pruner{Store: cfg.Store, Commands: cfg.CommandRetention, Deleted: cfg.DeletedRetention,
+		KeepMethods: reconciler.RetainedMethods(), DeletedKinds: []store.ResourceKind{volume.KindDeleted}, Now: cfg.Now, Log: log}
+	if err := retain.Validate(); err != nil {
+		return nil, err
+	}
 	key, err := cfg.Store.Secret(ctx, pageSecret, randomKey)
 	if err != nil {
 		return nil, fmt.Errorf("load page token key: %w", err)
@@ -140,7 +152,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	pages := paging.NewCodec(key)
 	engine := &command.Engine{Store: cfg.Store, Now: cfg.Now}
 
-	s := &Server{cfg: cfg, log: log, metrics: newMetrics(cfg.Registry), tunnels: &tunnel.Registry{Log: log}}
+	s := &Server{cfg: cfg, log: log, metrics: newMetrics(cfg.Registry), tunnels: &tunnel.Registry{Log: log}, retain: retain}
 	s.enroll = &enrollment.Service{Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 		Issuer: cfg.Issuer, CertValidity: cfg.NodeCertValidity}
 	if cfg.Issuer != nil {
@@ -489,6 +501,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsc *tls.Config) e
 	expireDone := make(chan struct{})
 	go func() { defer close(expireDone); _ = s.expire.Run(reconCtx) }()
 	defer func() { stopRecon(); <-expireDone }()
+	retainDone := make(chan struct{})
+	go func() { defer close(retainDone); _ = s.retain.Run(reconCtx) }()
+	defer func() { stopRecon(); <-retainDone }()
 	defer s.tunnels.Close() // Shutdown does not close hijacked connections
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ServeTLS(ln, "", "") }()

@@ -58,4 +58,5 @@ type Tx interface {
 	WorkspaceTx
 	NodeTx
 	BlobTx
+	RetentionTx
 }

@@ -66,6 +66,7 @@ var Changes = []Change{
 	{Name: "workspace_usage", SQLite: 10, Postgres: 9},
 	{Name: "workspace_cpu_template", SQLite: 11, Postgres: 10},
 	{Name: "command_caller", SQLite: 12, Postgres: 11},
+	{Name: "retention", SQLite: 13, Postgres: 12},
 }
 
 // LoadDialect is Load, checking that the files are those Changes lists for
