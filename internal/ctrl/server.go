@@ -197,12 +197,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	egresses := api.NewEgresses(&catalog.Service[*ctrlv1.EgressSpec]{
 		Type: api.EgressType(cfg.Checker), Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 	})
-	egresses.OnUpdate, egresses.OnDelete = s.recon.Kick, s.recon.EgressDeleted
+	egresses.OnUpdate, egresses.OnDelete = s.recon.KickAll, s.recon.EgressDeleted
 	mux.Handle(ctrlv1connect.NewEgressServiceHandler(egresses, opts))
 	resolvers := api.NewResolvers(&catalog.Service[*ctrlv1.ResolverSpec]{
 		Type: api.ResolverType(cfg.Checker), Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 	})
-	resolvers.OnUpdate = s.recon.Kick
+	resolvers.OnUpdate = s.recon.KickAll
 	mux.Handle(ctrlv1connect.NewResolverServiceHandler(resolvers, opts))
 	workspaces := &workspace.Service{
 		Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
@@ -210,7 +210,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		ResolveTemplate: func(ctx context.Context, tx store.Tx, id, version string) (string, error) {
 			return artifact.ResolveTemplate(ctx, tx, id, version, s.recon.Template)
 		},
-		MaxCapacity: s.recon.MaxCapacity, Kick: s.recon.Kick, WaitBound: cfg.WaitBound,
+		MaxCapacity: s.recon.MaxCapacity, Kick: s.recon.KickAll, WaitBound: cfg.WaitBound,
 		PoolFree: volume.PoolFree,
 	}
 	s.expire = &expiration.Engine{Store: cfg.Store, Fire: workspaces.FireExpiration, Log: log}
@@ -250,7 +250,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		}}, dataOpts))
 	mux.Handle(ctrlv1connect.NewVolumeServiceHandler(api.NewVolumes(&volume.Service{
 		Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
-		Connected: s.recon.VolumeNodes, Kick: s.recon.Kick, WaitBound: cfg.WaitBound,
+		Connected: s.recon.VolumeNodes, Kick: s.recon.KickAll, WaitBound: cfg.WaitBound,
 	}, info.Capabilities), opts))
 	mux.Handle(ctrlv1connect.NewSessionServiceHandler(api.NewSessions(s.dplane), opts))
 	enrollments := api.NewEnrollments(s.enroll)

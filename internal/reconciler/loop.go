@@ -22,6 +22,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	if err := r.loadFleet(ctx); err != nil {
 		return err
 	}
+	go r.wakeOnNotify(ctx)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {

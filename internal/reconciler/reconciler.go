@@ -204,6 +204,32 @@ func (r *Reconciler) Kick() {
 	}
 }
 
+// KickAll wakes this reconciler and, through the store's notifications,
+// the reconcilers of the other ctrl replicas (store.ReconcileTopic): what
+// an admission calls, since the replica holding the node's stream may be
+// another one.
+func (r *Reconciler) KickAll() {
+	r.Kick()
+	r.store.Notify(store.ReconcileTopic)
+}
+
+// wakeOnNotify kicks this reconciler at each notification of
+// store.ReconcileTopic (another replica's KickAll, or this one's) until
+// ctx ends.
+func (r *Reconciler) wakeOnNotify(ctx context.Context) {
+	for {
+		changed, release := r.store.Subscribe(store.ReconcileTopic)
+		select {
+		case <-ctx.Done():
+			release()
+			return
+		case <-changed:
+			release()
+			r.Kick()
+		}
+	}
+}
+
 // MaxCapacity is the capacity of the largest known node that is not
 // RETIRED, its memory as placement accounts it (times the node's memory
 // overcommit ratio; its CPU is what one Workspace may have there).

@@ -35,6 +35,12 @@ type Notifier interface {
 // it re-reads the store at least this often.
 const RecheckInterval = time.Second
 
+// ReconcileTopic is the topic notified when an admission gave the
+// reconcilers work (a new desired state, a stop, a policy change): every
+// replica's reconciler wakes, so that the one holding the node's stream
+// acts at once rather than at its next tick.
+const ReconcileTopic = "reconcile"
+
 // WorkspaceTopic is the topic notified when a command of the Workspace
 // completes.
 func WorkspaceTopic(workspaceID string) string { return "workspace/" + workspaceID }
