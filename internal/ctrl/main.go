@@ -64,6 +64,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	fs := flag.NewFlagSet("kibotos-ctrl", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: kibotos-ctrl [flags]   (serve the API)\n       kibotos-ctrl backup -h     (an online copy of the SQLite store)\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
 	var o Options
 	fs.BoolVar(&o.Dev, "dev", false, "single-machine mode: SQLite under --data-dir and a development PKI in DIR/pki, created on first start")
 	fs.StringVar(&o.DataDir, "data-dir", "", "directory for the SQLite database and the development PKI (required with --dev)")
