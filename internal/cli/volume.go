@@ -219,6 +219,7 @@ func volumeCommandDetail(w io.Writer, c *ctrlv1.VolumeCommand) {
 	row(w, "Command ID:", c.GetCommandId())
 	row(w, "Volume ID:", orDash(c.GetVolumeId()))
 	row(w, "Kind:", strings.TrimPrefix(c.GetKind().String(), "VOLUME_COMMAND_KIND_"))
+	row(w, "Caller:", orDash(c.GetCaller()))
 	row(w, "Status:", strings.TrimPrefix(c.GetStatus().String(), "VOLUME_COMMAND_STATUS_"))
 	if e := c.GetError(); e != nil {
 		row(w, "Error:", e.GetCode()+": "+e.GetDetail().GetMessage())

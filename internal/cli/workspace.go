@@ -630,6 +630,7 @@ func commandDetail(w io.Writer, c *ctrlv1.WorkspaceCommand) {
 	row(w, "Workspace ID:", c.GetWorkspaceId())
 	row(w, "Kind:", enumName(c.GetKind().String(), "WORKSPACE_COMMAND_KIND_"))
 	row(w, "Initiator:", enumName(c.GetInitiator().String(), "COMMAND_INITIATOR_"))
+	row(w, "Caller:", orDash(c.GetCaller()))
 	row(w, "Status:", enumName(c.GetStatus().String(), "WORKSPACE_COMMAND_STATUS_"))
 	if e := c.GetError(); e != nil {
 		row(w, "Error:", describe(kibotos.CommandError(e)))
