@@ -15,6 +15,7 @@ import (
 	"github.com/kibotos/kibotos/internal/capability"
 	"github.com/kibotos/kibotos/internal/ctrltest"
 	"github.com/kibotos/kibotos/internal/node/agent/agenttest"
+	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
 
@@ -26,9 +27,10 @@ type waiters interface {
 }
 
 // requestWaiters are the waiting subscriptions but the expiration
-// engine's, which waits on its own topic for as long as ctrl runs.
+// engine's and the reconciler's, which wait on their own topics for as
+// long as ctrl runs.
 func requestWaiters(w waiters) int {
-	return w.Waiters() - w.TopicWaiters(workspace.ExpirationTopic)
+	return w.Waiters() - w.TopicWaiters(workspace.ExpirationTopic) - w.TopicWaiters(store.ReconcileTopic)
 }
 
 func waitWaiters(t *testing.T, e *ctrltest.Env, n int) {
