@@ -52,47 +52,28 @@ func Install(dir, id, version, digest, archive string, f Format, lim Limits) (st
 	if id == DefaultName {
 		return "", fmt.Errorf("template: %q is built on the node, not published", DefaultName)
 	}
-	final := filepath.Join(dir, id, version)
-	rootfs := filepath.Join(final, "rootfs")
-	if fi, err := os.Stat(rootfs); err == nil && fi.IsDir() {
-		return rootfs, nil
-	}
-	parent := filepath.Join(dir, id)
-	if err := os.MkdirAll(parent, 0o755); err != nil {
-		return "", err
-	}
-	var rnd [6]byte
-	_, _ = rand.Read(rnd[:])
-	build := filepath.Join(parent, ".build-"+hex.EncodeToString(rnd[:]))
-	defer os.RemoveAll(build)
-	if err := os.MkdirAll(filepath.Join(build, "rootfs"), 0o755); err != nil {
-		return "", err
-	}
-	if err := os.Chmod(filepath.Join(build, "rootfs"), 0o755); err != nil {
-		return "", err
-	}
-	in, err := os.Open(archive)
-	if err != nil {
-		return "", fmt.Errorf("template: %w", err)
-	}
-	err = Extract(in, f, filepath.Join(build, "rootfs"), lim)
-	in.Close()
-	if err != nil {
-		return "", fmt.Errorf("template %s version %s: %w", id, version, err)
-	}
-	if err := os.WriteFile(filepath.Join(build, digestFile), []byte(digest+"\n"), 0o644); err != nil {
-		return "", err
-	}
-	if err := syncTree(build); err != nil {
-		return "", err
-	}
-	if err := os.Rename(build, final); err != nil {
-		if fi, err2 := os.Stat(rootfs); err2 == nil && fi.IsDir() {
-			return rootfs, nil // another caller won
+	return buildAside(dir, id, version, func(build string) error {
+		rootfs := filepath.Join(build, "rootfs")
+		if err := os.MkdirAll(rootfs, 0o755); err != nil {
+			return err
 		}
-		return "", fmt.Errorf("template: %w", err)
-	}
-	return rootfs, nil
+		if err := os.Chmod(rootfs, 0o755); err != nil {
+			return err
+		}
+		in, err := os.Open(archive)
+		if err != nil {
+			return fmt.Errorf("template: %w", err)
+		}
+		err = Extract(in, f, rootfs, lim)
+		in.Close()
+		if err != nil {
+			return fmt.Errorf("template %s version %s: %w", id, version, err)
+		}
+		if err := os.WriteFile(filepath.Join(build, digestFile), []byte(digest+"\n"), 0o644); err != nil {
+			return err
+		}
+		return syncTree(build)
+	})
 }
 
 // Published lists every published version under dir (those with a

@@ -100,12 +100,27 @@ func EnsureDefault(dir, guestBinary, busybox string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	final := filepath.Join(dir, DefaultName, version)
+	return buildAside(dir, DefaultName, version, func(build string) error {
+		if err := buildDefault(filepath.Join(build, "rootfs"), busybox, guestBinary, version); err != nil {
+			return fmt.Errorf("template: build default %s: %w", version, err)
+		}
+		return nil
+	})
+}
+
+// buildAside returns the rootfs of version version of template name in
+// dir, made first when it is not there: fill lays the version's directory
+// out (its rootfs, and any file beside it) in a build directory next to
+// its final place, which is then renamed in, so that a half-made version
+// is never seen. Concurrent callers are safe: the first rename wins and the
+// others return its rootfs.
+func buildAside(dir, name, version string, fill func(build string) error) (string, error) {
+	final := filepath.Join(dir, name, version)
 	rootfs := filepath.Join(final, "rootfs")
 	if fi, err := os.Stat(rootfs); err == nil && fi.IsDir() {
 		return rootfs, nil
 	}
-	parent := filepath.Join(dir, DefaultName)
+	parent := filepath.Join(dir, name)
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return "", err
 	}
@@ -113,8 +128,8 @@ func EnsureDefault(dir, guestBinary, busybox string) (string, error) {
 	_, _ = rand.Read(rnd[:])
 	build := filepath.Join(parent, ".build-"+hex.EncodeToString(rnd[:]))
 	defer os.RemoveAll(build)
-	if err := buildDefault(filepath.Join(build, "rootfs"), busybox, guestBinary, version); err != nil {
-		return "", fmt.Errorf("template: build default %s: %w", version, err)
+	if err := fill(build); err != nil {
+		return "", err
 	}
 	if err := os.Rename(build, final); err != nil {
 		if fi, err2 := os.Stat(rootfs); err2 == nil && fi.IsDir() {
