@@ -56,15 +56,7 @@ func (t *txn) PruneDeletedWorkspaces(ctx context.Context, before time.Time, limi
 	if limit <= 0 {
 		return 0, nil
 	}
-	var ids []string
-	err := t.query(ctx, prunableWorkspacesSQL, []any{rowcodec.Micros(before), limit}, func(rows *sql.Rows) error {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return err
-		}
-		ids = append(ids, id)
-		return nil
-	})
+	ids, err := t.ids(ctx, prunableWorkspacesSQL, rowcodec.Micros(before), limit)
 	if err != nil {
 		return 0, err
 	}
@@ -89,16 +81,8 @@ func (t *txn) PruneResources(ctx context.Context, kind store.ResourceKind, befor
 	if limit <= 0 {
 		return 0, nil
 	}
-	var ids []string
-	err := t.query(ctx, `SELECT id FROM resources WHERE kind = ? AND updated_at < ? ORDER BY updated_at, id LIMIT ?`,
-		[]any{string(kind), rowcodec.Micros(before), limit}, func(rows *sql.Rows) error {
-			var id string
-			if err := rows.Scan(&id); err != nil {
-				return err
-			}
-			ids = append(ids, id)
-			return nil
-		})
+	ids, err := t.ids(ctx, `SELECT id FROM resources WHERE kind = ? AND updated_at < ? ORDER BY updated_at, id LIMIT ?`,
+		string(kind), rowcodec.Micros(before), limit)
 	if err != nil {
 		return 0, err
 	}
@@ -111,4 +95,18 @@ func (t *txn) PruneResources(ctx context.Context, kind store.ResourceKind, befor
 		}
 	}
 	return len(ids), nil
+}
+
+// ids runs a query of one text column.
+func (t *txn) ids(ctx context.Context, query string, args ...any) ([]string, error) {
+	var out []string
+	err := t.query(ctx, query, args, func(rows *sql.Rows) error {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		out = append(out, id)
+		return nil
+	})
+	return out, err
 }
