@@ -59,4 +59,5 @@ type Tx interface {
 	NodeTx
 	BlobTx
 	RetentionTx
+	LeaseTx
 }

@@ -67,6 +67,7 @@ var Changes = []Change{
 	{Name: "workspace_cpu_template", SQLite: 11, Postgres: 10},
 	{Name: "command_caller", SQLite: 12, Postgres: 11},
 	{Name: "retention", SQLite: 13, Postgres: 12},
+	{Name: "leases", SQLite: 14, Postgres: 13},
 }
 
 // LoadDialect is Load, checking that the files are those Changes lists for
