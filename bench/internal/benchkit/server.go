@@ -33,6 +33,9 @@ type DevOptions struct {
 	// OwnGroup starts it in its own process group, so that a Ctrl-C of the
 	// benchmark does not reach it.
 	OwnGroup bool
+	// Listen, when set, is the --listen address (a restart on the same
+	// address); empty picks a free loopback port.
+	Listen string
 }
 
 // DevServer is a running kibotos-ctrl --dev subprocess on a free loopback
@@ -53,11 +56,14 @@ type DevServer struct {
 // StartDev starts the server and waits (up to a minute) until
 // GetServerInfo answers over mutual TLS.
 func StartDev(ctx context.Context, o DevOptions) (*DevServer, error) {
-	port, err := FreePort()
-	if err != nil {
-		return nil, err
+	addr := o.Listen
+	if addr == "" {
+		port, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	args := append([]string{"--dev", "--data-dir", o.DataDir, "--listen", addr}, o.Args...)
 	logf, err := os.OpenFile(o.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
