@@ -37,6 +37,7 @@ import (
 	"github.com/kibotos/kibotos/internal/enrollment"
 	"github.com/kibotos/kibotos/internal/expiration"
 	"github.com/kibotos/kibotos/internal/fleet"
+	"github.com/kibotos/kibotos/internal/lease"
 	"github.com/kibotos/kibotos/internal/netguard"
 	"github.com/kibotos/kibotos/internal/node/agent"
 	"github.com/kibotos/kibotos/internal/nodepeer"
@@ -116,8 +117,11 @@ type Server struct {
 	recon   *reconciler.Reconciler
 	expire  *expiration.Engine
 	retain  *retention.Pruner
-	enroll  *enrollment.Service
-	dplane  *dataplane.Service
+	// fleet is this replica's claim on the fleet lease: the fleet-wide
+	// work (internal/lease) runs only while it holds it.
+	fleet  *lease.Keeper
+	enroll *enrollment.Service
+	dplane *dataplane.Service
 	// tunnels are the nodes' data connections to this ctrl.
 	tunnels *tunnel.Registry
 	// verifications counts client chain verifications (tests check that
@@ -153,6 +157,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	engine := &command.Engine{Store: cfg.Store, Now: cfg.Now}
 
 	s := &Server{cfg: cfg, log: log, metrics: newMetrics(cfg.Registry), tunnels: &tunnel.Registry{Log: log}, retain: retain}
+	s.fleet = lease.New(lease.Config{Store: cfg.Store, Name: lease.Fleet, Log: log,
+		OnAcquire: func(int64) { s.recon.Kick() }}) // the work it gates starts at once
+	retain.Leader = s.fleet.IsHeld
 	s.enroll = &enrollment.Service{Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 		Issuer: cfg.Issuer, CertValidity: cfg.NodeCertValidity}
 	if cfg.Issuer != nil {
@@ -185,7 +192,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	// through NodeService.FetchArtifact, and hear of new Platform defaults
 	// and of reclamations through the reconciler.
 	artifacts := &artifact.Service{Engine: engine, Store: cfg.Store, Now: cfg.Now}
-	s.recon = reconciler.New(reconciler.Config{Store: cfg.Store, Log: log, Now: cfg.Now, NodeGrace: cfg.NodeGrace,
+	s.recon = reconciler.New(reconciler.Config{Store: cfg.Store, Log: log, Now: cfg.Now, NodeGrace: cfg.NodeGrace, Leader: s.fleet.IsHeld,
 		OnDenyNodeKey: s.tunnels.CloseKey, OnEndDataPlane: s.tunnels.CloseNode, FetchArtifact: artifacts.Fetch})
 	artifacts.OnPlatformDefault, artifacts.OnReclaimed = s.recon.PlatformChanged, s.recon.ArtifactReclaimed
 	// An upload carries up to 4 MiB of bytes besides its command ID.
@@ -213,6 +220,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		MaxCapacity: s.recon.MaxCapacity, Kick: s.recon.KickAll, WaitBound: cfg.WaitBound,
 		PoolFree: volume.PoolFree,
 	}
+	// The expiration engine runs on every replica, not under the fleet
+	// lease: a firing is fenced by its deterministic command ID already,
+	// and a takeover (up to 4 s) would make the deadlines due meanwhile
+	// that late (docs/operations.md).
 	s.expire = &expiration.Engine{Store: cfg.Store, Fire: workspaces.FireExpiration, Log: log}
 	wsHandler := api.NewWorkspaces(workspaces)
 	wsHandler.Served = info.Capabilities
@@ -490,6 +501,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsc *tls.Config) e
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
 	reconCtx, stopRecon := context.WithCancel(context.Background())
+	// One attempt before the loops start, so that a single ctrl leads from
+	// its first pass.
+	if err := s.fleet.Try(ctx); err != nil {
+		s.log.Warn("lease: first attempt", "lease", lease.Fleet, "error", err.Error())
+	}
+	leaseDone := make(chan struct{})
+	go func() { defer close(leaseDone); _ = s.fleet.Run(reconCtx) }()
+	defer func() { stopRecon(); <-leaseDone }()
 	reconDone := make(chan struct{})
 	go func() {
 		defer close(reconDone)

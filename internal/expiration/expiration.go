@@ -18,7 +18,9 @@
 // transaction that checks the deadline is due and still armed at its
 // revision, moves the revision, and inserts the command under its
 // deterministic ID (unique). Any number of engines (replicas, a ctrl
-// restarted mid-firing) may try the same deadline; one fires it.
+// restarted mid-firing) may try the same deadline; one fires it. With
+// several replicas only the holder of the fleet lease runs the engine
+// (Engine.Leader), so the others do not even try.
 package expiration
 
 import (
@@ -57,7 +59,18 @@ type Engine struct {
 	Recheck time.Duration
 	// Workers is how many firings run at once (DefaultWorkers when 0).
 	Workers int
+	// Leader, when set, reports whether this replica holds the fleet
+	// lease (internal/lease): only then does the engine fire, asking
+	// before each page of due deadlines; otherwise it looks again every
+	// LeaderRecheck. Nil: always (one ctrl).
+	Leader func() bool
 }
+
+// LeaderRecheck is how often an engine without the fleet lease looks
+// whether it got it.
+const LeaderRecheck = time.Second
+
+func (e *Engine) leads() bool { return e.Leader == nil || e.Leader() }
 
 func (e *Engine) now() time.Time {
 	if e.Now != nil {
@@ -123,6 +136,9 @@ func (e *Engine) Run(ctx context.Context) error {
 // the engine must look again: the next deadline, a retry, or Recheck.
 func (e *Engine) pass(ctx context.Context, waiting map[string]time.Time) (time.Time, error) {
 	now := e.now()
+	if !e.leads() {
+		return now.Add(min(LeaderRecheck, e.recheck())), nil
+	}
 	wake := now.Add(e.recheck())
 	seen := map[string]bool{}
 	var after *store.ArmedExpiration
@@ -143,6 +159,9 @@ func (e *Engine) pass(ctx context.Context, waiting map[string]time.Time) (time.T
 				continue
 			}
 			due = append(due, x)
+		}
+		if !e.leads() {
+			return now.Add(min(LeaderRecheck, e.recheck())), nil // the lease moved on
 		}
 		e.fireAll(ctx, now, due, waiting)
 		for _, x := range due {

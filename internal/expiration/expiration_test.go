@@ -303,3 +303,42 @@ func maxTime(a, b time.Time) time.Time {
 	}
 	return b
 }
+
+// TestEngineNotLeader: an engine without the fleet lease (Leader false)
+// fires nothing; once it holds it, it fires the due deadline within
+// LeaderRecheck and a little.
+func TestEngineNotLeader(t *testing.T) {
+	st := openStore(t, false)
+	s := newService(st)
+	ids := createStopped(t, s, st, "nl", 1)
+	arm(t, s, ids[0], time.Now().Add(100*time.Millisecond))
+	var leads atomic.Bool
+	var fires atomic.Int64
+	e := &expiration.Engine{Store: st, Recheck: time.Hour, Leader: leads.Load,
+		Fire: func(ctx context.Context, id string) (workspace.Firing, string, error) {
+			f, cid, err := s.FireExpiration(ctx, id)
+			if cid != "" {
+				fires.Add(1)
+			}
+			return f, cid, err
+		}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = e.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	time.Sleep(600 * time.Millisecond)
+	if _, ok := firedAt(t, st, ids[0]); ok || fires.Load() != 0 {
+		t.Fatal("an engine without the lease fired")
+	}
+	leads.Store(true)
+	limit := time.Now().Add(expiration.LeaderRecheck + 3*time.Second)
+	for {
+		if _, ok := firedAt(t, st, ids[0]); ok {
+			break
+		}
+		if time.Now().After(limit) {
+			t.Fatal("the lease's holder did not fire")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -29,9 +29,8 @@ import (
 	"github.com/kibotos/kibotos/internal/store"
 )
 
-// Fleet is the lease of the fleet-wide work: placement of unplaced
-// Workspaces, placement timeouts, silent-node detection, the drain rule,
-// the expiration engine and retention.
+// Fleet is the lease of the fleet-wide work: placement timeouts,
+// silent-node detection, the drain rule and retention.
 const Fleet = "fleet"
 
 // Defaults of Config.

@@ -39,6 +39,9 @@ func (r *Reconciler) drainRules(ctx context.Context) error {
 	svc := &workspace.Service{Now: r.clock}
 	var errs []error
 	for _, ru := range rules {
+		if !r.leads() {
+			break // the fleet lease moved on: its holder applies the rules
+		}
 		var due bool
 		if err := r.store.View(ctx, func(tx store.Tx) error {
 			on, err := tx.WorkspacesOnNode(ctx, ru.node)

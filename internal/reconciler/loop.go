@@ -64,6 +64,14 @@ func (r *Reconciler) loadNodes(ctx context.Context) error {
 // pass stops what the drains with stop_workspaces stop (drain.go), places
 // unplaced Workspaces, pushes pending desired state and marks the
 // Workspaces of silent nodes UNKNOWN.
+//
+// With several replicas, the fleet-wide work is done only by the holder
+// of the fleet lease (Config.Leader, asked before each unit of it): the
+// drain rule, failing a placement at its timeout, and silent-node
+// detection. Placing a Workspace on a node is done by the replicas that
+// hold a node's stream, as pushing is: a replica can place only on the
+// nodes connected to it, and the placement is one serializable
+// transaction that re-reads the row, so one placement wins.
 func (r *Reconciler) pass(ctx context.Context) error {
 	if err := r.refreshFleet(ctx); err != nil && ctx.Err() == nil {
 		// Placement goes on with the view it has; the next pass reloads.
@@ -71,8 +79,10 @@ func (r *Reconciler) pass(ctx context.Context) error {
 	}
 	// Before the pending Workspaces are read: the stops it starts are sent
 	// in this pass.
-	if err := r.drainRules(ctx); err != nil && ctx.Err() == nil {
-		r.log.Warn("apply the stop_workspaces rule of draining nodes", "error", err.Error())
+	if r.leads() { // else the fleet lease's holder applies the rules
+		if err := r.drainRules(ctx); err != nil && ctx.Err() == nil {
+			r.log.Warn("apply the stop_workspaces rule of draining nodes", "error", err.Error())
+		}
 	}
 	var pending []*store.Workspace
 	if err := r.store.View(ctx, func(tx store.Tx) error {
@@ -115,6 +125,9 @@ func (r *Reconciler) pass(ctx context.Context) error {
 	}
 	r.flushPending()
 	// Turning UNKNOWN completes no command: nobody to wake.
+	if !r.leads() {
+		return nil // the fleet lease's holder judges silence
+	}
 	_, err := r.markSilent(ctx)
 	return err
 }
@@ -263,6 +276,9 @@ func (r *Reconciler) markSilent(ctx context.Context) (int, error) {
 	r.mu.Unlock()
 	n := 0
 	for _, id := range silent {
+		if !r.leads() {
+			break // the fleet lease moved on
+		}
 		quiet := false
 		err := r.store.InTx(ctx, func(tx store.Tx) error {
 			quiet = false

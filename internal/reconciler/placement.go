@@ -393,7 +393,8 @@ func (r *Reconciler) placedUsage(node string, d demand, running bool) {
 }
 
 // place chooses a node for an unplaced Workspace, or fails its command when
-// none can hold it after the placement timeout. It returns the placed row
+// none can hold it after the placement timeout (only the holder of the
+// fleet lease fails it: Config.Leader). It returns the placed row
 // (nil when not placed) and whether a command completed.
 func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bool, error) {
 	completed := false
@@ -454,8 +455,10 @@ func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bo
 			placed, placedOn, running, placedDemand = w, node.id, w.Power == store.PowerRunning, demandOf(pub)
 			return saveRow(ctx, tx, w, pub, now)
 		}
-		if now.Sub(w.UpdatedAt) < r.placementTimeout {
-			return nil // wait for a node
+		if now.Sub(w.UpdatedAt) < r.placementTimeout || !r.leads() {
+			// Wait for a node; only the fleet lease's holder fails a
+			// placement at its timeout.
+			return nil
 		}
 		fe := placementFailure(reason)
 		pub.State, pub.HoldsExecution = ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED, false

@@ -71,6 +71,11 @@ type Config struct {
 	// FetchArtifact serves NodeService.FetchArtifact to a verified node
 	// peer (internal/artifact); nil answers unimplemented.
 	FetchArtifact func(ctx context.Context, req *nodev1.FetchArtifactRequest, send func(*nodev1.FetchArtifactResponse) error) error
+	// Leader, when set, reports whether this replica holds the fleet lease
+	// (internal/lease): only then does the loop do the fleet-wide work
+	// (placement timeouts, silent-node detection, the drain rule). Nil:
+	// always (one ctrl).
+	Leader func() bool
 }
 
 // Reconciler is ctrl's control loop and the server side of NodeService.
@@ -83,6 +88,7 @@ type Reconciler struct {
 	onDeny           func(keyHash []byte)
 	onEndDataPlane   func(nodeID string)
 	fetchArtifact    func(ctx context.Context, req *nodev1.FetchArtifactRequest, send func(*nodev1.FetchArtifactResponse) error) error
+	leader           func() bool
 
 	kick chan struct{}
 
@@ -163,6 +169,7 @@ func New(cfg Config) *Reconciler {
 		onDeny:           cfg.OnDenyNodeKey,
 		onEndDataPlane:   cfg.OnEndDataPlane,
 		fetchArtifact:    cfg.FetchArtifact,
+		leader:           cfg.Leader,
 		kick:             make(chan struct{}, 1),
 		nodes:            map[string]*nodeConn{},
 		caps:             map[string]workspace.Capacity{},
@@ -188,6 +195,10 @@ func New(cfg Config) *Reconciler {
 }
 
 // now is the clock's time as the store keeps it (UTC, microseconds).
+// leads reports whether this replica does the fleet-wide work now
+// (Config.Leader); it is asked before each unit of that work.
+func (r *Reconciler) leads() bool { return r.leader == nil || r.leader() }
+
 func (r *Reconciler) now() time.Time {
 	return r.clock().UTC().Truncate(time.Microsecond)
 }

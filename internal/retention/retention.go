@@ -61,7 +61,13 @@ type Pruner struct {
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 	Log *slog.Logger
+	// Leader, when set, reports whether this replica holds the fleet
+	// lease (internal/lease): only then does a pass prune, asking before
+	// each batch. Nil: always (one ctrl).
+	Leader func() bool
 }
+
+func (p *Pruner) leads() bool { return p.Leader == nil || p.Leader() }
 
 // Counts is what one pass deleted.
 type Counts struct {
@@ -119,7 +125,8 @@ func (p *Pruner) log() *slog.Logger {
 	return p.Log
 }
 
-// Pass prunes everything due now, batch by batch.
+// Pass prunes everything due now, batch by batch; with Leader set, only
+// while this replica holds the fleet lease.
 func (p *Pruner) Pass(ctx context.Context) (Counts, error) {
 	now := time.Now()
 	if p.Now != nil {
@@ -157,6 +164,9 @@ func (p *Pruner) drain(ctx context.Context, batch func(ctx context.Context, tx s
 	limit := orDefault(p.Batch, DefaultBatch)
 	total := 0
 	for {
+		if !p.leads() {
+			return total, nil // not the fleet lease's holder: its pass prunes
+		}
 		var n int
 		err := p.Store.InTx(ctx, func(tx store.Tx) (err error) {
 			n, err = batch(ctx, tx, limit)

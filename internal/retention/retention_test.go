@@ -136,3 +136,30 @@ func TestPass(t *testing.T) {
 		t.Fatal("Run did not stop")
 	}
 }
+
+// TestPassNotLeader: a replica without the fleet lease (Leader false)
+// prunes nothing; with it, the same pass prunes.
+func TestPassNotLeader(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, t.TempDir()+"/ctrl.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	if err := st.InTx(ctx, func(tx store.Tx) error {
+		return tx.InsertCommand(ctx, &store.Command{ID: "c-old", Method: "m", ObjectKind: "workspace",
+			Status: store.CommandCompleted, CreatedAt: t0, CompletedAt: t0})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	leads := false
+	p := &Pruner{Store: st, Now: func() time.Time { return t0.Add(30 * 24 * time.Hour) }, Leader: func() bool { return leads }}
+	if c, err := p.Pass(ctx); err != nil || c != (Counts{}) {
+		t.Fatalf("non-holder Pass = %+v, %v; want nothing pruned", c, err)
+	}
+	leads = true
+	if c, err := p.Pass(ctx); err != nil || c.Commands != 1 {
+		t.Fatalf("holder Pass = %+v, %v; want 1 command pruned", c, err)
+	}
+}

@@ -1,0 +1,72 @@
+package reconciler
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/workspace"
+)
+
+// TestFleetLease: a replica without the fleet lease (Config.Leader false)
+// does none of the fleet-wide work — it fails no placement at its timeout
+// and marks no silent node's Workspaces UNKNOWN — while it still places on
+// the node connected to it (stream-holder work, as pushing); once it holds
+// the lease, its next pass does that work.
+func TestFleetLease(t *testing.T) {
+	t.Run("placement timeout", func(t *testing.T) {
+		var leads atomic.Bool
+		r, st, clock := newTest(t, Config{PlacementTimeout: time.Minute, Leader: leads.Load})
+		seed(t, st, t0, row{id: "ws-1", power: running, generation: 1, state: wsCreate, memMiB: 256, command: "c-1"})
+		clock.Set(t0.Add(time.Hour))
+		if err := r.pass(t.Context()); err != nil {
+			t.Fatalf("pass = %v", err)
+		}
+		if _, pub := load(t, st, "ws-1"); pub.GetState() != wsCreate {
+			t.Fatalf("non-holder: state = %v, want %v", pub.GetState(), wsCreate)
+		}
+		if c := loadCommand(t, st, "c-1"); c.Status != store.CommandProcessing {
+			t.Fatalf("non-holder completed the command (%q)", c.ErrorCode)
+		}
+		leads.Store(true)
+		if err := r.pass(t.Context()); err != nil {
+			t.Fatalf("pass = %v", err)
+		}
+		if _, pub := load(t, st, "ws-1"); pub.GetState() != wsFailed {
+			t.Fatalf("holder: state = %v, want %v", pub.GetState(), wsFailed)
+		}
+	})
+	t.Run("silent node", func(t *testing.T) {
+		var leads atomic.Bool
+		r, st, clock := newTest(t, Config{NodeGrace: time.Second, Leader: leads.Load})
+		nc := connectNode(t, r, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
+		seed(t, st, t0, row{id: "ws-1", node: "n1", power: running, generation: 1, observed: 1, exec: store.ExecRunning, state: wsAvail})
+		r.detach(nc)
+		clock.Set(t0.Add(time.Minute))
+		if err := r.pass(t.Context()); err != nil {
+			t.Fatalf("pass = %v", err)
+		}
+		if _, pub := load(t, st, "ws-1"); pub.GetState() != wsAvail {
+			t.Fatalf("non-holder: state = %v, want %v", pub.GetState(), wsAvail)
+		}
+		leads.Store(true)
+		if err := r.pass(t.Context()); err != nil {
+			t.Fatalf("pass = %v", err)
+		}
+		if _, pub := load(t, st, "ws-1"); pub.GetState() != wsUnk {
+			t.Fatalf("holder: state = %v, want UNKNOWN", pub.GetState())
+		}
+	})
+	t.Run("placement on a connected node", func(t *testing.T) {
+		r, st, _ := newTest(t, Config{Leader: func() bool { return false }})
+		nc := connectNode(t, r, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
+		seed(t, st, t0, row{id: "ws-1", power: running, generation: 1, state: wsCreate, memMiB: 256, command: "c-1"})
+		if err := r.pass(t.Context()); err != nil {
+			t.Fatalf("pass = %v", err)
+		}
+		if w, _ := load(t, st, "ws-1"); w.NodeID != "n1" || len(nc.send) != 1 {
+			t.Fatalf("NodeID = %q, %d sent; want n1, 1", w.NodeID, len(nc.send))
+		}
+	})
+}
