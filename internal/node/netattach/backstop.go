@@ -29,7 +29,9 @@ import (
 // node) each install theirs without touching the others'. Two tables
 // judging the same mark would conflict (an accept in one table's base chain
 // does not stop another's reject), so each table judges only its node's
-// mark, and an install refuses a mark another node's table already judges.
+// mark, and an install never takes a mark another node's table already
+// judges: it keeps the mark its own table judges (a restart), else takes
+// the one derived from the directory, else the next free one after it.
 
 // TablePrefix begins the name of every node's backstop table.
 const TablePrefix = "kibotos-"
@@ -112,8 +114,10 @@ func (b *Backstop) Control(_, _ string, c syscall.RawConn) error {
 // bug. The node's existing table (an earlier run's) is replaced in the same
 // transaction; the table outlives the node process on purpose (a
 // restarting node leaves no gap). Other nodes' tables are left alone; if
-// one of them judges the same mark (a hash collision, 1 in 16,384 for two
-// nodes), the install fails naming it.
+// one of them judges the mark derived from the directory (a hash
+// collision, 1 in 16,384 for two nodes; likelier with tables that nodes
+// gone long ago left behind), the install takes the next mark no table
+// judges, and a restart keeps it (chooseMark). b.Mark is the mark chosen.
 func InstallBackstop(stateDir string, allow []netip.Prefix) (*Backstop, error) {
 	b := BackstopOf(stateDir)
 	if err := b.install(allow); err != nil {
@@ -147,11 +151,12 @@ func (b *Backstop) install(allow []netip.Prefix) error {
 	if err != nil {
 		return fmt.Errorf("netattach: nftables: %w", err)
 	}
-	if other, err := markUser(c, b); err != nil {
+	others, own, err := marksInUse(c, b.Table)
+	if err != nil {
 		return err
-	} else if other != "" {
-		return fmt.Errorf("netattach: the mark %#x of this node's backstop (table inet %s) is also judged by table inet %s, "+
-			"another node's on this host (if that node is gone for good, remove its table: nft delete table inet %s)", b.Mark, b.Table, other, other)
+	}
+	if b.Mark, err = chooseMark(b.Mark, own, others); err != nil {
+		return err
 	}
 	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: b.Table}
 	// Add (a no-op when it exists), delete, add: one transaction replaces
@@ -224,15 +229,17 @@ func (b *Backstop) install(allow []netip.Prefix) error {
 	return nil
 }
 
-// markUser is the name of another node's backstop table (TablePrefix)
-// that judges b.Mark, or "".
-func markUser(c *nftables.Conn, b *Backstop) (string, error) {
+// marksInUse reads the marks the backstop tables (TablePrefix) judge: those
+// of other nodes' tables, by mark, and the one table own judges (0 when it
+// has none).
+func marksInUse(c *nftables.Conn, own string) (map[uint32]string, uint32, error) {
 	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
 	if err != nil {
-		return "", fmt.Errorf("netattach: list nftables tables: %w", err)
+		return nil, 0, fmt.Errorf("netattach: list nftables tables: %w", err)
 	}
+	others, mine := map[uint32]string{}, uint32(0)
 	for _, t := range tables {
-		if t.Name == b.Table || !strings.HasPrefix(t.Name, TablePrefix) {
+		if !strings.HasPrefix(t.Name, TablePrefix) {
 			continue
 		}
 		rules, err := c.GetRules(t, &nftables.Chain{Name: "output", Table: t})
@@ -240,13 +247,38 @@ func markUser(c *nftables.Conn, b *Backstop) (string, error) {
 			if errors.Is(err, unix.ENOENT) { // removed meanwhile, or not a backstop
 				continue
 			}
-			return "", fmt.Errorf("netattach: read nftables table inet %s: %w", t.Name, err)
+			return nil, 0, fmt.Errorf("netattach: read nftables table inet %s: %w", t.Name, err)
 		}
-		if m, ok := judgedMark(rules); ok && m == b.Mark {
-			return t.Name, nil
+		m, ok := judgedMark(rules)
+		switch {
+		case !ok:
+		case t.Name == own:
+			mine = m
+		default:
+			others[m] = t.Name
 		}
 	}
-	return "", nil
+	return others, mine, nil
+}
+
+// chooseMark picks the mark of a node's backstop: the one its own table
+// judges already (own, when not 0 and no other table judges it), else
+// derived, else the first mark after derived (within markBase|markTag,
+// wrapping) that no other table judges.
+func chooseMark(derived, own uint32, others map[uint32]string) (uint32, error) {
+	if own != 0 && own&^markTag == markBase {
+		if _, taken := others[own]; !taken {
+			return own, nil
+		}
+	}
+	for i := uint32(0); i <= markTag; i++ {
+		m := markBase | (derived+i)&markTag
+		if _, taken := others[m]; !taken {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("netattach: every backstop mark (%#x to %#x) is judged by another table on this host: remove the tables of nodes that are gone (nft delete table inet %s…)",
+		markBase, markBase|markTag, TablePrefix)
 }
 
 // judgedMark is the mark a backstop's output chain judges: the operand of

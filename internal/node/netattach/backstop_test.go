@@ -353,31 +353,75 @@ func TestBackstopTwoNodes(t *testing.T) {
 	n.check(t, b, n.private, true)
 }
 
-// TestBackstopMarkCollision: a node whose mark another node's table already
-// judges (a hash collision) is refused, naming that table, and installs
-// nothing.
+// TestBackstopMarkCollision: a node whose derived mark another node's
+// table already judges (a hash collision, or a table a gone node left)
+// takes the next free mark, keeps it when it restarts, and both tables
+// stay.
 func TestBackstopMarkCollision(t *testing.T) {
 	n := newBackstopNet(t)
 	a := n.install(t, "/kibotos-test/node-a")
-	other := &Backstop{Table: TablePrefix + "collides", Mark: a.Mark, opts: []nftables.ConnOption{nftables.WithNetNSFd(int(n.node.Fd()))}}
-	err := other.install(nil)
-	if err == nil || !strings.Contains(err.Error(), a.Table) || !strings.Contains(err.Error(), "nft delete table inet "+a.Table) {
-		t.Errorf("install with another table's mark: %v", err)
+	opts := []nftables.ConnOption{nftables.WithNetNSFd(int(n.node.Fd()))}
+	other := &Backstop{Table: TablePrefix + "collides", Mark: a.Mark, opts: opts}
+	if err := other.install(nil); err != nil {
+		t.Fatalf("install with another table's mark: %v", err)
 	}
-	if ts := n.tables(t); !slices.Equal(ts, []string{a.Table}) {
-		t.Errorf("tables %v, want [%s]", ts, a.Table)
+	if other.Mark == a.Mark || other.Mark&^markTag != markBase {
+		t.Fatalf("the colliding node got mark %#x (the other's is %#x)", other.Mark, a.Mark)
 	}
-	// The other table's mark is read back as installed.
-	c, err := nftables.New(nftables.WithNetNSFd(int(n.node.Fd())))
+	if ts, want := n.tables(t), slices.Sorted(slices.Values([]string{a.Table, other.Table})); !slices.Equal(ts, want) {
+		t.Errorf("tables %v, want %v", ts, want)
+	}
+	// Each table judges its own mark, read back as installed.
+	c, err := nftables.New(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tb := &nftables.Table{Family: nftables.TableFamilyINet, Name: a.Table}
-	rules, err := c.GetRules(tb, &nftables.Chain{Name: "output", Table: tb})
-	if err != nil {
-		t.Fatal(err)
+	for _, b := range []*Backstop{a, other} {
+		tb := &nftables.Table{Family: nftables.TableFamilyINet, Name: b.Table}
+		rules, err := c.GetRules(tb, &nftables.Chain{Name: "output", Table: tb})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m, ok := judgedMark(rules); !ok || m != b.Mark {
+			t.Errorf("table %s judges %#x, %v; want %#x", b.Table, m, ok, b.Mark)
+		}
 	}
-	if m, ok := judgedMark(rules); !ok || m != a.Mark {
-		t.Errorf("judgedMark = %#x, %v; want %#x", m, ok, a.Mark)
+	// A restart of the colliding node keeps its mark.
+	again := &Backstop{Table: other.Table, Mark: a.Mark, opts: opts}
+	if err := again.install(nil); err != nil || again.Mark != other.Mark {
+		t.Fatalf("restart: mark %#x, %v; want %#x", again.Mark, err, other.Mark)
+	}
+}
+
+// TestChooseMark: the rules of chooseMark, without nftables.
+func TestChooseMark(t *testing.T) {
+	m := func(low uint32) uint32 { return markBase | low }
+	for _, tc := range []struct {
+		name         string
+		derived, own uint32
+		others       []uint32
+		want         uint32
+	}{
+		{"free", m(5), 0, nil, m(5)},
+		{"own kept", m(5), m(9), nil, m(9)},
+		{"own taken meanwhile", m(5), m(9), []uint32{m(9)}, m(5)},
+		{"foreign own ignored", m(5), 0x1234, nil, m(5)},
+		{"collision steps on", m(5), 0, []uint32{m(5), m(6)}, m(7)},
+		{"wraps", m(markTag), 0, []uint32{m(markTag)}, m(0)},
+	} {
+		others := map[uint32]string{}
+		for _, o := range tc.others {
+			others[o] = "x"
+		}
+		if got, err := chooseMark(tc.derived, tc.own, others); err != nil || got != tc.want {
+			t.Errorf("%s: chooseMark = %#x, %v; want %#x", tc.name, got, err, tc.want)
+		}
+	}
+	all := map[uint32]string{}
+	for i := uint32(0); i <= markTag; i++ {
+		all[m(i)] = "x"
+	}
+	if _, err := chooseMark(m(1), 0, all); err == nil {
+		t.Error("chooseMark found a mark with every one taken")
 	}
 }
