@@ -485,6 +485,12 @@ type clientCAsKey struct{}
 // pki.ServerConfig) until ctx is done, then shuts down gracefully.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsc *tls.Config) error {
 	pool := tlsc.ClientCAs
+	// requests is every request's base context: a shutdown lets unary
+	// calls finish for shutdownGrace, then cancels what still runs (the
+	// long-lived streams: process events, watches, logs), so that a
+	// SIGTERM ends the process in seconds.
+	requests, cancelRequests := context.WithCancel(context.Background())
+	defer cancelRequests()
 	srv := &http.Server{
 		Handler:           s.handler,
 		TLSConfig:         TLSConfig(tlsc),
@@ -492,7 +498,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsc *tls.Config) e
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		BaseContext: func(net.Listener) context.Context {
-			return context.WithValue(context.Background(), clientCAsKey{}, pool)
+			return context.WithValue(requests, clientCAsKey{}, pool)
 		},
 		// One verification of the client certificate per connection.
 		ConnContext: func(ctx context.Context, _ net.Conn) context.Context {
@@ -534,10 +540,19 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsc *tls.Config) e
 	s.health.SetStatus("", grpchealth.StatusNotServing)
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	// Node streams end at once (the nodes reconnect, to another replica
+	// when they know one); other requests get shutdownGrace to finish.
+	srv.RegisterOnShutdown(s.recon.EndStreams)
+	grace := time.AfterFunc(shutdownGrace, cancelRequests)
+	defer grace.Stop()
 	err := srv.Shutdown(shutdown)
 	<-errc
 	return err
 }
+
+// shutdownGrace is how long a shutdown lets requests in flight finish
+// before it cancels them.
+const shutdownGrace = 3 * time.Second
 
 // MetricsHandler serves the Prometheus metrics, for a separate listener.
 func (s *Server) MetricsHandler() http.Handler {

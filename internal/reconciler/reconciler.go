@@ -215,6 +215,17 @@ func (r *Reconciler) Kick() {
 	}
 }
 
+// EndStreams ends every node stream this ctrl holds, cleanly: for a
+// shutdown, so that the nodes reconnect (to another replica when they know
+// one) instead of holding the server open until its shutdown times out.
+func (r *Reconciler) EndStreams() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, nc := range r.nodes {
+		nc.end(nil)
+	}
+}
+
 // KickAll wakes this reconciler and, through the store's notifications,
 // the reconcilers of the other ctrl replicas (store.ReconcileTopic): what
 // an admission calls, since the replica holding the node's stream may be
