@@ -30,14 +30,11 @@ func NewNodes(svc *fleet.Service) *Nodes {
 }
 
 // NodeVolumes returns, by node, how many Volumes whose deletion has not
-// completed it holds and the bytes they take of its pool (volume.All and
-// volume.PoolUsage: the pool accounting of internal/volume).
+// completed it holds and the bytes they take of its pool
+// (Volume.PoolBytes, the pool accounting of internal/volume), reading every
+// Volume once.
 func NodeVolumes(ctx context.Context, tx store.Tx) (map[string]fleet.VolumeUse, error) {
 	all, err := volume.All(ctx, tx)
-	if err != nil {
-		return nil, err
-	}
-	use, err := volume.PoolUsage(ctx, tx)
 	if err != nil {
 		return nil, err
 	}
@@ -46,13 +43,9 @@ func NodeVolumes(ctx context.Context, tx store.Tx) (map[string]fleet.VolumeUse, 
 		if v.Node != "" {
 			u := out[v.Node]
 			u.Count++
+			u.Bytes += v.PoolBytes()
 			out[v.Node] = u
 		}
-	}
-	for node, b := range use {
-		u := out[node]
-		u.Bytes = b
-		out[node] = u
 	}
 	return out, nil
 }

@@ -131,6 +131,32 @@ type PoolRecord struct {
 	OverrideBytes uint64 `json:"override_bytes"`
 }
 
+// Capacity is the capacity ctrl accounts a pool at: the override when one
+// is set and smaller than reported (what the node reports), else reported.
+func (p PoolRecord) Capacity(reported uint64) uint64 {
+	if p.OverrideBytes > 0 && p.OverrideBytes < reported {
+		return p.OverrideBytes
+	}
+	return reported
+}
+
+// GetPool reads the record of pool poolID of nodeID inside tx: its row (nil
+// when its capacity was never set) and the record (empty then).
+func GetPool(ctx context.Context, tx store.Tx, nodeID, poolID string) (*store.Resource, *PoolRecord, error) {
+	r, err := tx.GetResource(ctx, KindPool, PoolKey(nodeID, poolID))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, &PoolRecord{}, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	var p PoolRecord
+	if err := json.Unmarshal(r.Spec, &p); err != nil {
+		return nil, nil, fault.Internal("decode storage pool %s: %v", r.ID, err)
+	}
+	return r, &p, nil
+}
+
 // PoolKey is the ID of a storage pool's row.
 func PoolKey(nodeID, poolID string) string { return nodeID + "/" + poolID }
 
@@ -305,10 +331,7 @@ func (v *View) Ratios(nodeID string, agentMemoryRatio float64) (Ratios, bool) {
 // PoolCapacity is the capacity ctrl accounts a pool at: the override when
 // set and smaller than reported, else reported.
 func (v *View) PoolCapacity(nodeID, poolID string, reported uint64) uint64 {
-	if o, ok := v.Pools[PoolKey(nodeID, poolID)]; ok && o < reported {
-		return o
-	}
-	return reported
+	return PoolRecord{OverrideBytes: v.Pools[PoolKey(nodeID, poolID)]}.Capacity(reported)
 }
 
 // Apply multiplies a capacity by a ratio, rounding down.

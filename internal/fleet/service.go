@@ -194,21 +194,6 @@ func defaults(ctx context.Context, tx store.Tx) (*store.Resource, Ratios, error)
 }
 
 // pool reads a storage pool's row (nil when its capacity was never set).
-func pool(ctx context.Context, tx store.Tx, nodeID, poolID string) (*store.Resource, *PoolRecord, error) {
-	r, err := tx.GetResource(ctx, KindPool, PoolKey(nodeID, poolID))
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, &PoolRecord{}, nil
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	var p PoolRecord
-	if err := json.Unmarshal(r.Spec, &p); err != nil {
-		return nil, nil, fault.Internal("decode storage pool %s: %v", r.ID, err)
-	}
-	return r, &p, nil
-}
-
 func ts(t time.Time) *timestamppb.Timestamp {
 	if t.IsZero() {
 		return nil
@@ -270,20 +255,16 @@ func (s *Service) show(ctx context.Context, tx store.Tx, id string, l *loaded, d
 
 // poolOf assembles the API's StoragePool poolID of node n.
 func (s *Service) poolOf(ctx context.Context, tx store.Tx, n *store.Node, poolID string, layers, volumes uint64) (*ctrlv1.StoragePool, error) {
-	r, p, err := pool(ctx, tx, n.ID, poolID)
+	r, p, err := GetPool(ctx, tx, n.ID, poolID)
 	if err != nil {
 		return nil, err
 	}
 	out := &ctrlv1.StoragePool{NodeId: n.ID, PoolId: poolID, ReportedBytes: n.StorageBytes,
-		OverrideBytes: p.OverrideBytes, CapacityBytes: n.StorageBytes, UsedBytes: layers + volumes}
-	// The capacity is View.PoolCapacity's, what placement accounts.
+		OverrideBytes: p.OverrideBytes, UsedBytes: layers + volumes}
 	if out.UsedBytes < layers { // overflow
 		out.UsedBytes = ^uint64(0)
 	}
-	if p.OverrideBytes > 0 {
-		v := &View{Pools: map[string]uint64{PoolKey(n.ID, poolID): p.OverrideBytes}}
-		out.CapacityBytes = v.PoolCapacity(n.ID, poolID, n.StorageBytes)
-	}
+	out.CapacityBytes = p.Capacity(n.StorageBytes)
 	if r != nil {
 		out.Version = r.Revision
 	}
@@ -728,7 +709,7 @@ func (s *Service) SetPoolCapacity(ctx context.Context, req *ctrlv1.SetStoragePoo
 			if l.rec.State == StateRetired {
 				return nil, retiredRefusal(id)
 			}
-			r, p, err := pool(ctx, tx, id, poolID)
+			r, p, err := GetPool(ctx, tx, id, poolID)
 			if err != nil {
 				return nil, err
 			}

@@ -2,10 +2,8 @@ package volume
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 
-	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/fleet"
 	"github.com/kibotos/kibotos/internal/store"
 )
@@ -43,37 +41,16 @@ func freeOf(ctx context.Context, tx store.Tx, n *store.Node, volumeUse map[strin
 	if n.StorageBytes == 0 {
 		return 0, false, nil
 	}
-	size, err := PoolCapacity(ctx, tx, n.ID, nodeHello(n).GetCapacity().GetStoragePool(), n.StorageBytes)
+	_, pool, err := fleet.GetPool(ctx, tx, n.ID, nodeHello(n).GetCapacity().GetStoragePool())
 	if err != nil {
 		return 0, false, err
 	}
+	size := pool.Capacity(n.StorageBytes)
 	u, err := tx.NodeUsage(ctx, n.ID)
 	if err != nil {
 		return 0, false, err
 	}
 	return Free(size, volumeUse[n.ID], u.LayerBytes), true, nil
-}
-
-// PoolCapacity is the capacity ctrl accounts pool poolID of nodeID at,
-// read inside tx: the override SetStoragePoolCapacity recorded when it is
-// smaller than reported (what the node reports), else reported
-// (fleet.View.PoolCapacity, for one pool).
-func PoolCapacity(ctx context.Context, tx store.Tx, nodeID, poolID string, reported uint64) (uint64, error) {
-	r, err := tx.GetResource(ctx, fleet.KindPool, fleet.PoolKey(nodeID, poolID))
-	if errors.Is(err, store.ErrNotFound) {
-		return reported, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	var p fleet.PoolRecord
-	if err := json.Unmarshal(r.Spec, &p); err != nil {
-		return 0, fault.Internal("decode storage pool %s: %v", r.ID, err)
-	}
-	if p.OverrideBytes > 0 && p.OverrideBytes < reported {
-		return p.OverrideBytes, nil
-	}
-	return reported, nil
 }
 
 // Free is what a pool of size bytes has not promised yet when its Volumes
@@ -96,8 +73,12 @@ func PoolUsage(ctx context.Context, tx store.Tx) (map[string]uint64, error) {
 	out := map[string]uint64{}
 	for _, v := range all {
 		if v.Node != "" {
-			out[v.Node] += max(v.Capacity, v.Pub.GetCapacityBytes())
+			out[v.Node] += v.PoolBytes()
 		}
 	}
 	return out, nil
 }
+
+// PoolBytes is what v takes of its node's pool: the larger of its image's
+// capacity and the capacity it is being resized to.
+func (v *Volume) PoolBytes() uint64 { return max(v.Capacity, v.Pub.GetCapacityBytes()) }
