@@ -31,6 +31,13 @@ type LeaseTx interface {
 	// Lease.Held is false for holder. Two transactions racing for the same
 	// name serialize on its row: one of them gets it.
 	AcquireLease(ctx context.Context, name, holder string, now time.Time, ttl time.Duration) (Lease, error)
+	// GetLease reads the lease row name as the transaction sees it, for a
+	// holder's check inside the transaction of a unit of its work
+	// (lease.Keeper.Check): a plain read, so that under PostgreSQL's
+	// SERIALIZABLE isolation a takeover committed concurrently makes one of
+	// the two transactions fail instead of both committing out of order.
+	// ErrNotFound when nobody ever tried to acquire it.
+	GetLease(ctx context.Context, name string) (Lease, error)
 }
 
 // NextLease is the rule AcquireLease applies to the row cur: the row after

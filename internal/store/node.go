@@ -18,6 +18,27 @@ type Node struct {
 	// certificate issued at the node's latest enrollment; empty for a node
 	// whose certificate was issued by hand. Only that key may connect.
 	CertKeyHash []byte
+	// Epoch is the node's connection epoch: the registering transaction of
+	// each Hello stores the previous value plus one, and every write a
+	// stream makes afterwards (TouchNode, an Inventory) checks it, so a
+	// stream that a newer one superseded — on this replica or another —
+	// writes nothing. UpsertNode stores it as given.
+	Epoch int64
+	// Revision is set by the store: it increases by one at every
+	// UpsertNode of the node (1 when created) and never on TouchNode, so
+	// a replica re-reads the documents of only the nodes whose revision
+	// changed (NodeStates). UpsertNode ignores the value given.
+	Revision int64
+}
+
+// NodeState is what NodeStates reads of each node: no document, so that
+// reading every node's liveness and revision stays cheap at thousands of
+// nodes.
+type NodeState struct {
+	ID       string
+	LastSeen time.Time
+	Epoch    int64
+	Revision int64
 }
 
 // DeniedNodeKey is a node certificate key that may no longer speak for any
@@ -44,6 +65,14 @@ type NodeTx interface {
 	GetNode(ctx context.Context, id string) (*Node, error)
 	// ListNodes returns every node, by ID.
 	ListNodes(ctx context.Context) ([]*Node, error)
+	// NodeStates returns every node's ID, last_seen, epoch and revision,
+	// by ID: one query, no document.
+	NodeStates(ctx context.Context) ([]NodeState, error)
+	// TouchNode sets the last_seen of node id to seen when its stored
+	// epoch is epoch, in one statement that changes nothing else (not the
+	// revision). ok is false, nothing written, when the node is missing or
+	// its epoch is another: a newer stream superseded the caller's.
+	TouchNode(ctx context.Context, id string, epoch int64, seen time.Time) (ok bool, err error)
 	// DenyNodeKey records a denied key. Denying a key that is denied
 	// already changes nothing: the first record stays.
 	DenyNodeKey(ctx context.Context, k *DeniedNodeKey) error

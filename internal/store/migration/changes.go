@@ -68,6 +68,7 @@ var Changes = []Change{
 	{Name: "command_caller", SQLite: 12, Postgres: 11},
 	{Name: "retention", SQLite: 13, Postgres: 12},
 	{Name: "leases", SQLite: 14, Postgres: 13},
+	{Name: "node_epoch", SQLite: 15, Postgres: 14},
 }
 
 // LoadDialect is Load, checking that the files are those Changes lists for

@@ -191,7 +191,21 @@ func WorkspaceArgs(w *store.Workspace) ([]any, error) {
 
 // NodeColumns are the columns of nodes, in the order ScanNode reads them and
 // NodeArgs returns their values.
-const NodeColumns = `id, created_at, last_seen, memory_mib, cpu_millis, storage_bytes, doc, cert_key_hash`
+const NodeColumns = `id, created_at, last_seen, memory_mib, cpu_millis, storage_bytes, doc, cert_key_hash, epoch, revision`
+
+// NodeStateColumns are the columns of nodes ScanNodeState reads.
+const NodeStateColumns = `id, last_seen, epoch, revision`
+
+// ScanNodeState scans NodeStateColumns.
+func ScanNodeState(row Scanner) (store.NodeState, error) {
+	var n store.NodeState
+	var seen int64
+	if err := row.Scan(&n.ID, &seen, &n.Epoch, &n.Revision); err != nil {
+		return n, err
+	}
+	n.LastSeen = FromMicros(seen)
+	return n, nil
+}
 
 // ScanNode scans NodeColumns.
 func ScanNode(row Scanner) (*store.Node, error) {
@@ -200,7 +214,7 @@ func ScanNode(row Scanner) (*store.Node, error) {
 		created, seen     int64
 		memory, cpu, stor int64
 	)
-	if err := row.Scan(&n.ID, &created, &seen, &memory, &cpu, &stor, &n.Doc, &n.CertKeyHash); err != nil {
+	if err := row.Scan(&n.ID, &created, &seen, &memory, &cpu, &stor, &n.Doc, &n.CertKeyHash, &n.Epoch, &n.Revision); err != nil {
 		return nil, err
 	}
 	n.CreatedAt, n.LastSeen = FromMicros(created), FromMicros(seen)
@@ -223,7 +237,9 @@ func NodeArgs(n *store.Node) ([]any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []any{n.ID, Micros(n.CreatedAt), Micros(n.LastSeen), memory, cpu, stor, NonNil(n.Doc), NonNil(n.CertKeyHash)}, nil
+	// revision: 1 for a new row; UpsertNode's conflict clause increases
+	// the stored one instead.
+	return []any{n.ID, Micros(n.CreatedAt), Micros(n.LastSeen), memory, cpu, stor, NonNil(n.Doc), NonNil(n.CertKeyHash), n.Epoch, int64(1)}, nil
 }
 
 // DeniedNodeKeyColumns are the columns of denied_node_keys, in the order

@@ -377,10 +377,10 @@ func (t *txn) UpsertNode(ctx context.Context, n *store.Node) error {
 	if err != nil {
 		return err
 	}
-	_, err = t.exec(ctx, `INSERT INTO nodes (`+rowcodec.NodeColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+	_, err = t.exec(ctx, `INSERT INTO nodes (`+rowcodec.NodeColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen, memory_mib = excluded.memory_mib,
 			cpu_millis = excluded.cpu_millis, storage_bytes = excluded.storage_bytes, doc = excluded.doc,
-			cert_key_hash = excluded.cert_key_hash`,
+			cert_key_hash = excluded.cert_key_hash, epoch = excluded.epoch, revision = nodes.revision + 1`,
 		args...)
 	return err
 }

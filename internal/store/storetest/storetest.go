@@ -75,6 +75,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	tests = append(tests, blobTests...)
 	tests = append(tests, retentionTests...)
 	tests = append(tests, leaseTests...)
+	tests = append(tests, nodeStateTests...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open(t)) })
 	}

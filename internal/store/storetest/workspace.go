@@ -1010,12 +1010,17 @@ func testNodes(t *testing.T, s store.Store) {
 	if err != nil {
 		t.Fatalf("GetNode: %v", err)
 	}
-	if diff := gocmp.Diff(storedNode(a), got); diff != "" {
+	// A new node's revision is 1; UpsertNode stores the epoch as given.
+	wantA := storedNode(a)
+	wantA.Revision = 1
+	if diff := gocmp.Diff(wantA, got); diff != "" {
 		t.Errorf("GetNode (-want +got):\n%s", diff)
 	}
 	checkUTC(t, "GetNode", got.CreatedAt, got.LastSeen)
 	// By ID, bytewise: "node-B" < "node-a".
-	if diff := gocmp.Diff([]*store.Node{storedNode(b), storedNode(a), storedNode(c)}, listNodes()); diff != "" {
+	wantB, wantC := storedNode(b), storedNode(c)
+	wantB.Revision, wantC.Revision = 1, 1
+	if diff := gocmp.Diff([]*store.Node{wantB, wantA, wantC}, listNodes()); diff != "" {
 		t.Errorf("ListNodes (-want +got):\n%s", diff)
 	}
 
@@ -1023,7 +1028,7 @@ func testNodes(t *testing.T, s store.Store) {
 	a2 := &store.Node{ID: "node-a", CreatedAt: base.Add(time.Hour), LastSeen: base.Add(time.Hour + 1), MemoryMiB: 1, CPUMillis: 2, StorageBytes: 3}
 	inTx(t, s, func(ctx context.Context, tx store.Tx) error { return tx.UpsertNode(ctx, a2) })
 	want := storedNode(a2)
-	want.CreatedAt = micro(a.CreatedAt)
+	want.CreatedAt, want.Revision = micro(a.CreatedAt), 2
 	if got, err := getNode("node-a"); err != nil || !gocmp.Equal(want, got) {
 		t.Errorf("GetNode after replace: %+v, %v; want %+v", got, err, want)
 	}
