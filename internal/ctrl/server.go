@@ -36,6 +36,7 @@ import (
 	"github.com/kibotos/kibotos/internal/dataplane"
 	"github.com/kibotos/kibotos/internal/enrollment"
 	"github.com/kibotos/kibotos/internal/expiration"
+	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/fleet"
 	"github.com/kibotos/kibotos/internal/lease"
 	"github.com/kibotos/kibotos/internal/netguard"
@@ -160,6 +161,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.fleet = lease.New(lease.Config{Store: cfg.Store, Name: lease.Fleet, Log: log,
 		OnAcquire: func(int64) { s.recon.Kick() }}) // the work it gates starts at once
 	retain.Leader = s.fleet.IsHeld
+	retain.Fence = func(ctx context.Context, tx store.Tx) error { return s.fleet.Check(ctx, tx) } // in each batch's transaction
 	s.enroll = &enrollment.Service{Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
 		Issuer: cfg.Issuer, CertValidity: cfg.NodeCertValidity}
 	if cfg.Issuer != nil {
@@ -193,7 +195,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	// and of reclamations through the reconciler.
 	artifacts := &artifact.Service{Engine: engine, Store: cfg.Store, Now: cfg.Now}
 	s.recon = reconciler.New(reconciler.Config{Store: cfg.Store, Log: log, Now: cfg.Now, NodeGrace: cfg.NodeGrace, Leader: s.fleet.IsHeld,
-		OnDenyNodeKey: s.tunnels.CloseKey, OnEndDataPlane: s.tunnels.CloseNode, FetchArtifact: artifacts.Fetch})
+		OnDenyNodeKey: s.endTunnelKey, OnEndDataPlane: s.endTunnelNode, FetchArtifact: artifacts.Fetch})
+	// Every replica checks its tunnels again when another denies a key or
+	// isolates a node (the hooks above notify), and every 30 s.
+	s.tunnels.Check, s.tunnels.Notifier = s.checkTunnel, cfg.Store
 	artifacts.OnPlatformDefault, artifacts.OnReclaimed = s.recon.PlatformChanged, s.recon.ArtifactReclaimed
 	// An upload carries up to 4 MiB of bytes besides its command ID.
 	mux.Handle(ctrlv1connect.NewArtifactServiceHandler(api.NewArtifacts(artifacts), opts,
@@ -568,6 +573,66 @@ func (s *Server) EnrollmentToken(ctx context.Context, commandID, nodeID string) 
 		return "", err
 	}
 	return res.GetToken(), nil
+}
+
+// endTunnelKey closes this replica's data tunnels opened with keyHash, a
+// key just denied, and tells the other replicas (tunnel.KeyTopic).
+func (s *Server) endTunnelKey(keyHash []byte) {
+	s.tunnels.CloseKey(keyHash)
+	s.cfg.Store.Notify(tunnel.KeyTopic(keyHash))
+}
+
+// endTunnelNode closes this replica's data tunnels of node, just
+// isolated, and tells the other replicas (tunnel.NodeTopic).
+func (s *Server) endTunnelNode(node string) {
+	s.tunnels.CloseNode(node)
+	s.cfg.Store.Notify(tunnel.NodeTopic(node))
+}
+
+// checkTunnel decides again whether an open data tunnel may stay
+// (tunnel.Registry.Check): not when its key is denied or superseded
+// (nodepeer.Admit, as at its opening), nor, when another replica's
+// notification asked, when its node is isolated — the data plane ended
+// there ends here too; the node's next tunnels are admitted and carry
+// nothing while it stays isolated. A store that cannot be read keeps the
+// tunnel: the data plane refuses calls then anyway.
+func (s *Server) checkTunnel(ctx context.Context, node string, keyHash []byte, notified bool) error {
+	var refused error
+	err := s.cfg.Store.View(ctx, func(tx store.Tx) error {
+		refused = nil
+		n, err := tx.GetNode(ctx, node)
+		if errors.Is(err, store.ErrNotFound) {
+			n, err = nil, nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := (nodepeer.Peer{NodeID: node, KeyHash: keyHash}).Admit(ctx, tx, n); err != nil {
+			if f, ok := fault.As(err); !ok || f.Kind != fault.KindPermissionDenied {
+				return err
+			}
+			refused = err
+			return nil
+		}
+		if !notified {
+			return nil
+		}
+		_, rec, err := fleet.GetRecord(ctx, tx, node)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return nil
+		case err != nil:
+			return err
+		}
+		if rec.State == fleet.StateIsolated {
+			refused = errors.New("node " + node + " is isolated")
+		}
+		return nil
+	})
+	if err != nil {
+		s.log.Warn("data tunnel check: store unreadable; the tunnel stays", "node_id", node, "error", err.Error())
+	}
+	return refused
 }
 
 // acceptTunnel opens a node's data tunnel (internal/tunnel) after the same

@@ -20,6 +20,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"log/slog"
 	"os"
 	"strconv"
@@ -115,6 +116,42 @@ func (k *Keeper) Held() (int64, bool) {
 func (k *Keeper) IsHeld() bool {
 	_, ok := k.Held()
 	return ok
+}
+
+// ErrNotHeld is Check's refusal: this replica does not hold the lease (any
+// more), so the transaction of the unit of work must not commit.
+var ErrNotHeld = errors.New("lease: not held by this replica")
+
+// Check fences one unit of gated work: called inside the unit's write
+// transaction, it reads the lease row in tx and returns ErrNotHeld unless
+// this replica holds the lease by its own clock (Held) and the row still
+// names it with the fence of its tenure, unexpired by this replica's
+// clock. The caller returns the error, so the transaction rolls back.
+// Reading the row in the transaction is the fence: with SQLite (one
+// writer) a takeover either committed before (the row names another) or
+// comes after the unit's commit; with PostgreSQL (SERIALIZABLE) a takeover
+// committing while the unit runs makes one of the two fail to commit, so a
+// stale holder's write never commits after another replica took over and
+// acted. A nil Keeper (one ctrl, no lease) allows everything.
+func (k *Keeper) Check(ctx context.Context, tx store.LeaseTx) error {
+	if k == nil {
+		return nil
+	}
+	fence, ok := k.Held()
+	if !ok {
+		return ErrNotHeld
+	}
+	l, err := tx.GetLease(ctx, k.cfg.Name)
+	if errors.Is(err, store.ErrNotFound) {
+		return ErrNotHeld
+	}
+	if err != nil {
+		return err
+	}
+	if l.Holder != k.cfg.Holder || l.Fence != fence || !k.cfg.Now().Before(l.ExpiresAt) {
+		return ErrNotHeld
+	}
+	return nil
 }
 
 // Run tries to acquire or renew the lease at once and then every Renew

@@ -4,8 +4,10 @@
 // the configured retention (kibotos-ctrl --command-retention and
 // --deleted-retention, at least MinRetention). A pass runs every Interval,
 // each in batches of Batch rows, one transaction a batch, until a batch
-// comes back short. Every replica runs its own loop: the deletes are
-// idempotent, so two passes at once delete each row once.
+// comes back short. Every replica runs its own loop, but only the holder
+// of the fleet lease prunes (Pruner.Leader), and each batch's transaction
+// checks it still holds it (Pruner.Fence); the deletes are idempotent
+// anyway, so two passes at once would delete each row once.
 package retention
 
 import (
@@ -65,6 +67,11 @@ type Pruner struct {
 	// lease (internal/lease): only then does a pass prune, asking before
 	// each batch. Nil: always (one ctrl).
 	Leader func() bool
+	// Fence, when set, is called inside each batch's transaction before
+	// it deletes (lease.Keeper.Check): an error — the lease moved to
+	// another replica — rolls the batch back and ends the pass. Nil: no
+	// check (one ctrl).
+	Fence func(ctx context.Context, tx store.Tx) error
 }
 
 func (p *Pruner) leads() bool { return p.Leader == nil || p.Leader() }
@@ -168,10 +175,21 @@ func (p *Pruner) drain(ctx context.Context, batch func(ctx context.Context, tx s
 			return total, nil // not the fleet lease's holder: its pass prunes
 		}
 		var n int
+		fenced := false
 		err := p.Store.InTx(ctx, func(tx store.Tx) (err error) {
+			n, fenced = 0, false
+			if p.Fence != nil {
+				if err := p.Fence(ctx, tx); err != nil {
+					fenced = true
+					return err
+				}
+			}
 			n, err = batch(ctx, tx, limit)
 			return err
 		})
+		if fenced {
+			return total, nil // the lease moved on: its holder prunes
+		}
 		if err != nil {
 			return total, err
 		}
