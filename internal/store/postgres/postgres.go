@@ -76,6 +76,29 @@
 // ends it, within about 35 s on a silent network cut), it reconnects with
 // jittered backoff (50 ms doubling to 5 s) and then wakes every local
 // waiter once, since a notification may have been missed meanwhile.
+//
+// # Losing the database
+//
+// A store that cannot reach its database (cannot connect, connection lost
+// or timed out, the server shutting down or starting up, too many
+// connections, a statement_timeout or lock_timeout) fails every InTx, View,
+// Secret and Ping with an unavailable, retryable fault (internal/fault;
+// stage "store", a message that names no host, user or URL; the cause goes
+// to logs only). unavailable (unavailable.go) is the one mapping of
+// database errors to it. Nothing is served from memory meanwhile, so a
+// replica that lost the database neither writes nor reads; when the
+// database is back, the pool connects again and the same store serves
+// again, without a restart.
+//
+// No operation waits long for a connection: getting one from the pool and
+// its BEGIN are bounded by the URL's pool_acquire_timeout (default 5 s),
+// one connection attempt by connect_timeout (default 5 s), and every TCP
+// connection has keepalives and TCP_USER_TIMEOUT (15 s), so a statement sent
+// into a network partition fails in about 15 s. A COMMIT whose answer is
+// lost says that the write may or may not have been applied: the caller
+// resends the same command ID, which executes once. A write transaction
+// refused as read-only (a standby) is unavailable too. Connections get
+// application_name kibotos-ctrl unless the URL names another.
 package postgres
 
 import (
@@ -90,6 +113,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/store/rowcodec"
 )
@@ -121,30 +145,58 @@ type Store struct {
 	notify  *notifier
 	pool    *pgxpool.Pool
 	retries atomic.Int64 // InTx attempts that ended in a retry
+	// acquire bounds getting a connection and its BEGIN
+	// (pool_acquire_timeout).
+	acquire time.Duration
 }
 
 var _ store.Store = (*Store)(nil)
 
 // Open connects to the database at url (a PostgreSQL URL or keyword/value
-// string, with pgxpool's pool_* parameters), applies the pending migrations
-// and returns the store. Close releases it.
+// string, with pgxpool's pool_* parameters, pool_acquire_timeout, and any
+// server setting such as statement_timeout as a parameter), applies the
+// pending migrations and returns the store. Close releases it.
 func Open(ctx context.Context, url string) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("store/postgres: %w", err)
+		return nil, parseError(err)
 	}
 	return openConfig(ctx, cfg)
 }
 
+// parseError reports a URL that does not parse without the URL: pgconn
+// masks the password only on a best-effort basis.
+func parseError(err error) error {
+	var pe *pgconn.ParseConfigError
+	if !errors.As(err, &pe) {
+		return fmt.Errorf("store/postgres: %w", err)
+	}
+	if inner := pe.Unwrap(); inner != nil {
+		return fmt.Errorf("store/postgres: the store URL does not parse: %v", inner)
+	}
+	return errors.New("store/postgres: the store URL does not parse")
+}
+
 func openConfig(ctx context.Context, cfg *pgxpool.Config) (*Store, error) {
-	if err := migrate(ctx, cfg.ConnConfig.Copy()); err != nil {
+	acquire, err := configure(cfg)
+	if err != nil {
+		return nil, err
+	}
+	// Migrations may rewrite large tables: a statement_timeout meant for
+	// requests does not apply to them.
+	mcfg := cfg.ConnConfig.Copy()
+	mcfg.RuntimeParams["statement_timeout"] = "0"
+	if err := migrate(ctx, mcfg); err != nil {
+		if ue := unavailable(err); ue != nil {
+			err = ue
+		}
 		return nil, fmt.Errorf("store/postgres: migrate: %w", err)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("store/postgres: %w", err)
 	}
-	s := &Store{pool: pool}
+	s := &Store{pool: pool, acquire: acquire}
 	s.notify, err = startNotifier(ctx, &s.LocalNotifier, pool, cfg.ConnConfig.Copy())
 	if err != nil {
 		pool.Close()
@@ -172,7 +224,12 @@ func (s *Store) inTx(ctx context.Context, fn func(*txn) error) error {
 	for attempt := 1; ; attempt++ {
 		retry, err := s.attempt(ctx, fn)
 		if !retry {
-			return err
+			if errors.Is(err, store.ErrReadOnly) {
+				// A write transaction is read-only only on a
+				// database that accepts no writes.
+				return readOnly(err)
+			}
+			return exit(ctx, err)
 		}
 		if attempt >= maxAttempts {
 			return fmt.Errorf("store/postgres: giving up after %d attempts: %w", attempt, err)
@@ -191,9 +248,9 @@ func (s *Store) attempt(ctx context.Context, fn func(*txn) error) (retry bool, e
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable})
+	tx, err := s.begin(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable})
 	if err != nil {
-		return retryable(err), fmt.Errorf("store/postgres: begin: %w", err)
+		return false, err
 	}
 	t := &txn{tx: tx}
 	committed := false
@@ -216,10 +273,39 @@ func (s *Store) attempt(ctx context.Context, fn func(*txn) error) (retry bool, e
 	}
 	if err := tx.Commit(ctx); err != nil {
 		committed = true // pgx has ended the transaction either way
+		if ue := commitLost(err); ue != nil {
+			return false, ue
+		}
 		return retryable(err), fmt.Errorf("store/postgres: commit: %w", classify(err))
 	}
 	committed = true
 	return false, nil
+}
+
+// begin gets a connection from the pool and begins a transaction on it,
+// within s.acquire: when it cannot, the error is the store's unavailable
+// fault (or the caller's cancellation). A pooled connection found dead
+// before anything was sent on it is replaced once.
+func (s *Store) begin(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
+	actx, cancel := context.WithTimeout(ctx, s.acquire)
+	defer cancel()
+	for try := 0; ; try++ {
+		tx, err := s.pool.BeginTx(actx, opts)
+		switch {
+		case err == nil:
+			return tx, nil
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("store/postgres: begin: %w", ctx.Err())
+		case actx.Err() != nil:
+			return nil, newUnavailable(fault.ReasonUnavailable, err, "no database connection within %v", s.acquire)
+		case try == 0 && pgconn.SafeToRetry(err):
+			continue
+		}
+		if ue := unavailable(err); ue != nil {
+			return nil, ue
+		}
+		return nil, fmt.Errorf("store/postgres: begin: %w", err)
+	}
 }
 
 // backoff returns the jittered pause before attempt+1.
@@ -249,16 +335,16 @@ func (s *Store) View(ctx context.Context, fn func(store.Tx) error) error {
 }
 
 func (s *Store) view(ctx context.Context, fn func(*txn) error) error {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	tx, err := s.begin(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return fmt.Errorf("store/postgres: begin read: %w", err)
+		return err
 	}
 	t := &txn{tx: tx}
 	defer func() {
 		t.finish()
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 	}()
-	return fn(t)
+	return exit(ctx, fn(t))
 }
 
 // Secret implements store.Store: it reads the secret and, when absent,
@@ -290,9 +376,17 @@ func (s *Store) Secret(ctx context.Context, name string, create func() []byte) (
 	return v, nil
 }
 
-// Ping implements store.Store.
+// Ping implements store.Store, within the acquire bound.
 func (s *Store) Ping(ctx context.Context) error {
-	if err := s.pool.Ping(ctx); err != nil {
+	pctx, cancel := context.WithTimeout(ctx, s.acquire)
+	defer cancel()
+	if err := s.pool.Ping(pctx); err != nil {
+		if ctx.Err() == nil && pctx.Err() != nil {
+			return newUnavailable(fault.ReasonUnavailable, err, "no database connection within %v", s.acquire)
+		}
+		if ue := unavailable(err); ue != nil {
+			return exit(ctx, ue)
+		}
 		return fmt.Errorf("store/postgres: ping: %w", err)
 	}
 	return nil
@@ -309,14 +403,18 @@ func (s *Store) Close() error {
 
 // classify maps PostgreSQL errors to the store's errors: unique_violation is
 // store.ErrDuplicate, read_only_sql_transaction store.ErrReadOnly, no row
-// store.ErrNotFound. Other errors (serialization failures included, which
-// InTx recognizes with retryable) are returned unchanged.
+// store.ErrNotFound, a database that cannot serve its unavailable fault
+// (unavailable). Other errors (serialization failures included, which InTx
+// recognizes with retryable) are returned unchanged.
 func classify(err error) error {
 	if err == nil {
 		return nil
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.ErrNotFound
+	}
+	if ue := unavailable(err); ue != nil {
+		return ue
 	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {

@@ -1,0 +1,291 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/store"
+)
+
+// TestUnavailableMapping: the driver errors that mean the database cannot
+// serve now are the store's unavailable fault (retryable, stage "store");
+// the others are left alone.
+func TestUnavailableMapping(t *testing.T) {
+	pg := func(code string) error { return &pgconn.PgError{Severity: "FATAL", Code: code, Message: "m"} }
+	for _, c := range []struct {
+		name   string
+		err    error
+		reason fault.Reason // "" for not mapped
+		msg    string
+	}{
+		{"too_many_connections", pg("53300"), fault.ReasonUnavailable, "too many connections"},
+		{"out_of_memory", pg("53200"), fault.ReasonUnavailable, "out of resources"},
+		{"disk_full", pg("53100"), fault.ReasonUnavailable, "out of resources"},
+		{"io_error", pg("58030"), fault.ReasonUnavailable, "out of resources"},
+		{"admin_shutdown", pg("57P01"), fault.ReasonUnavailable, "shutting down or restarting"},
+		{"crash_shutdown", pg("57P02"), fault.ReasonUnavailable, "shutting down or restarting"},
+		{"cannot_connect_now", pg("57P03"), fault.ReasonUnavailable, "starting up"},
+		{"idle_session_timeout", pg("57P05"), fault.ReasonUnavailable, "closed the session"},
+		{"idle_in_transaction_session_timeout", pg("25P03"), fault.ReasonUnavailable, "closed the session"},
+		{"connection_failure", pg("08006"), fault.ReasonUnavailable, "connection failed"},
+		{"statement_timeout", pg("57014"), fault.ReasonTimedOut, "statement_timeout"},
+		{"lock_timeout", pg("55P03"), fault.ReasonTimedOut, "lock_timeout"},
+		{"reset", fmt.Errorf("read: %w", syscall.ECONNRESET), fault.ReasonUnavailable, "connection was lost"},
+		{"refused", fmt.Errorf("dial: %w", syscall.ECONNREFUSED), fault.ReasonUnavailable, "connection was lost"},
+		{"eof", fmt.Errorf("receive: %w", io.ErrUnexpectedEOF), fault.ReasonUnavailable, "connection was lost"},
+		{"conn closed", fmt.Errorf("x: %w", pgconn.ErrConnClosed), fault.ReasonUnavailable, "connection was lost"},
+		{"net timeout", &net.OpError{Op: "read", Err: timeoutErr{}}, fault.ReasonUnavailable, "connection was lost"},
+		{"unique_violation", pg("23505"), "", ""},
+		{"serialization_failure", pg("40001"), "", ""},
+		{"syntax", pg("42601"), "", ""},
+		{"not found", store.ErrNotFound, "", ""},
+		{"canceled", context.Canceled, "", ""},
+		{"a fault", fault.NotFound("workspace", "w"), "", ""},
+	} {
+		ue := unavailable(c.err)
+		if c.reason == "" {
+			if ue != nil {
+				t.Errorf("%s: mapped to %v", c.name, ue)
+			}
+			continue
+		}
+		if ue == nil {
+			t.Errorf("%s: not mapped", c.name)
+			continue
+		}
+		checkFault(t, c.name, ue, c.reason, c.msg)
+		// Mapped once: a mapped error is not mapped again.
+		if unavailable(fmt.Errorf("wrapped: %w", ue)) != nil {
+			t.Errorf("%s: mapped twice", c.name)
+		}
+		// classify gives the same fault.
+		if fe, ok := fault.As(classify(c.err)); !ok || fe.Kind != fault.KindUnavailable {
+			t.Errorf("%s: classify = %v", c.name, classify(c.err))
+		}
+	}
+}
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+// checkFault checks err is the store's unavailable fault with reason and a
+// message containing msg, naming no URL, user or password.
+func checkFault(t *testing.T, name string, err error, reason fault.Reason, msg string) {
+	t.Helper()
+	fe, ok := fault.As(err)
+	if !ok {
+		t.Errorf("%s: %v is not a fault", name, err)
+		return
+	}
+	if fe.Kind != fault.KindUnavailable || !fe.Retryable || fe.Reason != reason || fe.Stage != "store" {
+		t.Errorf("%s: fault %+v, want unavailable, retryable, %s, stage store", name, fe, reason)
+	}
+	if !strings.Contains(fe.Message, msg) {
+		t.Errorf("%s: message %q does not say %q", name, fe.Message, msg)
+	}
+	for _, secret := range []string{"postgres://", "user=", "password", "secret", "127.0.0.1"} {
+		if strings.Contains(fe.Message, secret) {
+			t.Errorf("%s: message %q contains %q", name, fe.Message, secret)
+		}
+	}
+}
+
+// lazyStore is a Store on url whose pool connects on first use (no
+// migration): for databases that are not there.
+func lazyStore(t *testing.T, url string) *Store {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acquire, err := configure(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return &Store{pool: pool, acquire: acquire}
+}
+
+// TestUnreachableDatabase: with nothing listening, and with a listener that
+// never answers, every operation fails with the unavailable fault within
+// the acquire bound; a caller whose context ends gets its context's error.
+func TestUnreachableDatabase(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() { // accept and say nothing
+		var held []net.Conn
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				for _, c := range held {
+					c.Close()
+				}
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	const secret = "s3cr3t-pw"
+	for _, c := range []struct {
+		name, addr, msg string
+	}{
+		{"refused", closed, "connection refused"},
+		{"silent", silent.Addr().String(), "within 300ms"},
+	} {
+		s := lazyStore(t, "postgres://kibotos:"+secret+"@"+c.addr+"/db?sslmode=disable&pool_acquire_timeout=300ms")
+		ops := map[string]func(ctx context.Context) error{
+			"View": func(ctx context.Context) error {
+				return s.View(ctx, func(tx store.Tx) error { _, err := tx.GetCommand(ctx, "c"); return err })
+			},
+			"InTx": func(ctx context.Context) error {
+				return s.InTx(ctx, func(tx store.Tx) error { _, err := tx.GetCommand(ctx, "c"); return err })
+			},
+			"Secret": func(ctx context.Context) error {
+				_, err := s.Secret(ctx, "x", func() []byte { return []byte("v") })
+				return err
+			},
+			"Ping": s.Ping,
+		}
+		for op, f := range ops {
+			start := time.Now()
+			err := f(context.Background())
+			took := time.Since(start)
+			checkFault(t, c.name+" "+op, err, fault.ReasonUnavailable, c.msg)
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("%s %s: %q contains the password", c.name, op, err)
+			}
+			if took > 2*time.Second {
+				t.Errorf("%s %s took %v, want about the 300ms bound", c.name, op, took)
+			}
+			// The caller's own deadline stays the caller's.
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			err = f(ctx)
+			cancel()
+			if c.name == "silent" && !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("%s %s with a 50ms deadline: %v, want the deadline", c.name, op, err)
+			}
+		}
+	}
+}
+
+// TestDatabaseRefusals runs against a real PostgreSQL: too many connections
+// for a role (53300), a statement_timeout given in the URL (57014, reason
+// TIMED_OUT), a backend terminated by the administrator (57P01) and a write
+// on a read-only database; the store serves again once the cause is gone.
+func TestDatabaseRefusals(t *testing.T) {
+	s := openTest(t)
+	ctx := context.Background()
+	var schema string
+	if err := s.pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.pool.Config()
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+
+	// Application name by default.
+	var app string
+	if err := s.pool.QueryRow(ctx, "SHOW application_name").Scan(&app); err != nil || app != "kibotos-ctrl" {
+		t.Errorf("application_name = %q, %v; want kibotos-ctrl", app, err)
+	}
+
+	t.Run("too_many_connections", func(t *testing.T) {
+		role := "kibotos_test_limit_" + strings.TrimPrefix(schema, "kibotos_test_")
+		if _, err := s.pool.Exec(ctx, "CREATE ROLE "+role+" LOGIN CONNECTION LIMIT 0"); err != nil {
+			t.Skipf("cannot create a role: %v", err)
+		}
+		defer s.pool.Exec(ctx, "DROP ROLE "+role)
+		c := cfg.Copy()
+		c.ConnConfig.User = role
+		c.ConnConfig.Password = ""
+		other := &Store{pool: mustPool(t, c), acquire: time.Second}
+		err := other.View(ctx, func(tx store.Tx) error { return nil })
+		checkFault(t, "connection limit", err, fault.ReasonUnavailable, "too many connections")
+		if _, err := s.pool.Exec(ctx, "ALTER ROLE "+role+" CONNECTION LIMIT -1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := other.View(ctx, func(tx store.Tx) error { return nil }); err != nil {
+			t.Errorf("after the limit was lifted: %v", err)
+		}
+	})
+
+	t.Run("statement_timeout", func(t *testing.T) {
+		c := cfg.Copy()
+		c.ConnConfig.RuntimeParams["statement_timeout"] = "50ms"
+		other := &Store{pool: mustPool(t, c), acquire: time.Second}
+		err := other.View(ctx, func(tx store.Tx) error {
+			var v any
+			return tx.(*txn).queryRow(ctx, "SELECT pg_sleep(1)", nil, &v)
+		})
+		checkFault(t, "statement_timeout", err, fault.ReasonTimedOut, "statement_timeout")
+	})
+
+	t.Run("admin_shutdown", func(t *testing.T) {
+		other := &Store{pool: mustPool(t, cfg.Copy()), acquire: time.Second}
+		err := other.View(ctx, func(tx store.Tx) error {
+			var pid int32
+			if err := tx.(*txn).queryRow(ctx, "SELECT pg_backend_pid()", nil, &pid); err != nil {
+				return err
+			}
+			if _, err := s.pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+				return err
+			}
+			time.Sleep(50 * time.Millisecond)
+			var v int
+			return tx.(*txn).queryRow(ctx, "SELECT 1", nil, &v)
+		})
+		checkFault(t, "terminated", err, fault.ReasonUnavailable, "")
+		if err := other.View(ctx, func(tx store.Tx) error { return nil }); err != nil {
+			t.Errorf("after the termination: %v", err)
+		}
+	})
+
+	t.Run("read_only", func(t *testing.T) {
+		c := cfg.Copy()
+		c.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+		other := &Store{pool: mustPool(t, c), acquire: time.Second}
+		err := other.InTx(ctx, func(tx store.Tx) error {
+			return tx.DeleteResource(ctx, store.KindEgress, "none")
+		})
+		checkFault(t, "read-only database", err, fault.ReasonUnavailable, "accepts no writes")
+	})
+}
+
+func mustPool(t *testing.T, cfg *pgxpool.Config) *pgxpool.Pool {
+	t.Helper()
+	if _, err := configure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
