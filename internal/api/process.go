@@ -19,6 +19,7 @@ import (
 	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/fleet"
 	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/tunnel"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
 
@@ -196,6 +197,12 @@ func guestError(err error) error { return guestErrorOf("processes", err) }
 func guestErrorOf(what string, err error) error {
 	if err == nil {
 		return nil
+	}
+	if errors.Is(err, tunnel.ErrNoTunnel) {
+		// The node is connected to other replicas, or to none: retry
+		// (a client behind a balancer lands on another replica).
+		return fault.Unavailable(fault.ReasonNodeUnreachable,
+			"this ctrl replica has no data connection to the workspace's node right now, so its %s cannot be reached through it; retry", what)
 	}
 	var ce *connect.Error
 	if errors.As(err, &ce) && ce.Code() != connect.CodeUnknown && ce.Code() != connect.CodeUnavailable && ce.Code() != connect.CodeInternal &&

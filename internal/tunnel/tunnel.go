@@ -21,6 +21,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -55,6 +56,21 @@ var ErrNoTunnel = errors.New("tunnel: the node has no open data connection")
 type Registry struct {
 	// Log receives the tunnels' openings and closings; nil discards them.
 	Log *slog.Logger
+	// Check, when set, is asked again whether an open tunnel may stay:
+	// at a notification of its node's topic (NodeTopic) or key's topic
+	// (KeyTopic) — another ctrl replica denied the key or isolated the
+	// node — with notified true, and every Recheck with notified false.
+	// An error closes the tunnel (logged with it). Check runs on
+	// ctrl's behalf: it may read the store.
+	Check func(ctx context.Context, node string, keyHash []byte, notified bool) error
+	// Notifier carries the topics' notifications (the store's: between
+	// replicas with PostgreSQL); nil without Check.
+	Notifier interface {
+		Subscribe(topic string) (<-chan struct{}, func())
+	}
+	// Recheck is the interval of the checks no notification asked for;
+	// zero is DefaultRecheck.
+	Recheck time.Duration
 
 	mu     sync.Mutex
 	nodes  map[string][]*tun
@@ -67,7 +83,21 @@ type tun struct {
 	keyHash []byte // the key of the node certificate that opened it
 	cc      *http2.ClientConn
 	conn    net.Conn
+	gone    chan struct{} // closed when it leaves the registry
 }
+
+// DefaultRecheck is how often Registry.Check runs for an open tunnel
+// without a notification: the bound on a denial or isolation on another
+// replica whose notification was lost.
+const DefaultRecheck = 30 * time.Second
+
+// NodeTopic is the notifier topic of node's data tunnels: notified after
+// the node's data plane was ended (IsolateNode) on some replica.
+func NodeTopic(node string) string { return "data-tunnels/node/" + node }
+
+// KeyTopic is the notifier topic of the tunnels opened with the key
+// keyHash: notified after the key was denied on some replica.
+func KeyTopic(keyHash []byte) string { return "data-tunnels/key/" + hex.EncodeToString(keyHash) }
 
 // Accept takes r's connection over as a tunnel of node (already
 // authenticated by the caller, with the certificate key keyHash) and
@@ -94,7 +124,7 @@ func (g *Registry) Accept(w http.ResponseWriter, r *http.Request, node string, k
 		return err
 	}
 	_ = conn.SetDeadline(time.Time{})
-	t := &tun{node: node, keyHash: bytes.Clone(keyHash)}
+	t := &tun{node: node, keyHash: bytes.Clone(keyHash), gone: make(chan struct{})}
 	t.conn = &watchedConn{Conn: bufferedConn(conn, brw.Reader), onErr: func() { g.drop(t) }}
 	tr, err := boundedTransport()
 	if err != nil {
@@ -120,7 +150,66 @@ func (g *Registry) Accept(w http.ResponseWriter, r *http.Request, node string, k
 	g.nodes[node] = append(g.nodes[node], t)
 	g.mu.Unlock()
 	g.log().Info("data tunnel opened", "node_id", node, "remote", r.RemoteAddr)
+	if g.Check != nil && g.Notifier != nil {
+		go g.watch(t)
+	}
 	return nil
+}
+
+// watch asks Check again about t at each notification of its node's or
+// key's topic and every Recheck, until t is gone or Check refuses it.
+func (g *Registry) watch(t *tun) {
+	every := g.Recheck
+	if every <= 0 {
+		every = DefaultRecheck
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-t.gone:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	timer := time.NewTimer(every)
+	defer timer.Stop()
+	// Subscribed before each check, so that a notification during one is
+	// not missed. The first check is the admission at the opening.
+	due, notified := false, false
+	for {
+		nodeCh, releaseNode := g.Notifier.Subscribe(NodeTopic(t.node))
+		keyCh, releaseKey := g.Notifier.Subscribe(KeyTopic(t.keyHash))
+		var err error
+		if due {
+			cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+			err = g.Check(cctx, t.node, t.keyHash, notified)
+			ccancel()
+		}
+		if err == nil {
+			select {
+			case <-t.gone:
+			case <-nodeCh:
+				notified = true
+			case <-keyCh:
+				notified = true
+			case <-timer.C:
+				notified = false
+				timer.Reset(every)
+			}
+		}
+		releaseNode()
+		releaseKey()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			g.log().Warn("data tunnel refused after its opening", "node_id", t.node, "error", err.Error())
+			g.drop(t)
+			return
+		}
+		due = true
+	}
 }
 
 // Receive windows of ctrl's side of a tunnel: what a node may send ahead of
@@ -160,6 +249,7 @@ func (g *Registry) drop(t *tun) {
 				g.nodes[t.node] = list
 			}
 			g.mu.Unlock()
+			close(t.gone)
 			t.conn.Close()
 			g.log().Info("data tunnel closed", "node_id", t.node)
 			return
@@ -266,7 +356,23 @@ type Dialer struct {
 	Log *slog.Logger
 	// Opened, when set, is called each time a tunnel is open (tests).
 	Opened func()
+	// Cert, when set, returns the certificate TLS presents now (the node
+	// certificate a renewal replaces). A tunnel opened with another one
+	// is replaced: the Dialer dials a new tunnel at once, and the old one
+	// stops taking streams (HTTP/2 GOAWAY), ends with its last stream, and
+	// is closed at the latest when the certificate it was opened with
+	// expires.
+	Cert func() *tls.Certificate
+	// CertEvery is how often Cert is compared; zero is CertCheck.
+	CertEvery time.Duration
 }
+
+// CertCheck is how often a Dialer with Cert looks for a renewed
+// certificate: a renewal reaches the tunnels within it.
+const CertCheck = 10 * time.Second
+
+// errRenewed ends a tunnel opened with a certificate since renewed.
+var errRenewed = errors.New("tunnel: the certificate was renewed")
 
 // Run keeps the tunnels open until ctx is done.
 func (d *Dialer) Run(ctx context.Context) {
@@ -295,6 +401,11 @@ func (d *Dialer) keep(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		if errors.Is(err, errRenewed) {
+			d.log().Info("data tunnel dialed again with the renewed certificate")
+			backoff = 100 * time.Millisecond
+			continue
+		}
 		if err != nil {
 			d.log().Warn("data tunnel ended", "error", err.Error())
 		}
@@ -309,10 +420,23 @@ func (d *Dialer) keep(ctx context.Context) {
 	}
 }
 
-// once opens one tunnel and serves it until it closes.
+// sameCert reports whether a and b are the same certificate.
+func sameCert(a, b *tls.Certificate) bool {
+	if a == nil || b == nil || len(a.Certificate) == 0 || len(b.Certificate) == 0 {
+		return a == b
+	}
+	return bytes.Equal(a.Certificate[0], b.Certificate[0])
+}
+
+// once opens one tunnel and serves it until it closes, or until the
+// certificate is renewed (errRenewed: the tunnel drains in the background).
 func (d *Dialer) once(ctx context.Context) error {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	var cert *tls.Certificate
+	if d.Cert != nil {
+		cert = d.Cert()
+	}
 	endpoint := d.Endpoint
 	var conn net.Conn
 	var err error
@@ -346,8 +470,13 @@ func (d *Dialer) once(ctx context.Context) error {
 		return err
 	}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	defer stop()
-	defer conn.Close()
+	handedOff := false // the connection drains in the background
+	defer func() {
+		if !handedOff {
+			stop()
+			conn.Close()
+		}
+	}()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	req := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\nUpgrade: %s\r\nConnection: Upgrade\r\nContent-Length: 0\r\n\r\n", Path, u.Host, Protocol)
 	if _, err := io.WriteString(conn, req); err != nil {
@@ -371,9 +500,56 @@ func (d *Dialer) once(ctx context.Context) error {
 	// that the tunnel is dialed again.
 	srv := &http2.Server{MaxReadFrameSize: maxFrame, MaxUploadBufferPerConnection: 8 << 20, MaxUploadBufferPerStream: 1 << 20,
 		ReadIdleTimeout: 15 * time.Second, PingTimeout: 10 * time.Second}
-	srv.ServeConn(bufferedConn(conn, br), &http2.ServeConnOpts{Context: ctx, Handler: d.Handler,
-		BaseConfig: &http.Server{MaxHeaderBytes: maxHeaders}})
-	return errors.New("tunnel closed")
+	hs := &http.Server{MaxHeaderBytes: maxHeaders}
+	// Registered so that hs.Shutdown sends GOAWAY on this connection.
+	if err := http2.ConfigureServer(hs, srv); err != nil {
+		return err
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		srv.ServeConn(bufferedConn(conn, br), &http2.ServeConnOpts{Context: ctx, Handler: d.Handler, BaseConfig: hs})
+	}()
+	if d.Cert == nil {
+		<-served
+		return errors.New("tunnel closed")
+	}
+	every := d.CertEvery
+	if every <= 0 {
+		every = CertCheck
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-served:
+			return errors.New("tunnel closed")
+		case <-tick.C:
+		}
+		if sameCert(cert, d.Cert()) {
+			continue
+		}
+		// Renewed: ctrl sends no new stream here (GOAWAY); the streams
+		// open finish, then the server closes the connection. The
+		// certificate it was opened with bounds how long it stays.
+		handedOff = true
+		_ = hs.Shutdown(context.Background())
+		go func() {
+			defer stop()
+			var expire <-chan time.Time
+			if cert != nil && cert.Leaf != nil {
+				t := time.NewTimer(time.Until(cert.Leaf.NotAfter))
+				defer t.Stop()
+				expire = t.C
+			}
+			select {
+			case <-served:
+			case <-expire:
+			}
+			conn.Close()
+		}()
+		return errRenewed
+	}
 }
 
 // bufferedConn returns conn reading first what br buffered from it.

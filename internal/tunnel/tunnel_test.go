@@ -18,11 +18,17 @@ import (
 // serving h towards it; it returns the Registry and a count of openings.
 func setup(t *testing.T, h http.Handler, conns int) (*Registry, *atomic.Int64) {
 	t.Helper()
+	return setupWith(t, h, conns, &Registry{}, nil)
+}
+
+// setupWith is setup with the Registry g, and mod (when set) changing the
+// Dialer before it runs.
+func setupWith(t *testing.T, h http.Handler, conns int, g *Registry, mod func(*Dialer)) (*Registry, *atomic.Int64) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &Registry{}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := g.Accept(w, r, "node-1", []byte("key-1")); err != nil {
 			t.Errorf("Accept = %v", err)
@@ -35,6 +41,9 @@ func setup(t *testing.T, h http.Handler, conns int) (*Registry, *atomic.Int64) {
 		Dial: func(ctx context.Context) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "tcp", ln.Addr().String())
 		}}
+	if mod != nil {
+		mod(d)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); d.Run(ctx) }()

@@ -17,7 +17,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -31,7 +30,6 @@ import (
 	"github.com/kibotos/kibotos/gen/kibotos/node/v1/nodev1connect"
 	"github.com/kibotos/kibotos/internal/node/ctrlset"
 	"github.com/kibotos/kibotos/internal/nodewire"
-	"github.com/kibotos/kibotos/internal/tunnel"
 )
 
 // Spec is what the runtime needs to start an execution.
@@ -182,8 +180,8 @@ type Config struct {
 	// the TLS config of HTTP's transport (an *http2.Transport or
 	// *http.Transport), and without one no tunnel is opened.
 	DataTLS *tls.Config
-	// DataTunnels is how many data tunnels the node keeps open to ctrl;
-	// zero is one.
+	// DataTunnels is how many data tunnels the node keeps open to each
+	// ctrl endpoint; zero is one, at most MaxDataTunnels.
 	DataTunnels int
 	// Features are the optional parts the node serves, advertised in
 	// Hello.features (nodewire.FeatureNetwork when the runtime runs
@@ -276,12 +274,10 @@ const (
 // every connect; the executions keep running meanwhile.
 //
 // Beside the stream it keeps DataTunnels data tunnels (internal/tunnel)
-// open to the endpoint the stream uses, on which ctrl reaches the node's
-// data service (NewDataHandler, when the Runtime implements Guests):
-// bytes of the data plane never travel on the control stream. A tunnel
-// is closed when the stream moves to another endpoint and dialed again to
-// the new one. A ctrl replica that is not connected to the node has none
-// (serving it through another replica is future work).
+// open to every endpoint of Ctrl (keepTunnels), on which ctrl reaches the
+// node's data service (NewDataHandler, when the Runtime implements
+// Guests): bytes of the data plane never travel on the control stream,
+// and every ctrl replica reaches the node, whichever holds its stream.
 func (a *Agent) Run(ctx context.Context) error {
 	go a.watchEvents(ctx)
 	if tlsc := a.dataTLS(); tlsc != nil {
@@ -289,12 +285,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if p, ok := a.cfg.Runtime.(Guests); ok {
 			h = NewDataHandler(p)
 		}
-		d := &tunnel.Dialer{TLS: tlsc, Handler: h, Conns: a.cfg.DataTunnels, Log: a.cfg.Log,
-			Target: func(ctx context.Context) (net.Conn, string, error) {
-				conn, e, err := a.ctrl.DialCurrent(ctx, tlsc, []string{"http/1.1"})
-				return conn, e.URL, err
-			}}
-		go d.Run(ctx)
+		go a.keepTunnels(ctx, tlsc, h)
 	}
 	backoff := ctrlset.Backoff{Min: ReconnectMin, Max: ReconnectMax}
 	// The first connect goes to the endpoint chosen first (the tunnels

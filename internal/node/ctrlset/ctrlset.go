@@ -2,8 +2,9 @@
 // --ctrl, each host name resolved at every (re)connect into one endpoint per
 // address, a shuffled start, then round robin; the HTTP clients and TLS
 // dials that reach the endpoint in use, with the TLS server name kept the
-// URL's host name. The node's stream, data tunnels, certificate renewal,
-// artifact fetches and enrollment all go through one Set.
+// URL's host name. The node's stream, certificate renewal, artifact
+// fetches and enrollment go through one Set to the endpoint in use; the
+// data tunnels go to every endpoint (Endpoints, DialEndpoint).
 package ctrlset
 
 import (
@@ -387,6 +388,13 @@ func (s *Set) DialCurrent(ctx context.Context, base *tls.Config, protos []string
 		}
 	}()
 	return fc, e, nil
+}
+
+// DialEndpoint dials e over TLS (base, nil: the Set's configuration)
+// offering protos (ALPN): the data tunnels, which the node keeps to every
+// endpoint, whichever one its stream uses.
+func (s *Set) DialEndpoint(ctx context.Context, e Endpoint, base *tls.Config, protos []string) (net.Conn, error) {
+	return (&tls.Dialer{Config: s.tlsFor(e, base, protos)}).DialContext(ctx, "tcp", e.Addr)
 }
 
 // followConn is a connection closed when the endpoint in use changes.
