@@ -6,31 +6,38 @@
 // running sandboxes. It is a benchmark tool only: no runtime the product
 // ships.
 //
-// It starts `kibotos-ctrl --dev --dev-no-node` (SQLite, or -postgres URL),
-// issues each node a certificate from the dev CA (the path the test
-// harnesses take; enrollment tokens are measured elsewhere), and measures:
-// the time for -nodes nodes to connect; ctrl's CPU and RSS idle with them
-// (per node); -workspaces creates at -rate per second, latency from
-// CreateWorkspace's answer to the command COMPLETED; ctrl's CPU and RSS per
-// workspace; the time for every node to reconnect after a ctrl restart
-// (SIGTERM, start again on the same data directory and address); then
-// stops and deletes at -rate, latency of each call. The markdown report
-// goes to stdout (and -out).
+// It starts -replicas `kibotos-ctrl --dev --dev-no-node` processes on one
+// store (SQLite with one replica, or a fresh database on the -postgres
+// server), issues each node a certificate from the dev CA (the path the
+// test harnesses take; enrollment tokens are measured elsewhere), gives
+// every node all replicas' URLs (internal/node/ctrlset: they spread over
+// them) and measures: the time for -nodes nodes to connect; ctrl's CPU and
+// RSS idle with them (per node); -workspaces creates at -rate per second,
+// spread over the replicas, latency from CreateWorkspace's answer to the
+// command COMPLETED and where that time goes; ctrl's CPU and RSS per
+// workspace, idle over -hold with them; the time for the nodes of one
+// replica to reconnect after it restarts (SIGTERM, start again on the same
+// address: with several replicas they move to the others); then stops and
+// deletes of -measure workspaces at -rate, latency of each call. With
+// -reference and several replicas, the same workload runs first against
+// one replica, and the report gives the ratios. The markdown report goes
+// to stdout (and -out).
 //
 //	go run ./bench/hollow -nodes 1000 -workspaces 10000 -rate 50
+//	go run ./bench/hollow -nodes 1000 -workspaces 10000 -rate 100 -replicas 2 -reference -postgres postgres://postgres@127.0.0.1:5432/test
 package main
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -39,7 +46,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"golang.org/x/net/http2"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/kibotos/kibotos/bench/internal/benchkit"
@@ -48,6 +54,7 @@ import (
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/internal/node/agent"
 	"github.com/kibotos/kibotos/internal/node/agent/agenttest"
+	"github.com/kibotos/kibotos/internal/node/ctrlset"
 	"github.com/kibotos/kibotos/internal/pki"
 )
 
@@ -59,23 +66,38 @@ func main() {
 }
 
 type options struct {
-	nodes, workspaces int
-	rate              float64
-	duration          time.Duration
-	postgres, out     string
-	keep              bool
+	nodes, workspaces, measure, replicas int
+	inflight                             int
+	rate                                 float64
+	duration, hold                       time.Duration
+	postgres, out                        string
+	reference, keep                      bool
+	logLevel, prof                       string
 }
 
 func run() error {
 	var o options
 	flag.IntVar(&o.nodes, "nodes", 100, "hollow nodes")
-	flag.IntVar(&o.workspaces, "workspaces", 1000, "workspaces created (then stopped and deleted)")
+	flag.IntVar(&o.workspaces, "workspaces", 1000, "workspaces created")
+	flag.IntVar(&o.measure, "measure", 0, "workspaces stopped and then deleted at -rate, the last ones created (0: all)")
 	flag.Float64Var(&o.rate, "rate", 50, "commands per second of each phase (create, stop, delete)")
 	flag.DurationVar(&o.duration, "duration", 20*time.Second, "idle window over which ctrl's CPU is measured with the nodes connected")
-	flag.StringVar(&o.postgres, "postgres", "", "PostgreSQL URL of an empty database for ctrl's --store (default: SQLite)")
+	flag.DurationVar(&o.hold, "hold", 0, "idle window after the creates, with every workspace AVAILABLE")
+	flag.IntVar(&o.inflight, "inflight", 0, "at most this many commands in flight: the pacer waits (its lag shows it) instead of piling up more (0: no bound, a pure open loop)")
+	flag.IntVar(&o.replicas, "replicas", 1, "kibotos-ctrl replicas on one store (more than one needs -postgres)")
+	flag.BoolVar(&o.reference, "reference", false, "with -replicas > 1: run the same workload against one replica first, and report the ratios")
+	flag.StringVar(&o.postgres, "postgres", "", "PostgreSQL server URL: each configuration gets a fresh database kibotos_hollow_<random> there, dropped at the end (default: SQLite)")
 	flag.StringVar(&o.out, "out", "", "also write the report to this file")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory")
+	flag.StringVar(&o.logLevel, "log-level", "warn", "ctrl's --log-level (logs are ctrl-<i>.log in the temporary directory, see -keep)")
+	flag.StringVar(&o.prof, "ctrl-cpuprofile", "", "write a CPU profile of the first replica's first process to this file (builds bench/ctrlprof)")
 	flag.Parse()
+	if o.replicas < 1 || (o.replicas > 1 && o.postgres == "") {
+		return errors.New("-replicas: more than one replica needs -postgres")
+	}
+	if o.measure <= 0 || o.measure > o.workspaces {
+		o.measure = o.workspaces
+	}
 
 	tmp, err := os.MkdirTemp("", "hollow-")
 	if err != nil {
@@ -89,43 +111,101 @@ func run() error {
 	ctx := context.Background()
 	bin := filepath.Join(tmp, "kibotos-ctrl")
 	logf("building kibotos-ctrl")
-	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/kibotos-ctrl").CombinedOutput(); err != nil {
+	pkg := "./cmd/kibotos-ctrl"
+	if o.prof != "" {
+		pkg = "./bench/ctrlprof"
+	}
+	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
 		return fmt.Errorf("go build: %v\n%s", err, out)
 	}
-	port, err := benchkit.FreePort()
-	if err != nil {
-		return err
+	var env []string
+	if o.prof != "" {
+		abs, err := filepath.Abs(o.prof)
+		if err != nil {
+			return err
+		}
+		env = []string{"CTRLBENCH_CPUPROFILE=" + abs}
 	}
-	dopts := benchkit.DevOptions{Bin: bin, DataDir: filepath.Join(tmp, "data"), LogPath: filepath.Join(tmp, "ctrl.log"),
-		Args: []string{"--dev-no-node", "--log-level", "warn"}, OwnGroup: true, Listen: "127.0.0.1:" + strconv.Itoa(port)}
+	configs := []int{o.replicas}
+	if o.reference && o.replicas > 1 {
+		configs = []int{1, o.replicas}
+	}
+	var reports []*report
+	for i, k := range configs {
+		dir := filepath.Join(tmp, fmt.Sprintf("r%d-%d", k, i))
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+		r, err := runConfig(ctx, o, k, bin, dir, env)
+		env = nil
+		if err != nil {
+			return fmt.Errorf("%d replica(s): %w", k, err)
+		}
+		reports = append(reports, r)
+		fmt.Fprint(os.Stderr, r.markdown())
+	}
+	var b strings.Builder
+	for _, r := range reports {
+		b.WriteString(r.markdown())
+		b.WriteString("\n")
+	}
+	if len(reports) == 2 {
+		b.WriteString(ratios(reports[0], reports[1]))
+	}
+	text := b.String()
+	fmt.Print(text)
+	if o.out != "" {
+		return os.WriteFile(o.out, []byte(text), 0o644)
+	}
+	return nil
+}
+
+// runConfig runs the whole workload against k replicas on a fresh store.
+func runConfig(ctx context.Context, o options, k int, bin, dir string, env []string) (*report, error) {
+	r := &report{opts: o, replicas: k, store: "SQLite"}
+	var db *pgDB
+	storeURL := ""
 	if o.postgres != "" {
-		dopts.Args = append(dopts.Args, "--store", o.postgres)
+		var err error
+		if db, err = createPG(ctx, o.postgres); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err := db.drop(); err != nil {
+				logf("drop database %s: %v", db.name, err)
+			}
+		}()
+		storeURL, r.store = db.url, "PostgreSQL"
 	}
-	srv, err := benchkit.StartDev(ctx, dopts)
+	logf("%d replica(s) on %s", k, r.store)
+	cl, err := startCluster(ctx, bin, dir, storeURL, o.logLevel, k, env)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer func() { _ = srv.Stop() }()
-	r := &report{opts: o, store: "SQLite"}
-	if o.postgres != "" {
-		r.store = "PostgreSQL"
-	}
-	r.base = sample(srv.PID())
+	defer cl.stop()
+	r.base = cl.sample()
+	r.load = append(r.load, "start "+benchkit.LoadAvg())
+	p := cl.procs[0].PKI
 
 	// Nodes.
-	rec := &recorder{opened: make([]atomic.Int64, o.nodes)}
-	certDir := filepath.Join(tmp, "nodes")
+	rec := &recorder{opened: make([]atomic.Int64, o.nodes), on: make([]atomic.Int32, o.nodes), urls: cl.urls}
+	var starts sync.Map // workspace ID → time.Time of its first Start on a node
+	certDir := filepath.Join(dir, "nodes")
 	if err := os.MkdirAll(certDir, 0o700); err != nil {
-		return err
+		return nil, err
 	}
 	logf("issuing %d node certificates", o.nodes)
 	ids := make([]string, o.nodes)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("hollow-%05d", i)
 		cert, key := filepath.Join(certDir, ids[i]+".pem"), filepath.Join(certDir, ids[i]+"-key.pem")
-		if err := pki.IssueClient(srv.PKI.CA, srv.PKI.CAKey, ids[i], pki.RoleNode, 24*time.Hour, cert, key); err != nil {
-			return err
+		if err := pki.IssueClient(p.CA, p.CAKey, ids[i], pki.RoleNode, 24*time.Hour, cert, key); err != nil {
+			return nil, err
 		}
+	}
+	urls, err := ctrlset.Parse(cl.urls)
+	if err != nil {
+		return nil, err
 	}
 	nctx, stopNodes := context.WithCancel(ctx)
 	var nodesDone sync.WaitGroup
@@ -133,13 +213,16 @@ func run() error {
 	logf("starting %d hollow nodes", o.nodes)
 	t0 := time.Now()
 	for i, id := range ids {
-		tlsc, err := pki.ClientConfig(srv.PKI.CA, filepath.Join(certDir, id+".pem"), filepath.Join(certDir, id+"-key.pem"))
+		tlsc, err := pki.ClientConfig(p.CA, filepath.Join(certDir, id+".pem"), filepath.Join(certDir, id+"-key.pem"))
 		if err != nil {
-			return err
+			return nil, err
 		}
-		hc := &http.Client{Transport: &http2.Transport{TLSClientConfig: tlsc}}
+		set, err := ctrlset.New(ctrlset.Config{URLs: urls, TLS: tlsc})
+		if err != nil {
+			return nil, err
+		}
 		a := agent.New(agent.Config{
-			NodeID: id, Endpoint: srv.URL, HTTP: hc, Runtime: agenttest.New(),
+			NodeID: id, Ctrl: set, Runtime: timedRuntime{agenttest.New(), &starts},
 			Capacity: &nodev1.Capacity{MemoryMib: 1 << 20, CpuMillis: 1 << 20, StorageBytes: 1 << 50, StoragePool: "default"},
 			Log:      slog.New(&nodeLog{i: i, rec: rec}),
 			Templates: func() []*nodev1.TemplateInfo {
@@ -149,73 +232,103 @@ func run() error {
 		nodesDone.Add(1)
 		go func() { defer nodesDone.Done(); _ = a.Run(nctx) }()
 	}
-	if r.connect, err = rec.waitAll(t0, 5*time.Minute); err != nil {
-		return err
+	if r.connect, err = rec.waitAll(t0, nil, 5*time.Minute); err != nil {
+		return nil, err
 	}
-	logf("%d nodes connected in %v", o.nodes, r.connect)
-	hc, _, err := benchkit.NewHTTPClient(srv.PKI)
+	r.spread = rec.spread()
+	logf("%d nodes connected in %v (per replica %v)", o.nodes, r.connect, r.spread)
+	hc, _, err := benchkit.NewHTTPClient(p)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	c := &client{ws: ctrlv1connect.NewWorkspaceServiceClient(hc, srv.URL), nodes: ctrlv1connect.NewNodeServiceClient(hc, srv.URL),
-		run: strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
+	c := &client{run: strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
+	for _, u := range cl.urls {
+		c.ws = append(c.ws, ctrlv1connect.NewWorkspaceServiceClient(hc, u))
+		c.nodes = append(c.nodes, ctrlv1connect.NewNodeServiceClient(hc, u))
+	}
 	if r.listed, err = c.waitConnected(ctx, o.nodes, t0, time.Minute); err != nil {
-		return err
+		return nil, err
 	}
 	logf("idle %v with the nodes connected", o.duration)
-	r.idle0 = sample(srv.PID())
+	r.idle0 = cl.sample()
 	time.Sleep(o.duration)
-	r.idle1 = sample(srv.PID())
+	r.idle1 = cl.sample()
+	r.load = append(r.load, "idle "+benchkit.LoadAvg())
+	r.pg0 = db.stats(ctx)
 
 	// Creates.
 	logf("creating %d workspaces at %.0f/s", o.workspaces, o.rate)
 	ws := make([]wsState, o.workspaces)
-	r.create = paced(o.workspaces, o.rate, func(i int) (time.Duration, error) { return c.create(ctx, &ws[i]) })
-	r.created = sample(srv.PID())
+	r.create = paced(o.workspaces, o.rate, o.inflight, func(i int) (time.Duration, error) { return c.create(ctx, i, &ws[i]) })
+	r.created = cl.sample()
+	r.load = append(r.load, "creates "+benchkit.LoadAvg())
+	r.split = splitCreates(ws, &starts)
+	r.pg1 = db.stats(ctx)
+	if db == nil {
+		r.sqliteBytes = sqliteSize(cl.opts[0].DataDir)
+	}
+	starts.Clear()
 	logf("creates: %s", r.create.summary())
+	logf("creates split p50/p99 ms: accepted→Start %.1f/%.1f, Start→completed_at %.1f/%.1f, completed_at→seen %.1f/%.1f",
+		benchkit.MS(pctOf(r.split.toStart, .5)), benchkit.MS(pctOf(r.split.toStart, .99)),
+		benchkit.MS(pctOf(r.split.startToDone, .5)), benchkit.MS(pctOf(r.split.startToDone, .99)),
+		benchkit.MS(pctOf(r.split.doneToSeen, .5)), benchkit.MS(pctOf(r.split.doneToSeen, .99)))
+	if o.keep {
+		if err := writeTimeline(filepath.Join(dir, "creates.csv"), ws, r.split.starts); err != nil {
+			return nil, err
+		}
+	}
+	if o.hold > 0 {
+		logf("holding %d workspaces for %v", o.workspaces, o.hold)
+		r.held0 = cl.sample()
+		time.Sleep(o.hold)
+		r.held1 = cl.sample()
+		r.load = append(r.load, "hold "+benchkit.LoadAvg())
+	}
 
-	// Restart.
-	logf("restarting ctrl (SIGTERM)")
+	// Restart of replica 0.
+	logf("restarting replica 0 (SIGTERM)")
+	victims := rec.onReplica(0)
+	r.victims = len(victims)
 	kill := time.Now()
-	rec.reset()
-	if err := srv.Stop(); err != nil {
-		logf("ctrl exit: %v", err)
-		r.exitErr = err
-		r.exitLog = lastError(dopts.LogPath)
-	}
-	r.exited = time.Since(kill)
-	srv, err = benchkit.StartDev(ctx, dopts)
+	var exitErr error
+	r.exited, r.ready, exitErr, err = cl.restart(ctx, 0, kill)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	r.ready = time.Since(kill)
-	if r.reconnect, err = rec.waitAll(kill, 5*time.Minute); err != nil {
-		return err
+	if exitErr != nil {
+		logf("replica 0 exit: %v", exitErr)
+		r.exitErr = exitErr
+		r.exitLog = lastError(cl.opts[0].LogPath)
 	}
+	if r.reconnect, err = rec.waitAll(kill, victims, 5*time.Minute); err != nil {
+		return nil, err
+	}
+	r.moved = rec.spreadOf(victims)
 	if r.resync, err = c.waitConnected(ctx, o.nodes, kill, 5*time.Minute); err != nil {
-		return err
+		return nil, err
 	}
 	r.available, err = c.waitAvailable(ctx, o.workspaces, kill, 5*time.Minute)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	logf("restart: ready %v, streams %v, listed %v, workspaces AVAILABLE %v", r.ready, r.reconnect, r.resync, r.available)
-	r.restarted = sample(srv.PID())
+	r.spreadAfter = rec.spread()
+	r.load = append(r.load, "restart "+benchkit.LoadAvg())
+	logf("restart: exited %v, ready %v, its %d nodes' streams %v (now on %v), listed %v, workspaces AVAILABLE %v",
+		r.exited, r.ready, r.victims, r.reconnect, r.moved, r.resync, r.available)
+	r.restarted = cl.sample()
 
-	logf("stopping at %.0f/s", o.rate)
-	r.stop = paced(o.workspaces, o.rate, func(i int) (time.Duration, error) { return c.stop(ctx, &ws[i]) })
+	sub := ws[o.workspaces-o.measure:]
+	logf("stopping %d at %.0f/s", len(sub), o.rate)
+	r.stop = paced(len(sub), o.rate, o.inflight, func(i int) (time.Duration, error) { return c.stop(ctx, i, &sub[i]) })
 	logf("stops: %s", r.stop.summary())
-	logf("deleting at %.0f/s", o.rate)
-	r.del = paced(o.workspaces, o.rate, func(i int) (time.Duration, error) { return c.remove(ctx, &ws[i]) })
+	logf("deleting %d at %.0f/s", len(sub), o.rate)
+	r.del = paced(len(sub), o.rate, o.inflight, func(i int) (time.Duration, error) { return c.remove(ctx, i, &sub[i]) })
 	logf("deletes: %s", r.del.summary())
-	r.end = sample(srv.PID())
-
-	text := r.markdown()
-	fmt.Print(text)
-	if o.out != "" {
-		return os.WriteFile(o.out, []byte(text), 0o644)
-	}
-	return nil
+	r.end = cl.sample()
+	r.load = append(r.load, "end "+benchkit.LoadAvg())
+	r.pg2 = db.stats(ctx)
+	return r, nil
 }
 
 // lastError returns the msg and error of the last ERROR line of ctrl's log.
@@ -234,35 +347,71 @@ func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, time.Now().UTC().Format("15:04:05 ")+format+"\n", args...)
 }
 
-// recorder records when each node's stream last opened.
+// recorder records when each node's stream last opened, and to which
+// replica.
 type recorder struct {
 	opened []atomic.Int64 // unix nanoseconds of the last "ctrl stream open"
+	on     []atomic.Int32 // index in urls of that stream's replica
+	urls   []string
 }
 
-func (r *recorder) reset() {
-	for i := range r.opened {
-		r.opened[i].Store(0)
+// onReplica lists the nodes whose stream is on replica i.
+func (r *recorder) onReplica(i int) []int {
+	var out []int
+	for n := range r.on {
+		if int(r.on[n].Load()) == i {
+			out = append(out, n)
+		}
 	}
+	return out
 }
 
-// waitAll waits until every node's stream opened after since; it returns
-// the time from since to the last opening.
-func (r *recorder) waitAll(since time.Time, bound time.Duration) (time.Duration, error) {
+// spread counts the nodes per replica.
+func (r *recorder) spread() []int {
+	all := make([]int, len(r.on))
+	for i := range all {
+		all[i] = i
+	}
+	return r.spreadOf(all)
+}
+
+func (r *recorder) spreadOf(nodes []int) []int {
+	out := make([]int, len(r.urls))
+	for _, n := range nodes {
+		if i := int(r.on[n].Load()); i >= 0 && i < len(out) {
+			out[i]++
+		}
+	}
+	return out
+}
+
+// waitAll waits until the stream of every node of nodes (nil: all) opened
+// after since; it returns the time from since to the last opening.
+func (r *recorder) waitAll(since time.Time, nodes []int, bound time.Duration) (time.Duration, error) {
+	if nodes == nil {
+		nodes = make([]int, len(r.opened))
+		for i := range nodes {
+			nodes[i] = i
+		}
+	}
 	deadline := time.Now().Add(bound)
 	for {
 		var last int64
 		open := 0
-		for i := range r.opened {
+		for _, i := range nodes {
 			if t := r.opened[i].Load(); t >= since.UnixNano() {
 				open++
 				last = max(last, t)
 			}
 		}
-		if open == len(r.opened) {
+		if open == len(nodes) {
+			if len(nodes) == 0 {
+				return 0, nil
+			}
 			return time.Unix(0, last).Sub(since), nil
 		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("%d of %d nodes connected after %v", open, len(r.opened), bound)
+			return 0, fmt.Errorf("%d of %d nodes connected after %v", open, len(nodes), bound)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -280,40 +429,121 @@ func (l *nodeLog) WithAttrs([]slog.Attr) slog.Handler            { return l }
 func (l *nodeLog) WithGroup(string) slog.Handler                 { return l }
 func (l *nodeLog) Handle(_ context.Context, r slog.Record) error {
 	if r.Message == "ctrl stream open" {
+		on := int32(-1)
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "url" {
+				on = int32(slices.Index(l.rec.urls, strings.TrimSuffix(a.Value.String(), "/")))
+				return false
+			}
+			return true
+		})
+		l.rec.on[l.i].Store(on)
 		l.rec.opened[l.i].Store(time.Now().UnixNano())
 	}
 	return nil
 }
 
-// usage is ctrl's CPU time and resident memory at one moment.
+// usage is ctrl's CPU time and resident memory (every replica's) at one
+// moment, and the harness's own.
 type usage struct {
-	at  time.Time
-	cpu time.Duration
-	rss int64 // bytes
+	at           time.Time
+	cpu, self    time.Duration
+	rss, selfRSS int64 // bytes
 }
 
 func sample(pid int) usage {
-	u := usage{at: time.Now(), cpu: benchkit.SampleCPU(pid).Server}
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-				u.rss = kb << 10
-			}
+	return usage{at: time.Now(), cpu: benchkit.SampleCPU(pid).Server, rss: rssOf(pid)}
+}
+
+func rssOf(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
 		}
 	}
-	return u
+	return 0
 }
 
 type wsState struct {
 	id  string
 	rev uint64
 	ok  bool
+	// The create's moments: its answer (client), its command's created_at
+	// and completed_at (ctrl's clock, the same host's), seen COMPLETED
+	// (client).
+	answered, createdAt, completedAt, seen time.Time
 }
 
+// timedRuntime records when each workspace first reaches its node's
+// runtime (Start).
+type timedRuntime struct {
+	*agenttest.Runtime
+	starts *sync.Map
+}
+
+func (t timedRuntime) Start(ctx context.Context, s agent.Spec) error {
+	t.starts.LoadOrStore(s.WorkspaceID, time.Now())
+	return t.Runtime.Start(ctx, s)
+}
+
+// split is where a create's time goes, each a sorted list of durations.
+type split struct {
+	toStart, startToDone, doneToSeen, acceptToDone []time.Duration
+	starts                                         []time.Time // by workspace index (zero: not seen)
+}
+
+func splitCreates(ws []wsState, starts *sync.Map) split {
+	sp := split{starts: make([]time.Time, len(ws))}
+	for i, w := range ws {
+		if w.ok {
+			sp.acceptToDone = append(sp.acceptToDone, w.completedAt.Sub(w.createdAt))
+		}
+		v, ok := starts.Load(w.id)
+		if !ok || !w.ok {
+			continue
+		}
+		st := v.(time.Time)
+		sp.starts[i] = st
+		sp.toStart = append(sp.toStart, st.Sub(w.createdAt))
+		sp.startToDone = append(sp.startToDone, w.completedAt.Sub(st))
+		sp.doneToSeen = append(sp.doneToSeen, w.seen.Sub(w.completedAt))
+	}
+	for _, l := range [][]time.Duration{sp.toStart, sp.startToDone, sp.doneToSeen, sp.acceptToDone} {
+		slices.Sort(l)
+	}
+	return sp
+}
+
+// writeTimeline writes each create's moments, in ms from the first
+// create's answer: answered, Start on the node, completed_at, seen.
+func writeTimeline(path string, ws []wsState, starts []time.Time) error {
+	var b strings.Builder
+	b.WriteString("i,answered_ms,start_ms,completed_ms,seen_ms\n")
+	t0 := ws[0].answered
+	ms := func(t time.Time) float64 { return benchkit.MS(t.Sub(t0)) }
+	for i, w := range ws {
+		fmt.Fprintf(&b, "%d,%.1f,%.1f,%.1f,%.1f\n", i, ms(w.answered), ms(starts[i]), ms(w.completedAt), ms(w.seen))
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+func pctOf(l []time.Duration, q float64) time.Duration {
+	if len(l) == 0 {
+		return 0
+	}
+	return l[min(len(l)-1, int(q*float64(len(l))))]
+}
+
+// client spreads commands over the replicas: command i goes to replica
+// i mod k, and its wait too.
 type client struct {
-	ws    ctrlv1connect.WorkspaceServiceClient
-	nodes ctrlv1connect.NodeServiceClient
+	ws    []ctrlv1connect.WorkspaceServiceClient
+	nodes []ctrlv1connect.NodeServiceClient
 	run   string
 	seq   atomic.Int64
 }
@@ -324,27 +554,34 @@ func (c *client) cmdID(kind string) string {
 
 // create returns the time from CreateWorkspace's answer to the command
 // observed COMPLETED (GetWorkspaceCommand waiting on the server).
-func (c *client) create(ctx context.Context, w *wsState) (time.Duration, error) {
+func (c *client) create(ctx context.Context, i int, w *wsState) (time.Duration, error) {
+	ws := c.ws[i%len(c.ws)]
 	cmd := c.cmdID("create")
-	resp, err := c.ws.CreateWorkspace(ctx, connect.NewRequest(&ctrlv1.CreateWorkspaceRequest{
-		Metadata:  &ctrlv1.CommandMetadata{CommandId: cmd},
-		Resources: &ctrlv1.Resources{MemoryMib: 16, CpuMillis: 10}, WritableLayerCapacityBytes: 64 << 20,
-	}))
+	resp, err := retry(func() (*connect.Response[ctrlv1.CreateWorkspaceResponse], error) {
+		return ws.CreateWorkspace(ctx, connect.NewRequest(&ctrlv1.CreateWorkspaceRequest{
+			Metadata:  &ctrlv1.CommandMetadata{CommandId: cmd},
+			Resources: &ctrlv1.Resources{MemoryMib: 16, CpuMillis: 10}, WritableLayerCapacityBytes: 64 << 20,
+		}))
+	})
 	if err != nil {
 		return 0, fmt.Errorf("CreateWorkspace: %w", err)
 	}
 	accepted := time.Now()
+	w.answered = accepted
+	w.createdAt = resp.Msg.GetCommand().GetCreatedAt().AsTime()
 	w.id = resp.Msg.GetWorkspace().GetWorkspaceId()
 	w.rev = resp.Msg.GetWorkspace().GetExpiration().GetRevision()
 	deadline := accepted.Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
-		g, err := c.ws.GetWorkspaceCommand(ctx, connect.NewRequest(&ctrlv1.GetWorkspaceCommandRequest{CommandId: cmd, WaitTimeout: durationpb.New(30 * time.Second)}))
+		g, err := ws.GetWorkspaceCommand(ctx, connect.NewRequest(&ctrlv1.GetWorkspaceCommandRequest{CommandId: cmd, WaitTimeout: durationpb.New(30 * time.Second)}))
 		if err != nil {
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}
 		if g.Msg.GetCommand().GetStatus() == ctrlv1.WorkspaceCommandStatus_WORKSPACE_COMMAND_STATUS_COMPLETED {
 			d := time.Since(accepted)
+			w.seen = time.Now()
+			w.completedAt = g.Msg.GetCommand().GetCompletedAt().AsTime()
 			if e := g.Msg.GetCommand().GetError(); e != nil {
 				return d, fmt.Errorf("create failed: %v", e)
 			}
@@ -367,14 +604,15 @@ func retry[T any](call func() (T, error)) (T, error) {
 	}
 }
 
-func (c *client) stop(ctx context.Context, w *wsState) (time.Duration, error) {
+func (c *client) stop(ctx context.Context, i int, w *wsState) (time.Duration, error) {
 	if !w.ok {
 		return 0, fmt.Errorf("not created")
 	}
+	ws := c.ws[i%len(c.ws)]
 	cmd := c.cmdID("stop")
 	t0 := time.Now()
 	resp, err := retry(func() (*connect.Response[ctrlv1.StopWorkspaceResponse], error) {
-		return c.ws.StopWorkspace(ctx, connect.NewRequest(&ctrlv1.StopWorkspaceRequest{
+		return ws.StopWorkspace(ctx, connect.NewRequest(&ctrlv1.StopWorkspaceRequest{
 			Metadata: &ctrlv1.CommandMetadata{CommandId: cmd}, WorkspaceId: w.id, ExpectedExpirationRevision: w.rev}))
 	})
 	d := time.Since(t0)
@@ -389,14 +627,15 @@ func (c *client) stop(ctx context.Context, w *wsState) (time.Duration, error) {
 	return d, nil
 }
 
-func (c *client) remove(ctx context.Context, w *wsState) (time.Duration, error) {
+func (c *client) remove(ctx context.Context, i int, w *wsState) (time.Duration, error) {
 	if !w.ok {
 		return 0, fmt.Errorf("not stopped")
 	}
+	ws := c.ws[i%len(c.ws)]
 	cmd := c.cmdID("delete")
 	t0 := time.Now()
 	resp, err := retry(func() (*connect.Response[ctrlv1.DeleteWorkspaceResponse], error) {
-		return c.ws.DeleteWorkspace(ctx, connect.NewRequest(&ctrlv1.DeleteWorkspaceRequest{
+		return ws.DeleteWorkspace(ctx, connect.NewRequest(&ctrlv1.DeleteWorkspaceRequest{
 			Metadata: &ctrlv1.CommandMetadata{CommandId: cmd}, WorkspaceId: w.id, ExpectedExpirationRevision: w.rev}))
 	})
 	d := time.Since(t0)
@@ -409,15 +648,16 @@ func (c *client) remove(ctx context.Context, w *wsState) (time.Duration, error) 
 	return d, nil
 }
 
-// waitConnected waits until ListNodes reports n nodes connected; it returns
-// the time from since.
+// waitConnected waits until ListNodes (through any replica that answers)
+// reports n nodes connected; it returns the time from since.
 func (c *client) waitConnected(ctx context.Context, n int, since time.Time, bound time.Duration) (time.Duration, error) {
 	deadline := time.Now().Add(bound)
 	last := 0
-	for time.Now().Before(deadline) {
+	for k := 0; time.Now().Before(deadline); k++ {
+		nodes := c.nodes[k%len(c.nodes)]
 		connected, token := 0, ""
 		for {
-			resp, err := c.nodes.ListNodes(ctx, connect.NewRequest(&ctrlv1.ListNodesRequest{PageSize: 1000, PageToken: token}))
+			resp, err := nodes.ListNodes(ctx, connect.NewRequest(&ctrlv1.ListNodesRequest{PageSize: 1000, PageToken: token}))
 			if err != nil {
 				connected = -1
 				break
@@ -440,15 +680,20 @@ func (c *client) waitConnected(ctx context.Context, n int, since time.Time, boun
 	return 0, fmt.Errorf("ListNodes: %d of %d connected after %v", last, n, bound)
 }
 
-// waitAvailable waits until no workspace is in another state than
-// AVAILABLE (n of them) and returns the time from since.
+// waitAvailable waits until n workspaces are listed AVAILABLE and returns
+// the time from since.
 func (c *client) waitAvailable(ctx context.Context, n int, since time.Time, bound time.Duration) (time.Duration, error) {
 	deadline := time.Now().Add(bound)
 	last := 0
-	for time.Now().Before(deadline) {
+	pause := 200 * time.Millisecond
+	if n > 10000 {
+		pause = time.Second
+	}
+	for k := 0; time.Now().Before(deadline); k++ {
+		ws := c.ws[k%len(c.ws)]
 		avail, token := 0, ""
 		for {
-			resp, err := c.ws.ListWorkspaces(ctx, connect.NewRequest(&ctrlv1.ListWorkspacesRequest{PageSize: 1000, PageToken: token,
+			resp, err := ws.ListWorkspaces(ctx, connect.NewRequest(&ctrlv1.ListWorkspacesRequest{PageSize: 1000, PageToken: token,
 				States: []ctrlv1.WorkspaceState{ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE}}))
 			if err != nil {
 				avail = -1
@@ -463,7 +708,7 @@ func (c *client) waitAvailable(ctx context.Context, n int, since time.Time, boun
 			return time.Since(since), nil
 		}
 		last = avail
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(pause)
 	}
 	return 0, fmt.Errorf("%d of %d workspaces AVAILABLE after %v", last, n, bound)
 }
@@ -479,25 +724,36 @@ type phase struct {
 
 // paced calls f(i) for i in [0, n), one start every 1/rate seconds, each
 // in its own goroutine (an open loop: a slow answer does not slow the
-// arrivals).
-func paced(n int, rate float64, f func(i int) (time.Duration, error)) phase {
+// arrivals), at most inflight at once when inflight > 0.
+func paced(n int, rate float64, inflight int, f func(i int) (time.Duration, error)) phase {
 	var (
-		p  phase
-		mu sync.Mutex
-		wg sync.WaitGroup
+		p   phase
+		mu  sync.Mutex
+		wg  sync.WaitGroup
+		sem chan struct{}
 	)
+	if inflight > 0 {
+		sem = make(chan struct{}, inflight)
+	}
 	interval := time.Duration(float64(time.Second) / rate)
 	t0 := time.Now()
 	for i := 0; i < n; i++ {
 		due := t0.Add(time.Duration(i) * interval)
 		if d := time.Until(due); d > 0 {
 			time.Sleep(d)
-		} else if -d > p.maxLag {
-			p.maxLag = -d
+		}
+		if sem != nil {
+			sem <- struct{}{}
+		}
+		if d := -time.Until(due); d > p.maxLag {
+			p.maxLag = d
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			if sem != nil {
+				defer func() { <-sem }()
+			}
 			d, err := f(i)
 			mu.Lock()
 			defer mu.Unlock()
@@ -517,91 +773,9 @@ func paced(n int, rate float64, f func(i int) (time.Duration, error)) phase {
 	return p
 }
 
-func (p phase) pct(q float64) time.Duration {
-	if len(p.lats) == 0 {
-		return 0
-	}
-	return p.lats[min(len(p.lats)-1, int(q*float64(len(p.lats))))]
-}
+func (p phase) pct(q float64) time.Duration { return pctOf(p.lats, q) }
 
 func (p phase) summary() string {
 	return fmt.Sprintf("%d ok, %d errors, p50 %.1f ms, p99 %.1f ms, max %.1f ms, %v", len(p.lats), p.errs,
 		benchkit.MS(p.pct(0.5)), benchkit.MS(p.pct(0.99)), benchkit.MS(p.pct(1)), p.wall.Round(time.Millisecond))
-}
-
-type report struct {
-	opts                                        options
-	store                                       string
-	base, idle0, idle1, created, restarted, end usage
-	connect, listed                             time.Duration
-	exited, ready, reconnect, resync, available time.Duration
-	exitErr                                     error
-	exitLog                                     string
-	create, stop, del                           phase
-}
-
-func mib(b int64) float64 { return float64(b) / (1 << 20) }
-
-func (r *report) markdown() string {
-	o := r.opts
-	var b strings.Builder
-	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
-	w("# Hollow nodes: %d nodes, %d workspaces, %s\n\n", o.nodes, o.workspaces, r.store)
-	w("`go run ./bench/hollow -nodes %d -workspaces %d -rate %g -duration %v`", o.nodes, o.workspaces, o.rate, o.duration)
-	if o.postgres != "" {
-		w(" `-postgres URL`")
-	}
-	w("\n\n%s, %s CPUs (%s), load %s; GOMAXPROCS %d in the harness. The harness (all agents) and ctrl share the machine.\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 UTC"), benchkit.NProc(), benchkit.CPUModel(), benchkit.LoadAvg(), runtime.GOMAXPROCS(0))
-	w("## Nodes\n\n| measure | value |\n|---|---|\n")
-	w("| %d streams open (agent's \"ctrl stream open\", from the first agent started) | %v |\n", o.nodes, r.connect.Round(time.Millisecond))
-	w("| ListNodes reports all connected | %v |\n", r.listed.Round(time.Millisecond))
-	idleCPU := r.idle1.cpu - r.idle0.cpu
-	idleWall := r.idle1.at.Sub(r.idle0.at)
-	w("| ctrl RSS before nodes / with nodes | %.1f / %.1f MiB |\n", mib(r.base.rss), mib(r.idle0.rss))
-	w("| ctrl RSS per node | %.1f KiB |\n", float64(r.idle0.rss-r.base.rss)/1024/float64(o.nodes))
-	w("| ctrl CPU idle with the nodes (heartbeats every 5 s) | %.3f cores (%.2f s over %v) |\n", idleCPU.Seconds()/idleWall.Seconds(), idleCPU.Seconds(), idleWall.Round(time.Second))
-	w("| ctrl CPU per node idle | %.1f µs/s |\n", idleCPU.Seconds()/idleWall.Seconds()/float64(o.nodes)*1e6)
-	w("\n## Commands (open loop, %g/s)\n\n| command | ok | errors | p50 ms | p99 ms | max ms | wall | pacer lag max |\n|---|---|---|---|---|---|---|---|\n", o.rate)
-	for _, row := range []struct {
-		name string
-		p    phase
-	}{{"create (answer → COMPLETED)", r.create}, {"stop (call)", r.stop}, {"delete (call)", r.del}} {
-		w("| %s | %d | %d | %.1f | %.1f | %.1f | %v | %v |\n", row.name, len(row.p.lats), row.p.errs,
-			benchkit.MS(row.p.pct(0.5)), benchkit.MS(row.p.pct(0.99)), benchkit.MS(row.p.pct(1)), row.p.wall.Round(time.Millisecond), row.p.maxLag.Round(time.Millisecond))
-	}
-	for _, row := range []struct {
-		name string
-		p    phase
-	}{{"create", r.create}, {"stop", r.stop}, {"delete", r.del}} {
-		if row.p.first != nil {
-			w("\nFirst %s error: `%v`\n", row.name, row.p.first)
-		}
-	}
-	createCPU := r.created.cpu - r.idle1.cpu
-	w("\n## Per workspace\n\n| measure | value |\n|---|---|\n")
-	idleRate := idleCPU.Seconds() / idleWall.Seconds()
-	w("| ctrl CPU per create (create phase's CPU / creates) | %.2f ms (%.2f ms net of the idle nodes' CPU) |\n", createCPU.Seconds()*1e3/float64(max(1, o.workspaces)),
-		(createCPU.Seconds()-idleRate*r.created.at.Sub(r.idle1.at).Seconds())*1e3/float64(max(1, o.workspaces)))
-	w("| ctrl RSS after creates | %.1f MiB (%.1f KiB per workspace over idle) |\n", mib(r.created.rss), float64(r.created.rss-r.idle1.rss)/1024/float64(max(1, o.workspaces)))
-	w("| ctrl RSS after restart, %d AVAILABLE workspaces | %.1f MiB |\n", o.workspaces, mib(r.restarted.rss))
-	sd := (r.end.cpu - r.restarted.cpu).Seconds()
-	w("| ctrl CPU per stop + delete | %.2f ms (%.2f ms net of the idle nodes' CPU) |\n", sd*1e3/float64(max(1, o.workspaces)),
-		(sd-idleRate*r.end.at.Sub(r.restarted.at).Seconds())*1e3/float64(max(1, o.workspaces)))
-	w("\n## Restart (SIGTERM, start on the same data directory and address)\n\n| measure, from the SIGTERM | value |\n|---|---|\n")
-	w("| old ctrl exited | %v |\n", r.exited.Round(time.Millisecond))
-	w("| new ctrl answers GetServerInfo | %v |\n", r.ready.Round(time.Millisecond))
-	w("| all %d nodes' streams open again | %v |\n", o.nodes, r.reconnect.Round(time.Millisecond))
-	w("| ListNodes reports all connected | %v |\n", r.resync.Round(time.Millisecond))
-	w("| all %d workspaces listed AVAILABLE | %v |\n", o.workspaces, r.available.Round(time.Millisecond))
-	if r.exitErr != nil {
-		msg, _, _ := strings.Cut(r.exitErr.Error(), " (log:")
-		w("\nThe old ctrl's exit: `%s`", msg)
-		if r.exitLog != "" {
-			w("; its last error line: `%s`", r.exitLog)
-		}
-		w(".\n")
-	}
-	w("\nThe restart figures include the old ctrl's shutdown: the reconnect after the new one started is their difference to \"old ctrl exited\".\n")
-	return b.String()
 }
