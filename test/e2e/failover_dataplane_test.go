@@ -1,0 +1,238 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/net/http2"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
+	"github.com/kibotos/kibotos/internal/capability"
+	"github.com/kibotos/kibotos/internal/node/sandbox"
+	"github.com/kibotos/kibotos/internal/pki"
+	"github.com/kibotos/kibotos/internal/store/postgres/pgtest"
+)
+
+// TestDataPlaneThroughEitherReplica runs two kibotos-ctrl replicas on one
+// PostgreSQL database and a real kibotos-node given both: the node keeps
+// data tunnels to both, so an exec and a file upload and download
+// through the replica that does NOT hold the node's stream work; a
+// data-plane token revoked through one replica is refused at the other
+// within the revocation bound (1 s; measured); and when the replica
+// holding the stream is SIGKILLed, an exec through the survivor still
+// works.
+func TestDataPlaneThroughEitherReplica(t *testing.T) {
+	requireRoot(t)
+	base := os.Getenv("KIBOTOS_TEST_POSTGRES_URL")
+	if base == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("KIBOTOS_TEST_POSTGRES_URL is not set; CI must run the PostgreSQL tests")
+		}
+		t.Skip("KIBOTOS_TEST_POSTGRES_URL is not set: this test needs PostgreSQL (two ctrl replicas on one database)")
+	}
+	var url string
+	_, cleanup, err := pgtest.Open(t.Context(), base, func(_ context.Context, u string) (nopCloser, error) { url = u; return nopCloser{}, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cleanup() })
+	e := newSoakEnv(t, 2, "--dev-no-node", "--store", url, "--log-level", "info")
+	ctx := t.Context()
+
+	enr := ctrlv1connect.NewEnrollmentServiceClient(e.hc, e.url(0))
+	cr, err := enr.CreateEnrollment(ctx, connect.NewRequest(&ctrlv1.CreateEnrollmentRequest{
+		CommandId: "dp-failover-enroll", NodeId: "dp-failover-node", Ttl: durationpb.New(10 * time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(cr.Msg.GetToken()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stateDir := t.TempDir()
+	t.Cleanup(func() {
+		if err := sandbox.Cleanup(stateDir); err != nil {
+			t.Logf("sandbox.Cleanup: %v", err)
+		}
+	})
+	removeBackstop(t, stateDir)
+	paths := pki.DevPathsIn(e.dataDir)
+	node := exec.Command(nodeBinary(t), "--ctrl", e.url(0), "--ctrl", e.url(1), "--ca", paths.CA, "--enroll-token-file", tokenFile,
+		"--state-dir", stateDir, "--guest-binary", filepath.Join(binDir, "kibotos-guest"), "--memory-mib", "2048", "--cpu-millis", "2000")
+	logs := &lockedBuffer{}
+	node.Stdout, node.Stderr = logs, logs
+	if err := node.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Process.Kill(); _ = node.Wait() })
+
+	holder := -1
+	for deadline := time.Now().Add(60 * time.Second); holder < 0; time.Sleep(20 * time.Millisecond) {
+		for i := range 2 {
+			if !streamOpenedAt(logs.String(), e.url(i), time.Time{}).IsZero() {
+				holder = i
+			}
+		}
+		if holder < 0 && time.Now().After(deadline) {
+			t.Fatalf("the node opened no stream; its log:\n%s", logs)
+		}
+	}
+	other := 1 - holder
+	e.waitCapability(holder, capability.WorkspaceCreate)
+	ws, took := e.createReal(holder, "dp-failover-w1")
+	t.Logf("node's stream on replica %d; a create through it: AVAILABLE and READY in %v", holder, took)
+
+	// Exec through the replica without the node's stream: over the
+	// node's own tunnel to it.
+	start := time.Now()
+	out, err := e.execEcho(other, ws)
+	if err != nil || out != "hi\n" {
+		t.Fatalf("exec in %s through replica %d (not the stream's): %q, %v", ws, other, out, err)
+	}
+	t.Logf("exec through replica %d (not holding the stream): %v", other, time.Since(start).Round(time.Millisecond))
+
+	// Files through it: 4 MiB up, the same back.
+	tok := e.dpToken(other, ws, "dp-failover-fs", ctrlv1.DataPlaneScope_DATA_PLANE_SCOPE_FILESYSTEM)
+	files := ctrlv1connect.NewFileServiceClient(e.dataClient(), e.url(other))
+	content := make([]byte, 4<<20)
+	rand.Read(content)
+	start = time.Now()
+	fi, err := e2eWrite(ctx, files, tok, &ctrlv1.WriteFileHeader{WorkspaceId: ws, Path: "/tmp/dp-failover.bin", Mode: 0o600}, content)
+	if err != nil || fi.GetSize() != uint64(len(content)) {
+		t.Fatalf("WriteFile through replica %d: %v, %v", other, fi, err)
+	}
+	up := time.Since(start)
+	start = time.Now()
+	back, err := e2eRead(ctx, files, tok, ws, "/tmp/dp-failover.bin")
+	if err != nil || !bytes.Equal(back, content) {
+		t.Fatalf("ReadFile through replica %d: %d bytes (want %d, equal %v), %v", other, len(back), len(content), bytes.Equal(back, content), err)
+	}
+	down := time.Since(start)
+	// The same through the stream's replica, for comparison.
+	htok := e.dpToken(holder, ws, "dp-failover-fs-holder", ctrlv1.DataPlaneScope_DATA_PLANE_SCOPE_FILESYSTEM)
+	hfiles := ctrlv1connect.NewFileServiceClient(e.dataClient(), e.url(holder))
+	start = time.Now()
+	if _, err := e2eWrite(ctx, hfiles, htok, &ctrlv1.WriteFileHeader{WorkspaceId: ws, Path: "/tmp/dp-failover-h.bin", Mode: 0o600}, content); err != nil {
+		t.Fatalf("WriteFile through replica %d: %v", holder, err)
+	}
+	hup := time.Since(start)
+	start = time.Now()
+	if back, err := e2eRead(ctx, hfiles, htok, ws, "/tmp/dp-failover-h.bin"); err != nil || !bytes.Equal(back, content) {
+		t.Fatalf("ReadFile through replica %d: %d bytes, %v", holder, len(back), err)
+	}
+	t.Logf("4 MiB through replica %d (no stream): upload %v, download %v; through replica %d (the stream's): upload %v, download %v",
+		other, up.Round(time.Millisecond), down.Round(time.Millisecond), holder, hup.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+
+	// Revocation across replicas: a token used at B (its generation
+	// cached there) is revoked through A, then refused at B.
+	for _, dir := range [][2]int{{holder, other}, {other, holder}} {
+		a, b := dir[0], dir[1]
+		cid := "dp-failover-revoke-" + time.Now().Format("150405.000000")
+		rtok := e.dpToken(a, ws, cid+"-s", ctrlv1.DataPlaneScope_DATA_PLANE_SCOPE_FILESYSTEM)
+		fb := ctrlv1connect.NewFileServiceClient(e.dataClient(), e.url(b))
+		probe := func() error {
+			s, err := fb.ReadFile(ctx, bearer(&ctrlv1.ReadFileRequest{WorkspaceId: ws, Path: "/tmp/dp-failover-none"}, rtok))
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			for s.Receive() {
+			}
+			return s.Err()
+		}
+		if err := probe(); connect.CodeOf(err) != connect.CodeNotFound {
+			t.Fatalf("replica %d before the revocation: %v, want not_found (the token accepted)", b, err)
+		}
+		if _, err := e.ws(a).RevokeWorkspaceDataPlane(ctx, connect.NewRequest(&ctrlv1.RevokeWorkspaceDataPlaneRequest{
+			Metadata: md(cid), WorkspaceId: ws})); err != nil {
+			t.Fatalf("revoke through replica %d: %v", a, err)
+		}
+		answered := time.Now()
+		var refusedAfter, probeTook time.Duration
+		for {
+			p0 := time.Now()
+			err := probe()
+			probeTook = time.Since(p0)
+			if connect.CodeOf(err) == connect.CodeUnauthenticated {
+				refusedAfter = time.Since(answered)
+				break
+			}
+			if connect.CodeOf(err) != connect.CodeNotFound {
+				t.Fatalf("replica %d after the revocation: %v", b, err)
+			}
+			if time.Since(answered) > 2*time.Second {
+				t.Fatalf("replica %d still accepts a token revoked through replica %d %v ago", b, a, time.Since(answered))
+			}
+		}
+		t.Logf("token revoked through replica %d: refused at replica %d %v after the revocation answered (one probe takes %v)",
+			a, b, refusedAfter.Round(time.Millisecond), probeTook.Round(time.Millisecond))
+		if refusedAfter > time.Second {
+			t.Errorf("revocation reached replica %d after %v; the bound is 1 s", b, refusedAfter)
+		}
+	}
+
+	// SIGKILL the replica holding the stream: the survivor already has a
+	// tunnel, so an exec through it works without waiting for the stream.
+	killed := time.Now()
+	_ = e.procs[holder].cmd.Process.Signal(syscall.SIGKILL)
+	_ = e.procs[holder].cmd.Wait()
+	var execAfter time.Duration
+	failed := 0
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		out, err = e.execEcho(other, ws)
+		if err == nil && out == "hi\n" {
+			execAfter = time.Since(killed)
+			break
+		}
+		failed++
+		t.Logf("exec through the survivor after the kill: %q, %v", out, err)
+		if time.Now().After(deadline) {
+			t.Fatalf("exec through the survivor %d after the kill: %q, %v; the node's log:\n%s", other, out, err, logs)
+		}
+	}
+	var opened time.Time
+	for deadline := time.Now().Add(10 * time.Second); opened.IsZero() && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		opened = streamOpenedAt(logs.String(), e.url(other), killed)
+	}
+	if opened.IsZero() {
+		t.Fatalf("the node's stream did not move to replica %d within 10 s of the kill", other)
+	}
+	t.Logf("replica %d SIGKILLed: an exec through replica %d answered %v after the kill (%d attempts failed before); the node's stream moved to it %v after the kill",
+		holder, other, execAfter.Round(time.Millisecond), failed, opened.Sub(killed).Round(time.Millisecond))
+	if failed > 0 {
+		t.Errorf("%d execs through the survivor failed after the kill; its tunnel was open before", failed)
+	}
+}
+
+// dpToken creates, through replica i, a data-plane session of workspace
+// id with scopes and returns its token.
+func (e *soakEnv) dpToken(i int, id, cid string, scopes ...ctrlv1.DataPlaneScope) string {
+	e.t.Helper()
+	r, err := ctrlv1connect.NewSessionServiceClient(e.hc, e.url(i)).CreateDataPlaneSession(e.t.Context(),
+		connect.NewRequest(&ctrlv1.CreateDataPlaneSessionRequest{Metadata: md(cid), WorkspaceId: id, Scopes: scopes}))
+	if err != nil {
+		e.t.Fatalf("CreateDataPlaneSession through replica %d: %v", i, err)
+	}
+	return r.Msg.GetSession().GetToken()
+}
+
+// dataClient is an HTTP client of the public data plane (TLS, no client
+// certificate).
+func (e *soakEnv) dataClient() *http.Client {
+	tlsc, err := pki.ClientConfig(pki.DevPathsIn(e.dataDir).CA, "", "")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return &http.Client{Transport: &http2.Transport{TLSClientConfig: tlsc}, Timeout: 30 * time.Second}
+}
