@@ -195,6 +195,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	// and of reclamations through the reconciler.
 	artifacts := &artifact.Service{Engine: engine, Store: cfg.Store, Now: cfg.Now}
 	s.recon = reconciler.New(reconciler.Config{Store: cfg.Store, Log: log, Now: cfg.Now, NodeGrace: cfg.NodeGrace, Leader: s.fleet.IsHeld,
+		Fence:         func(ctx context.Context, tx store.Tx) error { return s.fleet.Check(ctx, tx) },
 		OnDenyNodeKey: s.endTunnelKey, OnEndDataPlane: s.endTunnelNode, FetchArtifact: artifacts.Fetch})
 	// Every replica checks its tunnels again when another denies a key or
 	// isolates a node (the hooks above notify), and every 30 s.

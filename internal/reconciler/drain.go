@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	"github.com/kibotos/kibotos/internal/fleet"
+	"github.com/kibotos/kibotos/internal/lease"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
@@ -22,6 +23,7 @@ import (
 // DrainNode without the option); the stop's command ID is derived from the
 // drain's and the Workspace's generation, so a second try — this loop's
 // next pass or another replica's — finds it recorded and stops nothing.
+// The transaction checks the fleet lease first (Config.Fence).
 func (r *Reconciler) drainRules(ctx context.Context) error {
 	type rule struct{ node, drain string }
 	var rules []rule
@@ -58,6 +60,9 @@ func (r *Reconciler) drainRules(ctx context.Context) error {
 		ended := false
 		err := r.store.InTx(ctx, func(tx store.Tx) error {
 			stopped, ended = nil, false
+			if err := r.fenced(ctx, tx); err != nil {
+				return err
+			}
 			_, rec, err := fleet.GetRecord(ctx, tx, ru.node)
 			switch {
 			case errors.Is(err, store.ErrNotFound):
@@ -72,6 +77,9 @@ func (r *Reconciler) drainRules(ctx context.Context) error {
 			stopped, err = svc.StopForDrainRule(ctx, tx, ru.node, ru.drain)
 			return err
 		})
+		if errors.Is(err, lease.ErrNotHeld) {
+			break // the fleet lease moved on: nothing of this unit committed
+		}
 		if err != nil {
 			errs = append(errs, err)
 			continue

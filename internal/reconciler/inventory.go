@@ -17,7 +17,10 @@ import (
 // own holdings: an Inventory with more than nodewire.MaxInventoryEntries
 // in a list is ignored whole, an entry that cannot name a version a node
 // holds is left out, both with a log line; nothing else of the node row
-// changes. An Inventory from a stream another one replaced is ignored.
+// changes. An Inventory from a stream another one replaced is ignored: on
+// this ctrl by its stream, on any replica by the node's connection epoch
+// (store.Node.Epoch), checked in the recording transaction; a stream so
+// superseded ends.
 func (r *Reconciler) inventory(ctx context.Context, nc *nodeConn, inv *nodev1.Inventory) {
 	id := nc.id
 	if err := nodewire.CheckInventory(inv); err != nil {
@@ -32,10 +35,18 @@ func (r *Reconciler) inventory(ctx context.Context, nc *nodeConn, inv *nodev1.In
 	if !r.current(nc) {
 		return
 	}
+	superseded := false
 	err := r.store.InTx(ctx, func(tx store.Tx) error {
+		superseded = false
 		n, err := tx.GetNode(ctx, id)
 		if err != nil {
 			return err
+		}
+		if n.Epoch != nc.epoch {
+			// A newer connection of the node (here or on another replica)
+			// registered since this stream's Hello: its record is newer.
+			superseded = true
+			return nil
 		}
 		hello := &nodev1.Hello{}
 		if err := proto.Unmarshal(n.Doc, hello); err != nil {
@@ -53,6 +64,11 @@ func (r *Reconciler) inventory(ctx context.Context, nc *nodeConn, inv *nodev1.In
 		}
 		return
 	}
+	if superseded {
+		r.supersede(nc)
+		return
+	}
+	r.nodesChangedHere() // every replica learns the node's templates
 	r.mu.Lock()
 	if r.nodes[id] == nc {
 		r.templates[id] = templateMap(templates)

@@ -5,11 +5,10 @@ import (
 	"errors"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/internal/fleet"
+	"github.com/kibotos/kibotos/internal/lease"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
@@ -23,6 +22,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		return err
 	}
 	go r.wakeOnNotify(ctx)
+	go r.wakeOnNodes(ctx)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -38,29 +38,6 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	}
 }
 
-// loadNodes learns the nodes the store knows, connected or not, so that a
-// restarted ctrl judges their silence and their capacity.
-func (r *Reconciler) loadNodes(ctx context.Context) error {
-	return r.store.View(ctx, func(tx store.Tx) error {
-		nodes, err := tx.ListNodes(ctx)
-		if err != nil {
-			return err
-		}
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		for _, n := range nodes {
-			r.caps[n.ID] = workspace.Capacity{MemoryMiB: n.MemoryMiB, CPUMillis: n.CPUMillis, StorageBytes: n.StorageBytes}
-			hello := &nodev1.Hello{}
-			if err := proto.Unmarshal(n.Doc, hello); err == nil {
-				r.templates[n.ID] = templateMap(hello.GetTemplates())
-				r.features[n.ID] = featureSet(hello.GetFeatures())
-				r.agentRatio[n.ID] = hello.GetCapacity().GetMemoryOvercommitRatio()
-			}
-		}
-		return nil
-	})
-}
-
 // pass stops what the drains with stop_workspaces stop (drain.go), places
 // unplaced Workspaces, pushes pending desired state and marks the
 // Workspaces of silent nodes UNKNOWN.
@@ -73,6 +50,10 @@ func (r *Reconciler) loadNodes(ctx context.Context) error {
 // nodes connected to it, and the placement is one serializable
 // transaction that re-reads the row, so one placement wins.
 func (r *Reconciler) pass(ctx context.Context) error {
+	if err := r.refreshNodes(ctx, r.leads()); err != nil && ctx.Err() == nil {
+		// The records learnt so far stay; the next pass reloads.
+		r.log.Warn("reload node records", "error", err.Error())
+	}
 	if err := r.refreshFleet(ctx); err != nil && ctx.Err() == nil {
 		// Placement goes on with the view it has; the next pass reloads.
 		r.log.Warn("reload fleet records", "error", err.Error())
@@ -104,6 +85,9 @@ func (r *Reconciler) pass(ctx context.Context) error {
 		}
 		if w.NodeID == "" {
 			p, done, err := r.place(ctx, w.ID)
+			if errors.Is(err, lease.ErrNotHeld) {
+				continue // the fleet lease moved on: its holder fails it
+			}
 			if err != nil {
 				return err
 			}
@@ -251,23 +235,27 @@ func (n *netReader) desired(w *store.Workspace) (*nodev1.DesiredWorkspace, error
 	return d, n.template(d, pub)
 }
 
-// silent reports whether a node has been silent beyond the grace at now: a
-// known node that is not connected, or whose last message is older.
-// Callers hold r.mu.
+// silent reports whether a node has been silent beyond the grace at now:
+// neither the store's last_seen (written by whichever replica holds its
+// stream, as of the last reload of the node records) nor this ctrl's
+// stream heard from it within the grace. Callers hold r.mu.
 func (r *Reconciler) silent(id string, now time.Time) bool {
-	nc := r.nodes[id]
-	return nc == nil || now.Sub(nc.lastSeen) > r.nodeGrace
+	return now.Sub(r.storeSeen(id)) > r.nodeGrace
 }
 
 // markSilent turns the Workspaces of nodes silent beyond the grace UNKNOWN,
 // and the network_policy_status of those desired RUNNING UNKNOWN too. It
-// returns how many Workspaces it turned.
+// returns how many Workspaces it turned. Every node of the store is judged,
+// by the last_seen the node records' reload read (one query for all nodes,
+// at most silenceReload old on the fleet lease's holder); only a node
+// silent by it costs a transaction, which reads its last_seen again, and
+// checks the fleet lease (Config.Fence) before it writes.
 func (r *Reconciler) markSilent(ctx context.Context) (int, error) {
 	now := r.now()
 	r.mu.Lock()
 	var silent []string
 	view := r.fleetView()
-	for id := range r.caps {
+	for id := range r.stored {
 		// A RETIRED node holds no Workspace: nothing to mark, ever.
 		if r.silent(id, now) && !r.quiet[id] && view.State(id) != fleet.StateRetired {
 			silent = append(silent, id)
@@ -280,14 +268,18 @@ func (r *Reconciler) markSilent(ctx context.Context) (int, error) {
 			break // the fleet lease moved on
 		}
 		quiet := false
+		marked := 0
 		err := r.store.InTx(ctx, func(tx store.Tx) error {
-			quiet = false
+			quiet, marked = false, 0
 			node, err := tx.GetNode(ctx, id)
 			if err != nil {
 				return err
 			}
 			if now.Sub(node.LastSeen) <= r.nodeGrace {
 				return nil // another replica hears from it
+			}
+			if err := r.fenced(ctx, tx); err != nil {
+				return err
 			}
 			quiet = true
 			on, err := tx.WorkspacesOnNode(ctx, id)
@@ -311,13 +303,17 @@ func (r *Reconciler) markSilent(ctx context.Context) (int, error) {
 				if err := saveRow(ctx, tx, w, pub, now); err != nil {
 					return err
 				}
-				n++
+				marked++
 			}
 			return nil
 		})
+		if errors.Is(err, lease.ErrNotHeld) {
+			break // the fleet lease moved on: nothing of this unit committed
+		}
 		if err != nil {
 			return n, err
 		}
+		n += marked
 		if quiet {
 			r.mu.Lock()
 			if r.silent(id, now) {

@@ -221,22 +221,60 @@ func placementFailure(reason string) *fault.Error {
 	return &fault.Error{Kind: fault.KindResourceExhausted, Reason: fault.ReasonCapacityExhausted, Stage: "placement", Message: reason}
 }
 
+// placementStalled is the failure of a Workspace that node, connected to
+// another replica, could hold, but that no replica placed within bound
+// (placement timeout plus the node grace): retryable.
+func placementStalled(node string, bound time.Duration) *fault.Error {
+	return &fault.Error{Kind: fault.KindUnavailable, Reason: fault.ReasonNodeUnreachable, Retryable: true, Stage: "placement",
+		Message: "node " + strconv.Quote(node) + " could hold the workspace, but the ctrl replica holding its stream did not place it within " +
+			bound.String()}
+}
+
 // connected returns the connected nodes in ID order, without their usage,
 // with their fleet state and overcommit ratios from the cached view.
 func (r *Reconciler) connected() []candidate {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	v := r.fleetView()
 	ids := make([]string, 0, len(r.nodes))
 	for id := range r.nodes {
 		ids = append(ids, id)
 	}
+	return r.candidates(ids)
+}
+
+// fleetWide returns, in ID order and as connected does, the nodes
+// connected to any replica: those connected to this ctrl, and the others
+// heard from within the grace at now by the store's last_seen (as of the
+// last reload of the node records).
+func (r *Reconciler) fleetWide(now time.Time) []candidate {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ids []string
+	for id := range r.stored {
+		if _, here := r.nodes[id]; !here && now.Sub(r.storeSeen(id)) <= r.nodeGrace {
+			ids = append(ids, id)
+		}
+	}
+	for id := range r.nodes {
+		ids = append(ids, id)
+	}
+	return r.candidates(ids)
+}
+
+// candidates are the nodes ids as placement sees them, in ID order.
+// Callers hold r.mu.
+func (r *Reconciler) candidates(ids []string) []candidate {
+	v := r.fleetView()
 	slices.Sort(ids) // the IDs, not the larger candidates
 	out := make([]candidate, len(ids))
 	for i, id := range ids {
 		ratios, _ := v.Ratios(id, r.agentRatio[id])
 		f := r.features[id]
-		out[i] = candidate{id: id, capacity: r.caps[id], templates: r.templates[id], pool: r.nodes[id].pool,
+		pool := r.stored[id].pool
+		if nc := r.nodes[id]; nc != nil {
+			pool = nc.pool
+		}
+		out[i] = candidate{id: id, capacity: r.caps[id], templates: r.templates[id], pool: pool,
 			network: f[nodewire.FeatureNetwork], artifacts: f[nodewire.FeatureArtifacts],
 			state: v.State(id), ratios: ratios}
 	}
@@ -255,7 +293,12 @@ func (r *Reconciler) connected() []candidate {
 // a Volume weighs only the Volume's node, read in tx. The fleet's records
 // come from the cached view; the pool overrides bound the pools' capacity.
 func (r *Reconciler) choose(ctx context.Context, tx store.Tx, pub *ctrlv1.Workspace) (*candidate, string, error) {
-	nodes, d := r.connected(), demandOf(pub)
+	return r.chooseAmong(ctx, tx, pub, r.connected())
+}
+
+// chooseAmong is choose among nodes.
+func (r *Reconciler) chooseAmong(ctx context.Context, tx store.Tx, pub *ctrlv1.Workspace, nodes []candidate) (*candidate, string, error) {
+	d := demandOf(pub)
 	node, extra, err := volumeDemand(ctx, tx, pub)
 	if err != nil {
 		return nil, "", err
@@ -392,9 +435,18 @@ func (r *Reconciler) placedUsage(node string, d demand, running bool) {
 	r.usage.m[node] = u
 }
 
-// place chooses a node for an unplaced Workspace, or fails its command when
-// none can hold it after the placement timeout (only the holder of the
-// fleet lease fails it: Config.Leader). It returns the placed row
+// place chooses a node for an unplaced Workspace among the nodes connected
+// to this ctrl, or fails its command when none can hold it after the
+// placement timeout. Only the holder of the fleet lease fails it
+// (Config.Leader), and it judges the failure over the whole fleet
+// (fleetWide: the nodes any replica heard from within the grace, their
+// capacity, templates, features, fleet state and usage): when a node
+// connected to another replica could hold it, that replica places it, and
+// the holder waits up to the placement timeout plus the node grace before
+// it fails it as retryable (placementStalled); otherwise the reason is
+// that of the fleet (capacity, templates, states), NODE_UNREACHABLE only
+// when no node anywhere was heard from within the grace. The failure's
+// transaction checks the fleet lease first (Config.Fence). It returns the placed row
 // (nil when not placed) and whether a command completed.
 func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bool, error) {
 	completed := false
@@ -460,7 +512,24 @@ func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bo
 			// placement at its timeout.
 			return nil
 		}
+		// Timed out on this ctrl's nodes: judge it over the whole fleet,
+		// the nodes connected to other replicas included.
+		other, reason, err := r.chooseAmong(ctx, tx, pub, r.fleetWide(now))
+		if err != nil {
+			return err
+		}
+		if other != nil && now.Sub(w.UpdatedAt) < r.placementTimeout+r.nodeGrace {
+			// A node connected to another replica can hold it: that
+			// replica places it at its next pass.
+			return nil
+		}
+		if err := r.fenced(ctx, tx); err != nil {
+			return err
+		}
 		fe := placementFailure(reason)
+		if other != nil {
+			fe = placementStalled(other.id, r.placementTimeout+r.nodeGrace)
+		}
 		pub.State, pub.HoldsExecution = ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED, false
 		pub.Failure = fe.Detail()
 		w.ObservedGeneration = w.Generation

@@ -76,6 +76,13 @@ type Config struct {
 	// (placement timeouts, silent-node detection, the drain rule). Nil:
 	// always (one ctrl).
 	Leader func() bool
+	// Fence, when set, is called inside the write transaction of each unit
+	// of the fleet-wide work (failing a placement at its timeout, marking a
+	// silent node's Workspaces UNKNOWN, the drain rule's stop) before it
+	// writes: lease.Keeper.Check, which refuses (lease.ErrNotHeld) when
+	// the lease row no longer names this replica with its fence, so a
+	// stale holder's unit rolls back. Nil: no check (one ctrl).
+	Fence func(ctx context.Context, tx store.Tx) error
 }
 
 // Reconciler is ctrl's control loop and the server side of NodeService.
@@ -89,6 +96,7 @@ type Reconciler struct {
 	onEndDataPlane   func(nodeID string)
 	fetchArtifact    func(ctx context.Context, req *nodev1.FetchArtifactRequest, send func(*nodev1.FetchArtifactResponse) error) error
 	leader           func() bool
+	fence            func(ctx context.Context, tx store.Tx) error
 
 	kick chan struct{}
 
@@ -116,6 +124,13 @@ type Reconciler struct {
 	volPending map[string]time.Time
 	// mem is the host-memory policy's state (hostmemory.go).
 	mem hostMemory
+	// stored is every node's stored record as last read (nodes.go), and
+	// nodeCache when; registered is the epoch of each node's latest
+	// registration by this ctrl (registerKey), which attach gives its
+	// stream.
+	stored     map[string]storedNode
+	nodeCache  nodeCache
+	registered map[string]int64
 	// quiet holds the silent nodes whose Workspaces are all marked UNKNOWN,
 	// so that later passes skip them until the node connects again.
 	quiet map[string]bool
@@ -131,6 +146,9 @@ type nodeConn struct {
 	// replaced must not panic.
 	replaced chan struct{}
 	endErr   error
+	// epoch is the connection epoch its Hello registered (store.Node.Epoch):
+	// its writes to the node's record check it.
+	epoch    int64
 	lastSeen time.Time         // last message received, by the reconciler's clock
 	sent     map[string]uint64 // workspace → generation pushed
 	volSent  map[string]uint64 // Volume → generation pushed
@@ -170,6 +188,9 @@ func New(cfg Config) *Reconciler {
 		onEndDataPlane:   cfg.OnEndDataPlane,
 		fetchArtifact:    cfg.FetchArtifact,
 		leader:           cfg.Leader,
+		fence:            cfg.Fence,
+		stored:           map[string]storedNode{},
+		registered:       map[string]int64{},
 		kick:             make(chan struct{}, 1),
 		nodes:            map[string]*nodeConn{},
 		caps:             map[string]workspace.Capacity{},
@@ -198,6 +219,15 @@ func New(cfg Config) *Reconciler {
 // leads reports whether this replica does the fleet-wide work now
 // (Config.Leader); it is asked before each unit of that work.
 func (r *Reconciler) leads() bool { return r.leader == nil || r.leader() }
+
+// fenced runs Config.Fence inside tx, the transaction of one unit of the
+// fleet-wide work.
+func (r *Reconciler) fenced(ctx context.Context, tx store.Tx) error {
+	if r.fence == nil {
+		return nil
+	}
+	return r.fence(ctx, tx)
+}
 
 func (r *Reconciler) now() time.Time {
 	return r.clock().UTC().Truncate(time.Microsecond)

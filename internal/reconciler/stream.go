@@ -146,7 +146,8 @@ func (r *Reconciler) register(ctx context.Context, hello *nodev1.Hello, mayConne
 }
 
 // registerKey records a Hello in the store: the node (created on its first
-// Hello), its capacity and templates, and that it was seen now; and its
+// Hello), its capacity and templates, that it was seen now and its next
+// connection epoch (store.Node.Epoch, which attach gives the stream); and its
 // fleet record (fleet.Register: created ACTIVE at registration version 1
 // on the first Hello, the key keyHash it spoke with recorded). mayConnect
 // vets the stored node first; a RETIRED node is refused
@@ -154,8 +155,9 @@ func (r *Reconciler) register(ctx context.Context, hello *nodev1.Hello, mayConne
 func (r *Reconciler) registerKey(ctx context.Context, hello *nodev1.Hello, keyHash []byte, mayConnect func(store.NodeTx, *store.Node) error) error {
 	id, c, now := hello.GetNodeId(), hello.GetCapacity(), r.now()
 	created := false
+	var epoch int64
 	err := r.store.InTx(ctx, func(tx store.Tx) error {
-		created = false
+		created, epoch = false, 0
 		n, err := tx.GetNode(ctx, id)
 		if errors.Is(err, store.ErrNotFound) {
 			n = &store.Node{ID: id, CreatedAt: now}
@@ -173,6 +175,10 @@ func (r *Reconciler) registerKey(ctx context.Context, hello *nodev1.Hello, keyHa
 		if _, err := fleet.Register(ctx, tx, id, keyHash, false, now); err != nil {
 			return err
 		}
+		// A new connection epoch: the writes of the node's older streams,
+		// on any replica, are refused from now on.
+		n.Epoch++
+		epoch = n.Epoch
 		n.LastSeen, n.MemoryMiB, n.CPUMillis, n.StorageBytes = now, c.GetMemoryMib(), c.GetCpuMillis(), c.GetStorageBytes()
 		if n.Doc, err = proto.Marshal(&nodev1.Hello{NodeId: id, Capacity: c, Templates: hello.GetTemplates(),
 			Features: hello.GetFeatures(), Platforms: hello.GetPlatforms(), GuestProtocolVersion: hello.GetGuestProtocolVersion()}); err != nil {
@@ -180,24 +186,37 @@ func (r *Reconciler) registerKey(ctx context.Context, hello *nodev1.Hello, keyHa
 		}
 		return tx.UpsertNode(ctx, n)
 	})
-	if err == nil && created {
-		// A new record: the cached view learns it (ACTIVE either way).
-		r.mu.Lock()
-		r.fleet.stale = true
-		r.mu.Unlock()
+	if err != nil {
+		return err
 	}
-	return err
+	r.mu.Lock()
+	r.registered[id] = epoch
+	if created {
+		// A new record: the cached view learns it (ACTIVE either way).
+		r.fleet.stale = true
+	}
+	r.mu.Unlock()
+	// Every replica learns the node's record (nodes.go).
+	r.nodesChangedHere()
+	return nil
 }
 
 // attach makes a Hello's node the connected one of its ID, seen now; a
 // newer stream replaces an older one. keyHash is the key of the certificate
 // the stream came with.
 func (r *Reconciler) attach(hello *nodev1.Hello, keyHash []byte) *nodeConn {
-	id, c := hello.GetNodeId(), hello.GetCapacity()
+	id, c, now := hello.GetNodeId(), hello.GetCapacity(), r.now()
 	nc := &nodeConn{id: id, send: make(chan *nodev1.ConnectResponse, 256), replaced: make(chan struct{}),
-		lastSeen: r.now(), sent: map[string]uint64{}, volSent: map[string]uint64{}, pool: c.GetStoragePool(), keyHash: keyHash}
+		lastSeen: now, stored: now, sent: map[string]uint64{}, volSent: map[string]uint64{}, pool: c.GetStoragePool(), keyHash: keyHash}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	nc.epoch = r.registered[id] // the epoch of the registration just committed
+	k := r.stored[id]
+	k.epoch, k.pool = nc.epoch, nc.pool
+	if k.lastSeen.Before(now) {
+		k.lastSeen = now
+	}
+	r.stored[id] = k
 	if old := r.nodes[id]; old != nil {
 		old.end(nil) // a newer stream replaces the old one
 	}
@@ -266,7 +285,12 @@ func (r *Reconciler) report(ctx context.Context, node string, rep *nodev1.Execut
 }
 
 // heartbeat records that a node is alive; the store's last_seen is what
-// other replicas and restarts see. It writes at most once a second.
+// other replicas (silent-node detection on the fleet lease's holder) and
+// restarts see. It is called for every Heartbeat (kibotos-node sends one
+// every 5 s) and after every report, and writes at most once a second per
+// stream: one statement (store.Tx.TouchNode) that checks the stream's
+// epoch, so a stream a newer connection of the node superseded writes
+// nothing and ends (supersede).
 func (r *Reconciler) heartbeat(ctx context.Context, node string) {
 	now := r.now()
 	r.mu.Lock()
@@ -279,19 +303,33 @@ func (r *Reconciler) heartbeat(ctx context.Context, node string) {
 		nc.stored = now
 	}
 	r.mu.Unlock()
+	ok := true
 	err := r.store.InTx(ctx, func(tx store.Tx) error {
-		n, err := tx.GetNode(ctx, node)
-		if err != nil {
-			return err
+		epoch := int64(0)
+		if nc != nil {
+			epoch = nc.epoch
+		} else {
+			// No stream here (a report applied without one): the stored
+			// epoch, whatever it is.
+			n, err := tx.GetNode(ctx, node)
+			if err != nil {
+				return err
+			}
+			if now.Sub(n.LastSeen) < time.Second {
+				return nil
+			}
+			epoch = n.Epoch
 		}
-		if now.Sub(n.LastSeen) < time.Second {
-			return nil
-		}
-		n.LastSeen = now
-		return tx.UpsertNode(ctx, n)
+		var err error
+		ok, err = tx.TouchNode(ctx, node, epoch, now)
+		return err
 	})
 	if err != nil && ctx.Err() == nil {
 		r.log.Warn("record heartbeat", "node_id", node, "error", err.Error())
+		return
+	}
+	if !ok && nc != nil {
+		r.supersede(nc)
 	}
 }
 

@@ -41,6 +41,13 @@ const RecheckInterval = time.Second
 // acts at once rather than at its next tick.
 const ReconcileTopic = "reconcile"
 
+// NodesTopic is the topic notified after a commit that changed a node's
+// record other than its last_seen: a registration (a Hello, with its new
+// connection epoch) or an Inventory. Every replica's reconciler re-reads
+// the node records that changed (by their revision), so that each one
+// knows every node whichever replica holds its stream.
+const NodesTopic = "nodes"
+
 // WorkspaceTopic is the topic notified when a command of the Workspace
 // completes.
 func WorkspaceTopic(workspaceID string) string { return "workspace/" + workspaceID }

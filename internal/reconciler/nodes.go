@@ -1,0 +1,210 @@
+package reconciler
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
+	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/workspace"
+)
+
+// With several ctrl replicas, a node's stream goes to one of them, but
+// every replica needs every node: admission's size and template checks
+// (MaxCapacity, Template), the advertised capabilities, and on the fleet
+// lease's holder silent-node detection and the reason of a placement that
+// timed out. So each replica keeps every node's record, read from the
+// store:
+//
+//   - after a commit that changed a node's record (a Hello's registration,
+//     an Inventory) the replica that made it notifies store.NodesTopic,
+//     which the PostgreSQL store carries to the other replicas; each marks
+//     its node records stale, and its next pass reloads them (coalesced:
+//     one reload a pass however many notifications came);
+//   - a pass reloads them anyway when they are older than nodeReload (the
+//     fallback for a lost notification), and on the fleet lease's holder
+//     when older than silenceReload, since it judges silence by the
+//     store's last_seen;
+//   - a reload is one query of every node's ID, last_seen, epoch and
+//     revision (store.Tx.NodeStates, no document), then the documents of
+//     only the nodes whose revision changed (a heartbeat changes
+//     last_seen, never the revision).
+
+// nodeReload is how old the node records may get on a replica before a
+// pass reloads them without a notification; silenceReload is that age on
+// the fleet lease's holder.
+const (
+	nodeReload    = 10 * time.Second
+	silenceReload = time.Second
+)
+
+// docBatch is the number of changed documents beyond which a reload reads
+// every node (store.Tx.ListNodes) rather than each changed one.
+const docBatch = 64
+
+// storedNode is what the reconciler knows of a node's stored record.
+type storedNode struct {
+	lastSeen time.Time // the store's last_seen, as of loaded
+	epoch    int64
+	revision int64  // of the document read last; 0: never read
+	pool     string // its Hello's storage pool
+}
+
+// nodeCache is the state of the node records' cache.
+type nodeCache struct {
+	loaded time.Time // by the monotonic wall clock, not Config.Now; zero: never
+	stale  bool
+}
+
+// NodesChanged marks the node records stale and wakes the loop: another
+// replica (or this one) committed a node's registration or inventory.
+func (r *Reconciler) NodesChanged() {
+	r.mu.Lock()
+	r.nodeCache.stale = true
+	r.mu.Unlock()
+	r.Kick()
+}
+
+// wakeOnNodes calls NodesChanged at each notification of store.NodesTopic
+// until ctx ends.
+func (r *Reconciler) wakeOnNodes(ctx context.Context) {
+	for {
+		changed, release := r.store.Subscribe(store.NodesTopic)
+		select {
+		case <-ctx.Done():
+			release()
+			return
+		case <-changed:
+			release()
+			r.NodesChanged()
+		}
+	}
+}
+
+// nodesChangedHere notifies every replica, this one included, that a
+// node's record changed (after its commit).
+func (r *Reconciler) nodesChangedHere() { r.store.Notify(store.NodesTopic) }
+
+// refreshNodes reloads the node records when stale or older than their
+// bound (nodeReload; silenceReload on the lease's holder).
+func (r *Reconciler) refreshNodes(ctx context.Context, leads bool) error {
+	bound := nodeReload
+	if leads {
+		bound = silenceReload
+	}
+	r.mu.Lock()
+	due := r.nodeCache.stale || r.nodeCache.loaded.IsZero() || time.Since(r.nodeCache.loaded) >= bound
+	r.nodeCache.stale = false
+	r.mu.Unlock()
+	if !due {
+		return nil
+	}
+	if err := r.loadNodes(ctx); err != nil {
+		r.mu.Lock()
+		r.nodeCache.stale = true
+		r.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// loadNodes reads every node's state and the documents of those whose
+// revision changed since they were read, in one store view, and learns
+// them: capacity, templates, features, overcommit ratio, pool, the store's
+// last_seen and epoch. A stream this ctrl holds whose epoch the stored one
+// passed is superseded: the node connected again, to another replica.
+func (r *Reconciler) loadNodes(ctx context.Context) error {
+	started := time.Now()
+	var states []store.NodeState
+	var docs []*store.Node
+	err := r.store.View(ctx, func(tx store.Tx) error {
+		var err error
+		if states, err = tx.NodeStates(ctx); err != nil {
+			return err
+		}
+		var changed []string
+		r.mu.Lock()
+		for _, s := range states {
+			if k, ok := r.stored[s.ID]; !ok || k.revision != s.Revision {
+				changed = append(changed, s.ID)
+			}
+		}
+		r.mu.Unlock()
+		docs = docs[:0]
+		if len(changed) > docBatch {
+			docs, err = tx.ListNodes(ctx)
+			return err
+		}
+		for _, id := range changed {
+			n, err := tx.GetNode(ctx, id)
+			if err != nil {
+				return err
+			}
+			docs = append(docs, n)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	var superseded []*nodeConn
+	r.mu.Lock()
+	for _, n := range docs {
+		k := r.stored[n.ID]
+		if k.revision == n.Revision {
+			continue
+		}
+		k.revision = n.Revision
+		r.caps[n.ID] = workspace.Capacity{MemoryMiB: n.MemoryMiB, CPUMillis: n.CPUMillis, StorageBytes: n.StorageBytes}
+		hello := &nodev1.Hello{}
+		if err := proto.Unmarshal(n.Doc, hello); err == nil {
+			r.templates[n.ID] = templateMap(hello.GetTemplates())
+			r.features[n.ID] = featureSet(hello.GetFeatures())
+			r.agentRatio[n.ID] = hello.GetCapacity().GetMemoryOvercommitRatio()
+			k.pool = hello.GetCapacity().GetStoragePool()
+		}
+		r.stored[n.ID] = k
+	}
+	for _, s := range states {
+		k := r.stored[s.ID]
+		k.lastSeen, k.epoch = s.LastSeen, s.Epoch
+		r.stored[s.ID] = k
+		if nc := r.nodes[s.ID]; nc != nil && s.Epoch > nc.epoch {
+			superseded = append(superseded, nc)
+		}
+	}
+	r.nodeCache.loaded = started
+	r.mu.Unlock()
+	for _, nc := range superseded {
+		r.supersede(nc)
+	}
+	return nil
+}
+
+// supersede ends nc's stream, which a newer connection of its node
+// replaced (a higher epoch in the store): the writes of its messages would
+// be refused anyway. The node, if it is still there, connects again.
+func (r *Reconciler) supersede(nc *nodeConn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.nodes[nc.id] != nc {
+		return
+	}
+	nc.end(&fault.Error{Kind: fault.KindUnavailable, Reason: fault.ReasonNodeUnreachable, Retryable: true,
+		Message: "a newer connection of node " + nc.id + " superseded this stream"})
+	r.log.Warn("node stream superseded by a newer connection of the node", "node_id", nc.id, "epoch", nc.epoch)
+}
+
+// storeSeen is when node was last seen: the later of the store's last_seen
+// (any replica's stream) and the last message of this ctrl's stream.
+// Callers hold r.mu.
+func (r *Reconciler) storeSeen(id string) time.Time {
+	seen := r.stored[id].lastSeen
+	if nc := r.nodes[id]; nc != nil && nc.lastSeen.After(seen) {
+		seen = nc.lastSeen
+	}
+	return seen
+}

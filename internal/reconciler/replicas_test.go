@@ -1,0 +1,306 @@
+package reconciler
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
+	"github.com/kibotos/kibotos/internal/lease"
+	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/workspace"
+)
+
+// Two ctrl replicas in one process: two Reconcilers on one store (its
+// notifier carries the notifications between them, as PostgreSQL's does
+// between processes), one fake clock.
+
+// newReplica returns a second Reconciler on st and clock.
+func newReplica(st store.Store, clock *fakeClock, cfg Config) *Reconciler {
+	cfg.Store, cfg.Now = st, clock.Now
+	return New(cfg)
+}
+
+func never() bool { return false }
+
+// eventually polls cond every 5 ms for up to d.
+func eventually(d time.Duration, cond func() bool) bool {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
+}
+
+// TestReplicaLearnsNodes: a replica started before a node registered
+// through another learns the node (its capacity, templates) at once from
+// the notification of the registering commit, not at its next restart or
+// periodic reload; so does it an Inventory the other replica recorded.
+func TestReplicaLearnsNodes(t *testing.T) {
+	a, st, clock := newTest(t, Config{})
+	// b is not the lease's holder: its periodic reload is the slow one
+	// (nodeReload), so only the notification can teach it within the test.
+	b := newReplica(st, clock, Config{Leader: never})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	if !eventually(2*time.Second, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return !b.nodeCache.loaded.IsZero() }) {
+		t.Fatal("b did not start")
+	}
+	if c := b.MaxCapacity(); c.MemoryMiB != 0 {
+		t.Fatalf("b's MaxCapacity before any node = %+v", c)
+	}
+	nc := connectNode(t, a, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
+	start := time.Now()
+	if !eventually(time.Second, func() bool { return b.MaxCapacity().MemoryMiB == 4096 }) {
+		t.Fatalf("b's MaxCapacity after n1 registered through a = %+v, want 4096 MiB", b.MaxCapacity())
+	}
+	t.Logf("b learnt n1 %v after its registration", time.Since(start))
+	if _, ok := b.Template("tpl-2"); ok {
+		t.Fatal("b knows tpl-2 before any node has it")
+	}
+	a.inventory(t.Context(), nc, &nodev1.Inventory{Templates: []*nodev1.TemplateInfo{
+		{TemplateId: workspace.DefaultTemplate, Version: "v1"}, {TemplateId: "tpl-2", Version: "v2"}}})
+	if !eventually(time.Second, func() bool { v, ok := b.Template("tpl-2"); return ok && v == "v2" }) {
+		t.Fatal("b did not learn the inventory a recorded")
+	}
+}
+
+// TestNodeReloadReadsChangedDocsOnly: a reload reads every node's state
+// but the documents of only the nodes whose record changed: heartbeats
+// change no revision.
+func TestNodeReloadReadsChangedDocsOnly(t *testing.T) {
+	a, st, clock := newTest(t, Config{})
+	for _, id := range []string{"n1", "n2", "n3"} {
+		connectNode(t, a, hello(id, 1024, 1000, "", workspace.DefaultTemplate))
+	}
+	b := newReplica(st, clock, Config{})
+	if err := b.loadNodes(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	revs := func() map[string]int64 {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		m := map[string]int64{}
+		for id, k := range b.stored {
+			m[id] = k.revision
+		}
+		return m
+	}
+	before := revs()
+	if len(before) != 3 {
+		t.Fatalf("b knows %d nodes, want 3", len(before))
+	}
+	clock.Set(t0.Add(5 * time.Second))
+	a.heartbeat(t.Context(), "n1")
+	if err := b.loadNodes(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	b.mu.Lock()
+	seen := b.stored["n1"].lastSeen
+	b.mu.Unlock()
+	if !seen.Equal(t0.Add(5 * time.Second)) {
+		t.Errorf("b's last_seen of n1 = %v, want the heartbeat's", seen)
+	}
+	if after := revs(); after["n1"] != before["n1"] {
+		t.Errorf("a heartbeat changed n1's revision: %d → %d", before["n1"], after["n1"])
+	}
+}
+
+// TestSilentNodeOfAnotherReplica: the fleet lease's holder b, without any
+// stream and started before the node registered, judges the node
+// connected to a by the store's last_seen: not silent while a records its
+// heartbeats, its Workspaces UNKNOWN once they stop for the grace.
+func TestSilentNodeOfAnotherReplica(t *testing.T) {
+	a, st, clock := newTest(t, Config{Leader: never})
+	b := newReplica(st, clock, Config{})
+	if err := b.loadNodes(t.Context()); err != nil { // b starts: no node yet
+		t.Fatal(err)
+	}
+	connectNode(t, a, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
+	seed(t, st, t0, row{id: "ws-1", node: "n1", power: running, generation: 1, observed: 1,
+		state: ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE})
+	for s := 5; s <= 30; s += 5 { // a heartbeat every 5 s, for 30 s
+		clock.Set(t0.Add(time.Duration(s) * time.Second))
+		a.heartbeat(t.Context(), "n1")
+		if err := b.pass(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if _, pub := load(t, st, "ws-1"); pub.GetState() != ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE {
+			t.Fatalf("at +%ds, with a recording n1's heartbeats: state %v", s, pub.GetState())
+		}
+	}
+	clock.Set(t0.Add(46 * time.Second)) // 16 s after the last heartbeat
+	b.mu.Lock()
+	b.nodeCache.stale = true
+	b.mu.Unlock()
+	if err := b.pass(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, pub := load(t, st, "ws-1"); pub.GetState() != ctrlv1.WorkspaceState_WORKSPACE_STATE_UNKNOWN {
+		t.Fatalf("after n1 was silent for the grace: state %v, want UNKNOWN", pub.GetState())
+	}
+}
+
+// TestPlacementTimeoutFleetWide: the fleet lease's holder b has no stream;
+// n1 (1024 MiB) is connected to a. A Workspace too large for n1 fails at
+// the timeout for capacity, not NODE_UNREACHABLE; one n1 could hold (a did
+// not place it) waits past the timeout, and fails retryable at the
+// timeout plus the grace.
+func TestPlacementTimeoutFleetWide(t *testing.T) {
+	const timeout = time.Minute
+	a, st, clock := newTest(t, Config{Leader: never, PlacementTimeout: timeout})
+	b := newReplica(st, clock, Config{PlacementTimeout: timeout})
+	connectNode(t, a, hello("n1", 1024, 4000, "", workspace.DefaultTemplate))
+	seed(t, st, t0, row{id: "big", power: running, generation: 1, state: wsCreate, memMiB: 2048, command: "c-big"})
+	seed(t, st, t0, row{id: "fits", power: running, generation: 1, state: wsCreate, memMiB: 256, command: "c-fits"})
+	at := func(d time.Duration) {
+		clock.Set(t0.Add(d))
+		a.heartbeat(t.Context(), "n1") // a hears n1 all along
+		if err := b.loadNodes(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at(timeout)
+	for _, id := range []string{"big", "fits"} {
+		if _, _, err := b.place(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, pub := load(t, st, "big"); pub.GetFailure().GetReason() != ctrlv1.FailureReason_FAILURE_REASON_CAPACITY_EXHAUSTED {
+		t.Errorf("big at the timeout: state %v failure %v, want CAPACITY_EXHAUSTED", pub.GetState(), pub.GetFailure())
+	}
+	if _, pub := load(t, st, "fits"); pub.GetState() != wsCreate {
+		t.Errorf("fits at the timeout: state %v failure %v, want still CREATING (n1, on a, can hold it)", pub.GetState(), pub.GetFailure())
+	}
+	at(timeout + 15*time.Second - time.Second)
+	if _, _, err := b.place(t.Context(), "fits"); err != nil {
+		t.Fatal(err)
+	}
+	if _, pub := load(t, st, "fits"); pub.GetState() != wsCreate {
+		t.Errorf("fits before the timeout plus the grace: state %v", pub.GetState())
+	}
+	at(timeout + 15*time.Second)
+	if _, _, err := b.place(t.Context(), "fits"); err != nil {
+		t.Fatal(err)
+	}
+	_, pub := load(t, st, "fits")
+	if f := pub.GetFailure(); f.GetReason() != ctrlv1.FailureReason_FAILURE_REASON_NODE_UNREACHABLE || !f.GetRetryable() {
+		t.Errorf("fits at the timeout plus the grace: failure %v, want retryable NODE_UNREACHABLE", f)
+	}
+}
+
+// TestStaleHolderFenced: a replica whose fleet lease another replica took
+// over — its own clock still says it holds it — neither fails a placement
+// at its timeout nor marks a silent node's Workspaces UNKNOWN: each unit's
+// transaction checks the lease row (Config.Fence) and rolls back.
+func TestStaleHolderFenced(t *testing.T) {
+	const timeout = time.Minute
+	r, st, clock := newTest(t, Config{PlacementTimeout: timeout})
+	holdClock := &fakeClock{now: t0.Add(timeout + time.Minute)}
+	stale := lease.New(lease.Config{Store: st, Name: lease.Fleet, Holder: "stale", Now: holdClock.Now})
+	if err := stale.Try(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	newClock := &fakeClock{now: holdClock.now.Add(lease.DefaultTTL + time.Millisecond)}
+	other := lease.New(lease.Config{Store: st, Name: lease.Fleet, Holder: "other", Now: newClock.Now})
+	if err := other.Try(t.Context()); err != nil || !other.IsHeld() || !stale.IsHeld() {
+		t.Fatalf("takeover: %v; other holds %v, stale thinks it holds %v", err, other.IsHeld(), stale.IsHeld())
+	}
+	r.leader = stale.IsHeld
+	r.fence = func(ctx context.Context, tx store.Tx) error { return stale.Check(ctx, tx) }
+
+	connectNode(t, r, hello("gone", 4096, 4000, "", workspace.DefaultTemplate))
+	r.detach(r.nodes["gone"])
+	seed(t, st, t0, row{id: "ws-on", node: "gone", power: running, generation: 1, observed: 1,
+		state: ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE})
+	seed(t, st, t0, row{id: "ws-big", power: running, generation: 1, state: wsCreate, memMiB: 1 << 20, command: "c-big"})
+	clock.Set(t0.Add(timeout + time.Minute))
+	if err := r.pass(t.Context()); err != nil {
+		t.Fatalf("pass = %v", err)
+	}
+	if _, pub := load(t, st, "ws-big"); pub.GetState() != wsCreate {
+		t.Errorf("the stale holder failed a placement: state %v", pub.GetState())
+	}
+	if _, pub := load(t, st, "ws-on"); pub.GetState() != ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE {
+		t.Errorf("the stale holder marked a silent node's Workspace: state %v", pub.GetState())
+	}
+	// The holder of the lease does both.
+	r.leader = other.IsHeld
+	r.fence = func(ctx context.Context, tx store.Tx) error { return other.Check(ctx, tx) }
+	r.Kick()
+	if err := r.pass(t.Context()); err != nil {
+		t.Fatalf("pass = %v", err)
+	}
+	if _, pub := load(t, st, "ws-big"); pub.GetState() != wsFailed {
+		t.Errorf("the holder did not fail the placement: state %v", pub.GetState())
+	}
+	if _, pub := load(t, st, "ws-on"); pub.GetState() != ctrlv1.WorkspaceState_WORKSPACE_STATE_UNKNOWN {
+		t.Errorf("the holder did not mark the silent node's Workspace: state %v", pub.GetState())
+	}
+}
+
+// TestStaleStreamEpoch: n1 connects to a, then again to b (its stream to
+// a half-dead). An Inventory and a heartbeat arriving on a's stale stream
+// write nothing over the newer record, and end that stream; a's reload of
+// the node records ends it too.
+func TestStaleStreamEpoch(t *testing.T) {
+	a, st, clock := newTest(t, Config{})
+	b := newReplica(st, clock, Config{})
+	ncA := connectNode(t, a, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
+	clock.Set(t0.Add(time.Second))
+	ncB := connectNode(t, b, hello("n1", 8192, 4000, "", workspace.DefaultTemplate, "tpl-new"))
+	if ncB.epoch != ncA.epoch+1 {
+		t.Fatalf("epochs: a's stream %d, b's %d; want b's the next", ncA.epoch, ncB.epoch)
+	}
+	stored := func() *store.Node {
+		var n *store.Node
+		if err := st.View(t.Context(), func(tx store.Tx) (err error) { n, err = tx.GetNode(t.Context(), "n1"); return err }); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := stored()
+	a.inventory(t.Context(), ncA, &nodev1.Inventory{Templates: []*nodev1.TemplateInfo{{TemplateId: "old", Version: "v0"}}})
+	if after := stored(); after.Revision != before.Revision || after.Epoch != ncB.epoch {
+		t.Errorf("a stale Inventory changed the record: revision %d → %d, epoch %d", before.Revision, after.Revision, after.Epoch)
+	}
+	select {
+	case <-ncA.replaced:
+	default:
+		t.Error("a stale Inventory did not end the stale stream")
+	}
+	// A heartbeat on a stale stream (a second one, not ended yet).
+	a2 := newReplica(st, clock, Config{})
+	ncA2 := a2.attach(hello("n1", 4096, 4000, ""), nil) // registered with no epoch of its own: stale
+	clock.Set(t0.Add(5 * time.Second))
+	a2.heartbeat(t.Context(), "n1")
+	if n := stored(); !n.LastSeen.Equal(t0.Add(time.Second)) {
+		t.Errorf("a stale heartbeat wrote last_seen %v", n.LastSeen)
+	}
+	select {
+	case <-ncA2.replaced:
+	default:
+		t.Error("a stale heartbeat did not end the stale stream")
+	}
+	// A reload ends a stale stream too.
+	a3 := newReplica(st, clock, Config{})
+	ncA3 := a3.attach(hello("n1", 4096, 4000, ""), nil)
+	if err := a3.loadNodes(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ncA3.replaced:
+	default:
+		t.Error("a reload did not end the stale stream")
+	}
+	// b's stream is the current one: its heartbeat is written.
+	b.heartbeat(t.Context(), "n1")
+	if n := stored(); !n.LastSeen.Equal(t0.Add(5 * time.Second)) {
+		t.Errorf("the current stream's heartbeat: last_seen %v", n.LastSeen)
+	}
+}
