@@ -648,33 +648,36 @@ func (c *client) remove(ctx context.Context, i int, w *wsState) (time.Duration, 
 	return d, nil
 }
 
-// waitConnected waits until ListNodes (through any replica that answers)
-// reports n nodes connected; it returns the time from since.
+// waitConnected waits until the replicas' ListNodes together report n
+// nodes connected (a replica reports connected only the nodes whose stream
+// it holds; one that does not answer is skipped); it returns the time from
+// since.
 func (c *client) waitConnected(ctx context.Context, n int, since time.Time, bound time.Duration) (time.Duration, error) {
 	deadline := time.Now().Add(bound)
 	last := 0
-	for k := 0; time.Now().Before(deadline); k++ {
-		nodes := c.nodes[k%len(c.nodes)]
-		connected, token := 0, ""
-		for {
-			resp, err := nodes.ListNodes(ctx, connect.NewRequest(&ctrlv1.ListNodesRequest{PageSize: 1000, PageToken: token}))
-			if err != nil {
-				connected = -1
-				break
-			}
-			for _, nd := range resp.Msg.GetNodes() {
-				if nd.GetConnected() {
-					connected++
+	for time.Now().Before(deadline) {
+		connected := map[string]bool{}
+		for _, nodes := range c.nodes {
+			token := ""
+			for {
+				resp, err := nodes.ListNodes(ctx, connect.NewRequest(&ctrlv1.ListNodesRequest{PageSize: 1000, PageToken: token}))
+				if err != nil {
+					break
+				}
+				for _, nd := range resp.Msg.GetNodes() {
+					if nd.GetConnected() {
+						connected[nd.GetNodeId()] = true
+					}
+				}
+				if token = resp.Msg.GetNextPageToken(); token == "" {
+					break
 				}
 			}
-			if token = resp.Msg.GetNextPageToken(); token == "" {
-				break
-			}
 		}
-		if connected >= n {
+		if len(connected) >= n {
 			return time.Since(since), nil
 		}
-		last = connected
+		last = len(connected)
 		time.Sleep(100 * time.Millisecond)
 	}
 	return 0, fmt.Errorf("ListNodes: %d of %d connected after %v", last, n, bound)
