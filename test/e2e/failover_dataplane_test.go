@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -118,21 +119,25 @@ func TestDataPlaneThroughEitherReplica(t *testing.T) {
 	if err != nil || !bytes.Equal(back, content) {
 		t.Fatalf("ReadFile through replica %d: %d bytes (want %d, equal %v), %v", other, len(back), len(content), bytes.Equal(back, content), err)
 	}
-	down := time.Since(start)
-	// The same through the stream's replica, for comparison.
-	htok := e.dpToken(holder, ws, "dp-failover-fs-holder", ctrlv1.DataPlaneScope_DATA_PLANE_SCOPE_FILESYSTEM)
-	hfiles := ctrlv1connect.NewFileServiceClient(e.dataClient(), e.url(holder))
-	start = time.Now()
-	if _, err := e2eWrite(ctx, hfiles, htok, &ctrlv1.WriteFileHeader{WorkspaceId: ws, Path: "/tmp/dp-failover-h.bin", Mode: 0o600}, content); err != nil {
-		t.Fatalf("WriteFile through replica %d: %v", holder, err)
+	t.Logf("4 MiB through replica %d (no stream): upload %v, download %v", other, up.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	// Timed again through each replica in turn, for comparison.
+	for round := range 2 {
+		for _, i := range []int{holder, other} {
+			tk := e.dpToken(i, ws, fmt.Sprintf("dp-failover-fs-%d-%d", round, i), ctrlv1.DataPlaneScope_DATA_PLANE_SCOPE_FILESYSTEM)
+			f := ctrlv1connect.NewFileServiceClient(e.dataClient(), e.url(i))
+			start := time.Now()
+			if _, err := e2eWrite(ctx, f, tk, &ctrlv1.WriteFileHeader{WorkspaceId: ws, Path: "/tmp/dp-failover-t.bin", Mode: 0o600}, content); err != nil {
+				t.Fatalf("WriteFile through replica %d: %v", i, err)
+			}
+			upi := time.Since(start)
+			start = time.Now()
+			if back, err := e2eRead(ctx, f, tk, ws, "/tmp/dp-failover-t.bin"); err != nil || !bytes.Equal(back, content) {
+				t.Fatalf("ReadFile through replica %d: %d bytes, %v", i, len(back), err)
+			}
+			t.Logf("round %d, replica %d (stream: %v): 4 MiB upload %v, download %v", round, i, i == holder,
+				upi.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+		}
 	}
-	hup := time.Since(start)
-	start = time.Now()
-	if back, err := e2eRead(ctx, hfiles, htok, ws, "/tmp/dp-failover-h.bin"); err != nil || !bytes.Equal(back, content) {
-		t.Fatalf("ReadFile through replica %d: %d bytes, %v", holder, len(back), err)
-	}
-	t.Logf("4 MiB through replica %d (no stream): upload %v, download %v; through replica %d (the stream's): upload %v, download %v",
-		other, up.Round(time.Millisecond), down.Round(time.Millisecond), holder, hup.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 
 	// Revocation across replicas: a token used at B (its generation
 	// cached there) is revoked through A, then refused at B.
@@ -179,6 +184,62 @@ func TestDataPlaneThroughEitherReplica(t *testing.T) {
 			a, b, refusedAfter.Round(time.Millisecond), probeTook.Round(time.Millisecond))
 		if refusedAfter > time.Second {
 			t.Errorf("revocation reached replica %d after %v; the bound is 1 s", b, refusedAfter)
+		}
+	}
+
+	// Isolation through the stream's replica ends the data plane carried
+	// by the other: a process stream open through it ends.
+	xtok := e.dpToken(other, ws, "dp-failover-iso-s", ctrlv1.DataPlaneScope_DATA_PLANE_SCOPE_EXEC)
+	proc := ctrlv1connect.NewProcessServiceClient(e.dataClient(), e.url(other))
+	st, err := proc.StartProcess(ctx, bearer(&ctrlv1.StartProcessRequest{WorkspaceId: ws, Argv: []string{"sleep", "60"}}, xtok))
+	if err != nil {
+		t.Fatalf("StartProcess through replica %d: %v", other, err)
+	}
+	evCtx, evCancel := context.WithTimeout(ctx, 20*time.Second)
+	defer evCancel()
+	ev, err := proc.ProcessEvents(evCtx, bearer(&ctrlv1.ProcessEventsRequest{WorkspaceId: ws, ProcessId: st.Msg.GetProcessId()}, xtok))
+	if err != nil {
+		t.Fatalf("ProcessEvents through replica %d: %v", other, err)
+	}
+	ended := make(chan time.Time, 1)
+	go func() {
+		for ev.Receive() {
+		}
+		ended <- time.Now()
+	}()
+	time.Sleep(200 * time.Millisecond) // the stream is open on the node
+	nodes := ctrlv1connect.NewNodeServiceClient(e.hc, e.url(holder))
+	gn, err := nodes.GetNode(ctx, connect.NewRequest(&ctrlv1.GetNodeRequest{NodeId: "dp-failover-node"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nodes.IsolateNode(ctx, connect.NewRequest(&ctrlv1.IsolateNodeRequest{CommandId: "dp-failover-isolate", NodeId: "dp-failover-node",
+		ExpectedRegistrationVersion: gn.Msg.GetNode().GetRegistrationVersion()})); err != nil {
+		t.Fatalf("IsolateNode through replica %d: %v", holder, err)
+	}
+	isolated := time.Now()
+	select {
+	case at := <-ended:
+		t.Logf("node isolated through replica %d: a process stream through replica %d ended %v later (%v)", holder, other,
+			at.Sub(isolated).Round(time.Millisecond), ev.Err())
+	case <-time.After(5 * time.Second):
+		t.Fatalf("a process stream through replica %d still open 5 s after the node was isolated through replica %d", other, holder)
+	}
+	ev.Close()
+	gn, err = nodes.GetNode(ctx, connect.NewRequest(&ctrlv1.GetNodeRequest{NodeId: "dp-failover-node"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nodes.CancelNodeDrain(ctx, connect.NewRequest(&ctrlv1.CancelNodeDrainRequest{CommandId: "dp-failover-unisolate", NodeId: "dp-failover-node",
+		ExpectedRegistrationVersion: gn.Msg.GetNode().GetRegistrationVersion()})); err != nil {
+		t.Fatalf("CancelNodeDrain: %v", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if out, err = e.execEcho(other, ws); err == nil && out == "hi\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("exec through replica %d after the isolation ended: %q, %v", other, out, err)
 		}
 	}
 
