@@ -324,3 +324,40 @@ func TestDialCurrentFollows(t *testing.T) {
 		t.Fatalf("dialed %+v, current %+v", e2, next)
 	}
 }
+
+// TestDialEndpointEach: the data tunnels dial every endpoint, each its own
+// address, whichever is in use, and the connections stay when the stream
+// moves.
+func TestDialEndpointEach(t *testing.T) {
+	srvA, tlsc := tlsServer(t, http.NotFoundHandler())
+	srvB, _ := tlsServer(t, http.NotFoundHandler())
+	s, err := New(Config{URLs: []string{srvA.URL, srvB.URL}, TLS: tlsc, Intn: first})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := s.Endpoints(t.Context())
+	if err != nil || len(list) != 2 {
+		t.Fatalf("Endpoints = %v, %v", list, err)
+	}
+	var conns []net.Conn
+	for _, e := range list {
+		conn, err := s.DialEndpoint(t.Context(), e, nil, []string{"http/1.1"})
+		if err != nil {
+			t.Fatalf("DialEndpoint(%s): %v", e.Addr, err)
+		}
+		defer conn.Close()
+		if conn.RemoteAddr().String() != e.Addr {
+			t.Fatalf("dialed %s for %s", conn.RemoteAddr(), e.Addr)
+		}
+		conns = append(conns, conn)
+	}
+	if _, err := s.Next(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); err == nil || !strings.Contains(err.Error(), "timeout") {
+			t.Fatalf("read after the move: %v, want a timeout (the connection stays)", err)
+		}
+	}
+}
