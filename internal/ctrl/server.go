@@ -198,7 +198,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		Fence:         func(ctx context.Context, tx store.Tx) error { return s.fleet.Check(ctx, tx) },
 		OnDenyNodeKey: s.endTunnelKey, OnEndDataPlane: s.endTunnelNode, FetchArtifact: artifacts.Fetch})
 	// Every replica checks its tunnels again when another denies a key or
-	// isolates a node (the hooks above notify), and every 30 s.
+	// isolates a node (the hooks above notify), and every minute.
 	s.tunnels.Check, s.tunnels.Notifier = s.checkTunnel, cfg.Store
 	artifacts.OnPlatformDefault, artifacts.OnReclaimed = s.recon.PlatformChanged, s.recon.ArtifactReclaimed
 	// An upload carries up to 4 MiB of bytes besides its command ID.
