@@ -9,6 +9,7 @@ import (
 	"errors"
 
 	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/fleet"
 	"github.com/kibotos/kibotos/internal/store"
 )
 
@@ -46,10 +47,17 @@ func (p Peer) MayConnect(registered []byte) error {
 
 // Admit decides, inside the transaction that acts on the answer, whether p
 // may speak for its node: its key must not be denied (store.DeniedNodeKey:
-// a revoked node key, whatever certificate carries it), and it must be the
-// key of n's latest enrollment (MayConnect; n nil is a node not registered
-// yet). NodeService/Connect and CertificateService/RenewCertificate both
-// call it.
+// a revoked node key, whatever certificate carries it), the node must not
+// be RETIRED (fleet.Retired, failed_precondition: a retired node ID is a
+// tombstone, whatever certificate names it, one issued by hand after the
+// retirement included), and the key must be the key of n's latest
+// enrollment (MayConnect; n nil is a node not registered yet).
+// NodeService/Connect and FetchArtifact and CertificateService/
+// RenewCertificate call it; Connect also checks that the certificate names
+// the node of its Hello.
+//
+// tx is a store.NodeTx; the retirement is read when it is a whole store.Tx
+// (every dialect's transaction is).
 func (p Peer) Admit(ctx context.Context, tx store.NodeTx, n *store.Node) error {
 	if len(p.KeyHash) == 0 {
 		return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
@@ -62,6 +70,15 @@ func (p Peer) Admit(ctx context.Context, tx store.NodeTx, n *store.Node) error {
 			Message: "the key of this certificate of node " + p.NodeID + " was revoked"}
 	case !errors.Is(err, store.ErrNotFound):
 		return err
+	}
+	if full, ok := tx.(store.Tx); ok {
+		_, rec, err := fleet.GetRecord(ctx, full, p.NodeID)
+		switch {
+		case err == nil && rec.State == fleet.StateRetired:
+			return fleet.Retired(p.NodeID)
+		case err != nil && !errors.Is(err, store.ErrNotFound):
+			return err
+		}
 	}
 	if n == nil {
 		return nil
