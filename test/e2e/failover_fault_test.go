@@ -15,10 +15,12 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kibotos/kibotos"
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
+	"github.com/kibotos/kibotos/internal/pki"
 )
 
 // The replica fault test's size: ffSlots clients each send one command per
@@ -351,15 +353,11 @@ func ffRun(t *testing.T, replicas int) {
 	}
 	labels, starts := map[string]uint64{}, map[string]int{}
 	for _, c := range cmds {
-		if c.final == nil {
-			continue
-		}
-		id := c.final.GetWorkspaceId()
-		if c.op == "labels" && c.final.GetError() == nil {
-			labels[id]++
-		}
 		if (c.op == "create" || c.op == "start") && c.resp != nil {
-			starts[id]++
+			starts[c.ws]++
+		}
+		if c.op == "labels" && c.final != nil && c.final.GetError() == nil {
+			labels[c.final.GetWorkspaceId()]++
 		}
 	}
 	states := map[string]int{}
@@ -528,7 +526,7 @@ func (e *ffEnv) ffFailovers(kills []*ffKill) {
 			case strings.HasPrefix(why, "stream="):
 				for _, l := range nodeLines {
 					if l.Msg == "ctrl stream open" && l.Time.After(k.at) {
-						parts = append(parts, fmt.Sprintf("node's stream open again after %s (%s)", l.Time.Sub(k.at).Round(time.Millisecond), l.URL))
+						parts = append(parts, fmt.Sprintf("node's stream open again after %s (to replica %d)", l.Time.Sub(k.at).Round(time.Millisecond), slices.Index(e.urls, l.URL)))
 						break
 					}
 				}
@@ -592,4 +590,264 @@ func ffKeys(m map[string]int) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// ffAnswer is one replica's answer to a request.
+type ffAnswer struct {
+	resp proto.Message
+	err  error
+}
+
+// ffBoth sends req to replicas 0 and 1 at the same instant (each resending
+// to its own replica while the answer is retryable) and returns both
+// answers.
+func (e *ffEnv) ffBoth(ctx context.Context, req proto.Message) [2]ffAnswer {
+	var out [2]ffAnswer
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Go(func() {
+			<-start
+			n := 0
+			out[r].resp, out[r].err = faultCall(ctx, e.ws[r], req, 60*time.Second, &n)
+		})
+	}
+	close(start)
+	wg.Wait()
+	return out
+}
+
+// ffSame checks that two replicas answered a request the same, byte for
+// byte, and returns the answer.
+func ffSame(t *testing.T, what string, a [2]ffAnswer) proto.Message {
+	t.Helper()
+	if a[0].err != nil {
+		d, _ := kibotos.Detail(a[0].err)
+		if diff := ffSameAnswer(nil, connect.CodeOf(a[0].err), d, a[1].resp, a[1].err); diff != "" {
+			t.Errorf("%s: replica 1 %s", what, diff)
+		}
+		t.Errorf("%s: %v", what, a[0].err)
+		return nil
+	}
+	if diff := ffSameAnswer(a[0].resp, 0, nil, a[1].resp, a[1].err); diff != "" {
+		t.Errorf("%s: replica 1 %s", what, diff)
+	}
+	return a[0].resp
+}
+
+// TestFailoverFaultSameID sends each command of a Workspace's life (create,
+// label update, stop, delete) with one command ID to two kibotos-ctrl
+// replicas on one PostgreSQL schema at the same instant, 20 times over
+// (ten Workspaces at a time), with a real kibotos-node: both replicas
+// answer the same bytes, both find the same command, and each command ran
+// once: one Workspace per create, one execution per Workspace over its
+// life, the label revision raised by one.
+func TestFailoverFaultSameID(t *testing.T) {
+	requireRoot(t)
+	began := time.Now()
+	e := newFFEnv(t, 2)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	sampler := newFFExecSampler(e.base, 100*time.Millisecond)
+	defer sampler.halt()
+	const reps = 20
+	ids := make([]string, reps)
+	sem := make(chan struct{}, 10)
+	var wg sync.WaitGroup
+	for i := range reps {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			ids[i] = e.ffSameIDLife(ctx, i)
+		})
+	}
+	wg.Wait()
+	sampler.halt()
+	for _, d := range sampler.dups {
+		t.Errorf("duplicate execution: %s", d)
+	}
+	all, err := faultListAll(ctx, e.ws[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != reps {
+		t.Errorf("%d workspaces after %d creates", len(all), reps)
+	}
+	for _, w := range all {
+		if !slices.Contains(ids, w.GetWorkspaceId()) {
+			t.Errorf("workspace %s (%s) was never answered to a create", w.GetWorkspaceId(), w.GetState())
+		}
+		if w.GetState() != ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETED {
+			t.Errorf("workspace %s is %s after its delete", w.GetWorkspaceId(), w.GetState())
+		}
+	}
+	for _, id := range ids {
+		if n := sampler.executions(id); n != 1 {
+			t.Errorf("workspace %s had %d executions over its life (one create, no start), want 1", id, n)
+		}
+	}
+	e.finish(ctx)
+	t.Logf("%d lives of create, labels, stop, delete, each command sent to both replicas at once, in %s; %d samples of the host",
+		reps, time.Since(began).Round(time.Millisecond), sampler.samples)
+}
+
+// ffSameIDLife runs one Workspace's life with every command sent to both
+// replicas at once, and returns the Workspace's ID.
+func (e *ffEnv) ffSameIDLife(ctx context.Context, i int) string {
+	t := e.t
+	cr := ffSame(t, fmt.Sprintf("create %d", i), e.ffBoth(ctx, &ctrlv1.CreateWorkspaceRequest{
+		Metadata: md(fmt.Sprintf("same-create-%02d", i)), Resources: &ctrlv1.Resources{MemoryMib: 64, CpuMillis: 100},
+		WritableLayerCapacityBytes: 32 << 20, Labels: map[string]string{"same": fmt.Sprint(i)}}))
+	if cr == nil {
+		return ""
+	}
+	id := cr.(*ctrlv1.CreateWorkspaceResponse).GetWorkspace().GetWorkspaceId()
+	e.ffSameCommand(ctx, fmt.Sprintf("same-create-%02d", i))
+	w, err := e.get(ctx, 0, id)
+	if err != nil {
+		t.Errorf("read %s: %v", id, err)
+		return id
+	}
+	if w.GetState() != ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE {
+		t.Errorf("workspace %s is %s once its create completed", id, w.GetState())
+	}
+	if n := len(faultExecInits(faultScanProcs(), e.base)[id]); n != 1 {
+		t.Errorf("workspace %s has %d executions once its create completed, want 1", id, n)
+	}
+
+	lr := ffSame(t, fmt.Sprintf("labels %d", i), e.ffBoth(ctx, &ctrlv1.UpdateWorkspaceLabelsRequest{
+		Metadata: md(fmt.Sprintf("same-labels-%02d", i)), WorkspaceId: id, ExpectedRevision: w.GetLabelsRevision(),
+		Labels: map[string]string{"same": fmt.Sprint(i), "updated": "once"}}))
+	e.ffSameCommand(ctx, fmt.Sprintf("same-labels-%02d", i))
+	if lr != nil {
+		if got := lr.(*ctrlv1.UpdateWorkspaceLabelsResponse).GetWorkspace().GetLabelsRevision(); got != w.GetLabelsRevision()+1 {
+			t.Errorf("workspace %s: labels_revision %d after one update from %d", id, got, w.GetLabelsRevision())
+		}
+	}
+
+	sr := ffSame(t, fmt.Sprintf("stop %d", i), e.ffBoth(ctx, &ctrlv1.StopWorkspaceRequest{
+		Metadata: md(fmt.Sprintf("same-stop-%02d", i)), WorkspaceId: id, ExpectedExpirationRevision: w.GetExpiration().GetRevision()}))
+	e.ffSameCommand(ctx, fmt.Sprintf("same-stop-%02d", i))
+	if sr != nil {
+		if st := sr.(*ctrlv1.StopWorkspaceResponse).GetWorkspace(); st.GetState() != ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED || st.GetHoldsExecution() {
+			t.Errorf("workspace %s after its stop: %s, holds an execution %v", id, st.GetState(), st.GetHoldsExecution())
+		}
+	}
+	if n := len(faultExecInits(faultScanProcs(), e.base)[id]); n != 0 {
+		t.Errorf("workspace %s has %d executions once its stop completed, want 0", id, n)
+	}
+	if w, err = e.get(ctx, 1, id); err != nil {
+		t.Errorf("read %s: %v", id, err)
+		return id
+	}
+	ffSame(t, fmt.Sprintf("delete %d", i), e.ffBoth(ctx, &ctrlv1.DeleteWorkspaceRequest{
+		Metadata: md(fmt.Sprintf("same-delete-%02d", i)), WorkspaceId: id, ExpectedExpirationRevision: w.GetExpiration().GetRevision()}))
+	e.ffSameCommand(ctx, fmt.Sprintf("same-delete-%02d", i))
+	return id
+}
+
+// ffSameCommand waits until command id completed and checks that both
+// replicas find it the same, without error.
+func (e *ffEnv) ffSameCommand(ctx context.Context, id string) {
+	t := e.t
+	if _, _, err := e.settle(ctx, 0, id, 60*time.Second); err != nil {
+		t.Errorf("command %s: %v", id, err)
+		return
+	}
+	var got [2]*ctrlv1.WorkspaceCommand
+	for r := range 2 {
+		res, err := e.ws[r].GetWorkspaceCommand(ctx, connect.NewRequest(&ctrlv1.GetWorkspaceCommandRequest{CommandId: id}))
+		if err != nil {
+			t.Errorf("command %s on replica %d: %v", id, r, err)
+			return
+		}
+		got[r] = res.Msg.GetCommand()
+	}
+	if !proto.Equal(got[0], got[1]) {
+		t.Errorf("command %s differs between the replicas:\n%v\n%v", id, got[0], got[1])
+	}
+	if got[0].GetError() != nil {
+		t.Errorf("command %s completed with %v", id, got[0].GetError())
+	}
+}
+
+// TestFailoverFaultMigrateOnce starts three kibotos-ctrl processes at the
+// same instant on an empty PostgreSQL schema: all three serve, each
+// migration is recorded once (a second application would have failed on its
+// CREATE TABLE and stopped that replica), and no replica logged an error.
+// internal/store/postgres's TestMigrateEmptyConcurrently does the same with
+// four stores in one process; this runs the real binaries, their start-up
+// (secrets, lease) included.
+func TestFailoverFaultMigrateOnce(t *testing.T) {
+	pg := ffSchema(t)
+	dataDir := t.TempDir()
+	if _, err := pki.EnsureDev(dataDir, []string{"127.0.0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	const replicas = 3
+	procs := make([]*faultProc, replicas)
+	for i := range procs {
+		logf, err := os.Create(filepath.Join(t.TempDir(), "ctrl.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		procs[i] = &faultProc{name: fmt.Sprintf("ctrl-%d", i), path: filepath.Join(binDir, "kibotos-ctrl"), logf: logf,
+			ready: "kibotos-ctrl is serving on ",
+			args:  []string{"--dev", "--dev-no-node", "--data-dir", dataDir, "--listen", freePort(t), "--store", pg, "--log-level", "info"}}
+		t.Cleanup(procs[i].kill)
+	}
+	began := time.Now()
+	start := make(chan struct{})
+	errs := make([]error, replicas)
+	var wg sync.WaitGroup
+	for i, p := range procs {
+		wg.Go(func() { <-start; errs[i] = p.start() })
+	}
+	close(start)
+	wg.Wait()
+	t.Logf("%d replicas started at once, all serving after %s", replicas, time.Since(began).Round(time.Millisecond))
+	for i, err := range errs {
+		if err != nil {
+			b, _ := os.ReadFile(procs[i].logf.Name())
+			t.Errorf("replica %d: %v\n%s", i, err, b)
+		}
+	}
+
+	ents, err := os.ReadDir("../../internal/store/postgres/migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, en := range ents {
+		if v, _, ok := strings.Cut(en.Name(), "_"); ok && strings.HasSuffix(en.Name(), ".sql") {
+			want = append(want, strings.TrimLeft(v, "0")+" "+en.Name())
+		}
+	}
+	conn, err := pgx.Connect(t.Context(), pg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(t.Context(), `SELECT version::text || ' ' || name FROM schema_migrations ORDER BY version`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("schema_migrations:\n%s\nwant one row per migration:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	for i, p := range procs {
+		for _, l := range ffLogLines(p.segment()) {
+			if l.Level == "ERROR" {
+				t.Errorf("replica %d logged an error: %s", i, l.Msg)
+			}
+		}
+		if err := p.term(10 * time.Second); err != nil {
+			t.Errorf("stop replica %d: %v", i, err)
+		}
+	}
+	t.Logf("schema_migrations: %d rows, one per migration", len(got))
 }
