@@ -76,7 +76,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.TLSCert, "tls-cert", "", "server certificate (PEM); with --dev defaults to DIR/pki/server.pem")
 	fs.StringVar(&o.TLSKey, "tls-key", "", "server private key (PEM); with --dev defaults to DIR/pki/server-key.pem")
 	fs.StringVar(&o.ClientCA, "client-ca", "", "operator CA (PEM): only client certificates it issued may call the API; with --dev defaults to DIR/pki/ca.pem")
-	fs.StringVar(&o.Store, "store", "", "a SQLite file path, or a postgres:// URL; with --dev defaults to DIR/ctrl.db")
+	fs.StringVar(&o.Store, "store", "", "a SQLite file path, or a postgres:// URL (its parameters: pool_max_conns, pool_acquire_timeout, connect_timeout, application_name, statement_timeout, ...; docs/operations.md, Production deployment); with --dev defaults to DIR/ctrl.db")
 	fs.StringVar(&o.AllowRanges, "allow-endpoint-ranges", "", "comma-separated address ranges that Egress and Resolver endpoints may use although they are special-purpose (e.g. 127.0.0.0/8,::1); default none")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.Hosts, "dev-hosts", "", "with --dev: extra comma-separated names and addresses for the server certificate")
