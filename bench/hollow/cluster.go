@@ -110,7 +110,8 @@ func createPG(ctx context.Context, baseURL string) (*pgDB, error) {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	name := "kibotos_hollow_" + hex.EncodeToString(b[:])
-	conn, err := pgx.Connect(ctx, baseURL)
+	admin := adminURL(u)
+	conn, err := pgx.Connect(ctx, admin)
 	if err != nil {
 		return nil, fmt.Errorf("connect to the -postgres server: %w", err)
 	}
@@ -119,7 +120,21 @@ func createPG(ctx context.Context, baseURL string) (*pgDB, error) {
 		return nil, fmt.Errorf("create database %s: %w", name, err)
 	}
 	u.Path = "/" + name
-	return &pgDB{base: baseURL, url: u.String(), name: name}, nil
+	return &pgDB{base: admin, url: u.String(), name: name}, nil
+}
+
+// adminURL is u without pgxpool's pool_* parameters (ctrl's pool
+// settings, which a plain connection would send as server settings).
+func adminURL(u *url.URL) string {
+	a := *u
+	q := a.Query()
+	for k := range q {
+		if strings.HasPrefix(k, "pool_") {
+			q.Del(k)
+		}
+	}
+	a.RawQuery = q.Encode()
+	return a.String()
 }
 
 func (d *pgDB) drop() error {
@@ -153,7 +168,11 @@ func (d *pgDB) stats(ctx context.Context) pgStats {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, d.url)
+	u, err := url.Parse(d.url)
+	if err != nil {
+		return s
+	}
+	conn, err := pgx.Connect(ctx, adminURL(u))
 	if err != nil {
 		return s
 	}

@@ -250,6 +250,7 @@ func runConfig(ctx context.Context, o options, k int, bin, dir string, env []str
 		return nil, err
 	}
 	logf("idle %v with the nodes connected", o.duration)
+	r.pgI = db.stats(ctx)
 	r.idle0 = cl.sample()
 	time.Sleep(o.duration)
 	r.idle1 = cl.sample()

@@ -25,7 +25,7 @@ type report struct {
 	exitLog                                     string
 	create, stop, del                           phase
 	split                                       split
-	pg0, pg1, pg2                               pgStats
+	pgI, pg0, pg1, pg2                          pgStats
 	sqliteBytes                                 int64
 }
 
@@ -63,6 +63,11 @@ func (r *report) markdown() string {
 	w("| ctrl RSS per node | %.1f KiB |\n", float64(r.idle0.rss-r.base.rss)/1024/float64(o.nodes))
 	w("| ctrl CPU idle with the nodes (heartbeats every 5 s) | %.3f cores (%.2f s over %v) |\n", idleCPU.Seconds()/idleWall.Seconds(), idleCPU.Seconds(), idleWall.Round(time.Second))
 	w("| ctrl CPU per node idle | %.1f µs/s |\n", idleCPU.Seconds()/idleWall.Seconds()/float64(o.nodes)*1e6)
+	if r.pgI.ok && r.pg0.ok {
+		sec := idleWall.Seconds()
+		w("| PostgreSQL idle with the nodes | %.1f commits/s, %.1f rows updated/s, %.1f KiB/s of WAL (server-wide); %d backends |\n",
+			float64(r.pg0.commits-r.pgI.commits)/sec, float64(r.pg0.updated-r.pgI.updated)/sec, float64(r.pg0.walBytes-r.pgI.walBytes)/1024/sec, r.pg0.connections)
+	}
 	w("| harness (hollow nodes) RSS / CPU idle | %.1f MiB / %.3f cores |\n", mib(r.idle1.selfRSS), (r.idle1.self-r.idle0.self).Seconds()/idleWall.Seconds())
 	w("\n### Commands (open loop, %g/s, spread over the replicas)\n\n| command | ok | errors | p50 ms | p99 ms | max ms | wall | pacer lag max |\n|---|---|---|---|---|---|---|---|\n", o.rate)
 	for _, row := range []struct {
