@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -119,5 +120,21 @@ func TestRenewedCertificate(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	if n := opened.Load(); n != 2 {
 		t.Fatalf("%d tunnels opened, want 2", n)
+	}
+}
+
+// TestMaxPerNode: a node holding MaxPerNode tunnels has the next refused
+// before the upgrade.
+func TestMaxPerNode(t *testing.T) {
+	var extra Dialer
+	g, _ := setupWith(t, http.NotFoundHandler(), MaxPerNode, &Registry{}, func(d *Dialer) {
+		extra = Dialer{Endpoint: d.Endpoint, Dial: d.Dial, Handler: d.Handler}
+	})
+	err := extra.once(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "429") {
+		t.Fatalf("tunnel %d: %v, want refused with 429", MaxPerNode+1, err)
+	}
+	if n := g.Count("node-1"); n != MaxPerNode {
+		t.Fatalf("%d tunnels open, want %d", n, MaxPerNode)
 	}
 }

@@ -47,6 +47,14 @@ const (
 	maxHeaders = 64 << 10
 )
 
+// MaxPerNode bounds the tunnels one node may hold open to one ctrl: its
+// agent keeps at most 8 per endpoint, and a renewal briefly doubles them
+// (the old ones drain while the new ones open). Past it a tunnel is
+// refused (429) before the upgrade.
+const MaxPerNode = 16
+
+var errTooMany = errors.New("tunnel: too many tunnels")
+
 // ErrNoTunnel is returned by Registry.RoundTrip when the node has no open
 // tunnel to this ctrl.
 var ErrNoTunnel = errors.New("tunnel: the node has no open data connection")
@@ -113,6 +121,10 @@ func (g *Registry) Accept(w http.ResponseWriter, r *http.Request, node string, k
 		http.Error(w, "this path opens a data tunnel: POST with Upgrade: "+Protocol, http.StatusBadRequest)
 		return errors.New("tunnel: not an upgrade to " + Protocol)
 	}
+	if g.Count(node) >= MaxPerNode {
+		http.Error(w, fmt.Sprintf("node %s has %d data tunnels open here, the most it may", node, MaxPerNode), http.StatusTooManyRequests)
+		return fmt.Errorf("%w: node %s has %d", errTooMany, node, MaxPerNode)
+	}
 	hj, ok := w.(http.Hijacker)
 	if !ok { // HTTP/2 requests cannot be taken over
 		http.Error(w, "a data tunnel needs HTTP/1.1", http.StatusHTTPVersionNotSupported)
@@ -150,6 +162,12 @@ func (g *Registry) Accept(w http.ResponseWriter, r *http.Request, node string, k
 	}
 	if g.nodes == nil {
 		g.nodes = map[string][]*tun{}
+	}
+	if len(g.nodes[node]) >= MaxPerNode { // opened meanwhile
+		g.mu.Unlock()
+		t.cc.Close()
+		t.conn.Close()
+		return fmt.Errorf("%w: node %s has %d", errTooMany, node, MaxPerNode)
 	}
 	g.nodes[node] = append(g.nodes[node], t)
 	g.mu.Unlock()
