@@ -194,6 +194,22 @@ type ffLogLine struct {
 	URL   string    `json:"url"`
 	Lease string    `json:"lease"`
 	Fence int64     `json:"fence"`
+	// The node's "execution started".
+	WorkspaceID string `json:"workspace_id"`
+	Generation  int64  `json:"generation"`
+}
+
+// nodeStarts returns, from the node's log, the generations of the
+// executions it started, by Workspace, in order.
+func (e *ffEnv) nodeStarts() map[string][]int64 {
+	b, _ := os.ReadFile(e.nd.logf.Name())
+	out := map[string][]int64{}
+	for _, l := range ffLogLines(b) {
+		if l.Msg == "execution started" {
+			out[l.WorkspaceID] = append(out[l.WorkspaceID], l.Generation)
+		}
+	}
+	return out
 }
 
 // ffLogLines parses the JSON lines of b, skipping the rest.

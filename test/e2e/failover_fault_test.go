@@ -361,7 +361,8 @@ func ffRun(t *testing.T, replicas int) {
 		}
 	}
 	states := map[string]int{}
-	maxExecs := 0
+	nodeStarts := e.nodeStarts()
+	maxExecs, nodeExecs := 0, 0
 	for _, w := range all {
 		id := w.GetWorkspaceId()
 		states[strings.TrimPrefix(w.GetState().String(), "WORKSPACE_STATE_")]++
@@ -381,16 +382,26 @@ func ffRun(t *testing.T, replicas int) {
 		}
 		if n := sampler.executions(id); n > starts[id] {
 			t.Errorf("workspace %s had %d distinct executions, but only %d creates and starts were accepted", id, n, starts[id])
-		} else {
-			maxExecs = max(maxExecs, n)
+		}
+		gens := nodeStarts[id]
+		nodeExecs += len(gens)
+		maxExecs = max(maxExecs, len(gens))
+		if len(gens) > starts[id] {
+			t.Errorf("the node started %d executions of workspace %s (generations %v), but only %d creates and starts were accepted", len(gens), id, gens, starts[id])
+		}
+		for j := 1; j < len(gens); j++ {
+			if gens[j] <= gens[j-1] {
+				t.Errorf("the node started executions of workspace %s with generations %v: one generation started twice, or out of order", id, gens)
+				break
+			}
 		}
 	}
 	if len(all) != len(created) {
 		t.Errorf("%d workspaces, %d accepted creates", len(all), len(created))
 	}
 	execs := e.hostCheck(all)
-	t.Logf("%d workspaces from %d accepted creates, states %v; %d executions on the host; %d samples of the host, at most %d executions of one workspace over time",
-		len(all), len(created), states, execs, sampler.samples, maxExecs)
+	t.Logf("%d workspaces from %d accepted creates, states %v; the node started %d executions (at most %d of one workspace), %d run now; %d samples of the host",
+		len(all), len(created), states, nodeExecs, maxExecs, execs, sampler.samples)
 
 	e.finish(ctx)
 	t.Logf("done in %s", time.Since(began).Round(time.Millisecond))
@@ -681,9 +692,13 @@ func TestFailoverFaultSameID(t *testing.T) {
 			t.Errorf("workspace %s is %s after its delete", w.GetWorkspaceId(), w.GetState())
 		}
 	}
+	nodeStarts := e.nodeStarts()
 	for _, id := range ids {
 		if n := sampler.executions(id); n != 1 {
 			t.Errorf("workspace %s had %d executions over its life (one create, no start), want 1", id, n)
+		}
+		if gens := nodeStarts[id]; len(gens) != 1 {
+			t.Errorf("the node started %d executions of workspace %s (generations %v) for one create, want 1", len(gens), id, gens)
 		}
 	}
 	e.finish(ctx)
