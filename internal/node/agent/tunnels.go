@@ -20,6 +20,10 @@ const MaxDataTunnels = 8
 // its data tunnels; it also does at every move of its stream.
 const TunnelResolve = 30 * time.Second
 
+// certEvery is how often the tunnels look for a renewed certificate
+// (tests shorten it).
+var certEvery = tunnel.CertCheck
+
 // keepTunnels keeps DataTunnels data tunnels to every endpoint of the
 // ctrl set until ctx is done: each endpoint's are dialed, and dialed
 // again with back-off, on their own, whichever endpoint the stream uses,
@@ -58,7 +62,7 @@ func (a *Agent) keepTunnels(ctx context.Context, tlsc *tls.Config, h http.Handle
 				}
 				ectx, stop := context.WithCancel(ctx)
 				running[e] = stop
-				d := &tunnel.Dialer{TLS: tlsc, Handler: h, Conns: conns, Cert: cert,
+				d := &tunnel.Dialer{TLS: tlsc, Handler: h, Conns: conns, Cert: cert, CertEvery: certEvery,
 					Log: a.cfg.Log.With("ctrl_url", e.URL, "ctrl_addr", e.Addr),
 					Target: func(ctx context.Context) (net.Conn, string, error) {
 						conn, err := a.ctrl.DialEndpoint(ctx, e, tlsc, []string{"http/1.1"})
