@@ -270,6 +270,7 @@ func TestReplicaLosesPostgres(t *testing.T) {
 			if connect.CodeOf(err) != connect.CodeUnavailable || time.Since(start) > time.Minute {
 				t.Fatalf("%s after the database came back: %v", what, err)
 			}
+			t.Logf("%s %v after the restore: %v", what, time.Since(start).Round(time.Millisecond), err)
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
