@@ -148,6 +148,8 @@ type Store struct {
 	// acquire bounds getting a connection and its BEGIN
 	// (pool_acquire_timeout).
 	acquire time.Duration
+	// maxConns is the pool's size.
+	maxConns int32
 }
 
 var _ store.Store = (*Store)(nil)
@@ -196,7 +198,7 @@ func openConfig(ctx context.Context, cfg *pgxpool.Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store/postgres: %w", err)
 	}
-	s := &Store{pool: pool, acquire: acquire}
+	s := &Store{pool: pool, acquire: acquire, maxConns: cfg.MaxConns}
 	s.notify, err = startNotifier(ctx, &s.LocalNotifier, pool, cfg.ConnConfig.Copy())
 	if err != nil {
 		pool.Close()
@@ -284,8 +286,11 @@ func (s *Store) attempt(ctx context.Context, fn func(*txn) error) (retry bool, e
 
 // begin gets a connection from the pool and begins a transaction on it,
 // within s.acquire: when it cannot, the error is the store's unavailable
-// fault (or the caller's cancellation). A pooled connection found dead
-// before anything was sent on it is replaced once.
+// fault (or the caller's cancellation). A pooled connection found dead (a
+// database restarted, a proxy or balancer that closed it) is dropped and
+// the next one tried, up to as many as the pool holds: a BEGIN has no
+// effect, so trying again is safe. A failed new connection is not tried
+// again: the database is down.
 func (s *Store) begin(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
 	actx, cancel := context.WithTimeout(ctx, s.acquire)
 	defer cancel()
@@ -298,7 +303,7 @@ func (s *Store) begin(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
 			return nil, fmt.Errorf("store/postgres: begin: %w", ctx.Err())
 		case actx.Err() != nil:
 			return nil, newUnavailable(fault.ReasonUnavailable, err, "no database connection within %v", s.acquire)
-		case try == 0 && pgconn.SafeToRetry(err):
+		case try <= int(s.maxConns) && deadConn(err):
 			continue
 		}
 		if ue := unavailable(err); ue != nil {

@@ -222,6 +222,15 @@ func connectCause(ce *pgconn.ConnectError) string {
 	return "connection failed"
 }
 
+// deadConn reports whether err is a pooled connection that turned out
+// dead, as opposed to a new connection that could not be made.
+func deadConn(err error) bool {
+	if errors.As(err, new(*pgconn.ConnectError)) {
+		return false
+	}
+	return pgconn.SafeToRetry(err) || unavailable(err) != nil
+}
+
 // commitLost is the fault of a COMMIT whose answer was lost with the
 // connection: the write may or may not have been applied.
 func commitLost(err error) *unavailableError {
