@@ -108,7 +108,8 @@ func ffRun(t *testing.T, replicas int) {
 	for w := range waves {
 		// Which replicas this wave's kill takes: none in every fifth wave,
 		// else the node's stream holder and the lease holder in turn, and
-		// both at once now and then with three replicas.
+		// with three replicas now and then both at once (or, when one
+		// replica holds both, it and another).
 		var why []string
 		if w%5 != 0 {
 			k := len(kills)
@@ -138,6 +139,13 @@ func ffRun(t *testing.T, replicas int) {
 							kill.victims = append(kill.victims, i)
 						}
 						kill.why = append(kill.why, fmt.Sprintf("%s=%d", v, i))
+					}
+					if len(why) > 1 && len(kill.victims) == 1 {
+						// One replica holds both: take another with it, so
+						// that two die at once and one is left.
+						o := (kill.victims[0] + 1 + rng.IntN(replicas-1)) % replicas
+						kill.victims = append(kill.victims, o)
+						kill.why = append(kill.why, fmt.Sprintf("other=%d", o))
 					}
 					break
 				}
