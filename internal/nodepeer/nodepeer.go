@@ -48,9 +48,9 @@ func (p Peer) MayConnect(registered []byte) error {
 // Admit decides, inside the transaction that acts on the answer, whether p
 // may speak for its node: its key must not be denied (store.DeniedNodeKey:
 // a revoked node key, whatever certificate carries it), the node must not
-// be RETIRED (fleet.Retired, failed_precondition: a retired node ID is a
-// tombstone, whatever certificate names it, one issued by hand after the
-// retirement included), and the key must be the key of n's latest
+// be RETIRED (a retired node ID is a tombstone, whatever certificate names
+// it, one issued by hand after the retirement included), and the key must
+// be the key of n's latest
 // enrollment (MayConnect; n nil is a node not registered yet).
 // NodeService/Connect and FetchArtifact and CertificateService/
 // RenewCertificate call it; Connect also checks that the certificate names
@@ -75,7 +75,8 @@ func (p Peer) Admit(ctx context.Context, tx store.NodeTx, n *store.Node) error {
 		_, rec, err := fleet.GetRecord(ctx, full, p.NodeID)
 		switch {
 		case err == nil && rec.State == fleet.StateRetired:
-			return fleet.Retired(p.NodeID)
+			return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
+				Message: "node " + p.NodeID + " is retired: its ID is a tombstone no certificate speaks for"}
 		case err != nil && !errors.Is(err, store.ErrNotFound):
 			return err
 		}
