@@ -289,3 +289,52 @@ func mustPool(t *testing.T, cfg *pgxpool.Config) *pgxpool.Pool {
 	t.Cleanup(p.Close)
 	return p
 }
+
+// TestConfigure: the settings a --store URL leaves out get their defaults,
+// those it gives are kept, pool_acquire_timeout is taken out (never sent
+// to the server), and a URL that does not parse is reported without the
+// URL or its password.
+func TestConfigure(t *testing.T) {
+	for _, c := range []struct {
+		url     string
+		acquire time.Duration
+		connect time.Duration
+		app     string
+	}{
+		{"postgres://u@h/db", defaultAcquireTimeout, defaultConnectTimeout, "kibotos-ctrl"},
+		{"postgres://u@h/db?pool_acquire_timeout=750ms&connect_timeout=2&application_name=ctrl-a", 750 * time.Millisecond, 2 * time.Second, "ctrl-a"},
+		{"host=h user=u dbname=db pool_acquire_timeout=10s statement_timeout=30s", 10 * time.Second, defaultConnectTimeout, "kibotos-ctrl"},
+	} {
+		cfg, err := pgxpool.ParseConfig(c.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acquire, err := configure(cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", c.url, err)
+		}
+		rp := cfg.ConnConfig.RuntimeParams
+		if acquire != c.acquire || cfg.ConnConfig.ConnectTimeout != c.connect || rp["application_name"] != c.app {
+			t.Errorf("%s: acquire %v, connect %v, application_name %q; want %v, %v, %q", c.url, acquire, cfg.ConnConfig.ConnectTimeout, rp["application_name"], c.acquire, c.connect, c.app)
+		}
+		if _, ok := rp[acquireTimeoutParam]; ok {
+			t.Errorf("%s: %s would be sent to the server", c.url, acquireTimeoutParam)
+		}
+		if cfg.PingTimeout != acquire || cfg.ConnConfig.DialFunc == nil {
+			t.Errorf("%s: ping timeout %v, dial func set %v", c.url, cfg.PingTimeout, cfg.ConnConfig.DialFunc != nil)
+		}
+	}
+	for _, bad := range []string{"0s", "-1s", "soon"} {
+		cfg, err := pgxpool.ParseConfig("postgres://u@h/db?pool_acquire_timeout=" + bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := configure(cfg); err == nil || !strings.Contains(err.Error(), acquireTimeoutParam) {
+			t.Errorf("pool_acquire_timeout=%s: %v", bad, err)
+		}
+	}
+	_, err := Open(context.Background(), "postgres://u:hunter2@h/db?pool_max_conns=many")
+	if err == nil || strings.Contains(err.Error(), "hunter2") || strings.Contains(err.Error(), "postgres://") {
+		t.Errorf("Open of a URL that does not parse: %v", err)
+	}
+}
