@@ -338,3 +338,27 @@ func TestConfigure(t *testing.T) {
 		t.Errorf("Open of a URL that does not parse: %v", err)
 	}
 }
+
+// TestCommitLostAndExit: a COMMIT cut off tells the caller to resend the
+// same command ID; a caller whose context ended gets its context's error,
+// not the store's fault; fn's own errors pass unchanged.
+func TestCommitLostAndExit(t *testing.T) {
+	lost := commitLost(fmt.Errorf("receive: %w", io.ErrUnexpectedEOF))
+	checkFault(t, "commit lost", lost, fault.ReasonUnavailable, "same command ID")
+	if commitLost(&pgconn.PgError{Code: "23505"}) != nil {
+		t.Error("a unique violation at COMMIT is not a lost commit")
+	}
+	ue := unavailable(fmt.Errorf("x: %w", syscall.ECONNRESET))
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := exit(ctx, ue); err != error(ue) {
+		t.Errorf("exit with a live context = %v", err)
+	}
+	cancel()
+	if err := exit(ctx, fmt.Errorf("wrapped: %w", ue)); !errors.Is(err, context.Canceled) {
+		t.Errorf("exit after the caller gave up = %v, want context.Canceled", err)
+	}
+	own := fmt.Errorf("fn: %w", io.EOF)
+	if err := exit(ctx, own); err != own {
+		t.Errorf("exit of fn's own error = %v", err)
+	}
+}
