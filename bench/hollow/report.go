@@ -23,6 +23,7 @@ type report struct {
 	exited, ready, reconnect, resync, available time.Duration
 	exitErr                                     error
 	exitLog                                     string
+	restartErr                                  []string
 	create, stop, del                           phase
 	split                                       split
 	pgI, pg0, pg1, pg2                          pgStats
@@ -133,8 +134,11 @@ func (r *report) markdown() string {
 	w("| new process answers GetServerInfo | %v |\n", r.ready.Round(time.Millisecond))
 	w("| all %d of its nodes' streams open again | %v (on replicas %v) |\n", r.victims, r.reconnect.Round(time.Millisecond), r.moved)
 	w("| ListNodes reports all %d connected | %v |\n", o.nodes, r.resync.Round(time.Millisecond))
-	w("| all %d workspaces listed AVAILABLE | %v |\n", o.workspaces, r.available.Round(time.Millisecond))
+	w("| all %d workspaces created listed AVAILABLE | %v |\n", len(r.create.lats), r.available.Round(time.Millisecond))
 	w("| nodes per replica then | %v |\n", r.spreadAfter)
+	for _, e := range r.restartErr {
+		w("\nNot reached: `%s`\n", e)
+	}
 	if r.exitErr != nil {
 		msg, _, _ := strings.Cut(r.exitErr.Error(), " (log:")
 		w("\nThe old process's exit: `%s`", msg)
