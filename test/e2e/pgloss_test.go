@@ -166,9 +166,9 @@ func (p *pgProxy) restore() {
 
 // TestReplicaLosesPostgres runs kibotos-ctrl on PostgreSQL through a proxy
 // the test cuts: while the database is unreachable, writes (CreateEgress,
-// CreateWorkspace) and reads (GetEgress, ListWorkspaces) answer
-// unavailable, retryable, within a bound, naming neither the URL nor its
-// password; once it is back, the same ctrl process serves again and each
+// CreateWorkspace) and reads (GetEgress, ListWorkspaces,
+// GetWorkspaceCommand, ListNodes) answer unavailable, retryable, within a
+// bound, naming neither the URL nor its password; once it is back, the same ctrl process serves again and each
 // command ID sent during the outage executes exactly once. A database
 // refusing connections and a frozen one (connections kept, nothing
 // answered) are both tried.
@@ -202,6 +202,7 @@ func TestReplicaLosesPostgres(t *testing.T) {
 	e.waitCapability(0, capability.WorkspaceCreate)
 	eg := ctrlv1connect.NewEgressServiceClient(e.hc, e.url(0))
 	ws := e.ws(0)
+	nodes := ctrlv1connect.NewNodeServiceClient(e.hc, e.url(0))
 
 	egress := func(id string) (*ctrlv1.Egress, error) {
 		r, err := eg.CreateEgress(t.Context(), connect.NewRequest(&ctrlv1.CreateEgressRequest{
@@ -298,6 +299,14 @@ func TestReplicaLosesPostgres(t *testing.T) {
 		})
 		unavailable("ListWorkspaces", func() error {
 			_, err := ws.ListWorkspaces(t.Context(), connect.NewRequest(&ctrlv1.ListWorkspacesRequest{}))
+			return err
+		})
+		unavailable("GetWorkspaceCommand", func() error {
+			_, err := ws.GetWorkspaceCommand(t.Context(), connect.NewRequest(&ctrlv1.GetWorkspaceCommandRequest{CommandId: "failover-pgloss-before"}))
+			return err
+		})
+		unavailable("ListNodes", func() error {
+			_, err := nodes.ListNodes(t.Context(), connect.NewRequest(&ctrlv1.ListNodesRequest{}))
 			return err
 		})
 		// The same command ID again, still during the outage.
