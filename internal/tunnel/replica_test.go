@@ -36,6 +36,8 @@ func TestCheckAtNotification(t *testing.T) {
 			return nil
 		}}
 	_, opened := setupWith(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }), 1, g, nil)
+	// The first check follows the subscription.
+	waitFor(t, func() bool { return checks.Load() == 1 && n.TopicWaiters(NodeTopic("node-1")) == 1 })
 	// Accepted: the tunnel stays.
 	n.Notify(NodeTopic("node-1"))
 	waitFor(t, func() bool { return notifiedChecks.Load() == 1 })
@@ -47,8 +49,8 @@ func TestCheckAtNotification(t *testing.T) {
 	n.Notify(NodeTopic("node-2"))
 	n.Notify(KeyTopic([]byte("key-2")))
 	time.Sleep(50 * time.Millisecond)
-	if c := checks.Load(); c != 1 {
-		t.Fatalf("%d checks, want 1", c)
+	if c := checks.Load(); c != 2 {
+		t.Fatalf("%d checks, want 2", c)
 	}
 	// Refused at its key's notification: closed (and dialed again).
 	refuse.Store(true)
@@ -136,5 +138,31 @@ func TestMaxPerNode(t *testing.T) {
 	}
 	if n := g.Count("node-1"); n != MaxPerNode {
 		t.Fatalf("%d tunnels open, want %d", n, MaxPerNode)
+	}
+}
+
+// TestWaitForTunnel: a request to a node whose tunnel is being dialed
+// again waits for it (up to WaitTunnel) instead of failing.
+func TestWaitForTunnel(t *testing.T) {
+	g, opened := setup(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }), 1)
+	before := opened.Load()
+	g.CloseNode("node-1")
+	start := time.Now()
+	res, err := (&http.Client{Transport: g}).Get(NodeURL("node-1") + "/")
+	if err != nil {
+		t.Fatalf("a request while the tunnel is re-dialed: %v", err)
+	}
+	res.Body.Close()
+	if opened.Load() <= before {
+		t.Fatal("answered without a new tunnel")
+	}
+	t.Logf("answered %v after the tunnel closed", time.Since(start).Round(time.Millisecond))
+	// A node without any tunnel: ErrNoTunnel after WaitTunnel.
+	start = time.Now()
+	if _, err := (&http.Client{Transport: g}).Get(NodeURL("node-2") + "/"); !errors.Is(err, ErrNoTunnel) {
+		t.Fatalf("node-2: %v, want ErrNoTunnel", err)
+	}
+	if took := time.Since(start); took < WaitTunnel || took > WaitTunnel+time.Second {
+		t.Errorf("ErrNoTunnel after %v, want about %v", took, WaitTunnel)
 	}
 }

@@ -85,6 +85,7 @@ type Registry struct {
 	nodes  map[string][]*tun
 	next   int
 	closed bool
+	added  chan struct{} // closed when a tunnel is registered; nil when none waits
 }
 
 type tun struct {
@@ -170,6 +171,10 @@ func (g *Registry) Accept(w http.ResponseWriter, r *http.Request, node string, k
 		return fmt.Errorf("%w: node %s has %d", errTooMany, node, MaxPerNode)
 	}
 	g.nodes[node] = append(g.nodes[node], t)
+	if g.added != nil { // wakes the RoundTrips waiting for a tunnel
+		close(g.added)
+		g.added = nil
+	}
 	g.mu.Unlock()
 	g.log().Info("data tunnel opened", "node_id", node, "remote", r.RemoteAddr)
 	if g.Check != nil && g.Notifier != nil {
@@ -199,8 +204,9 @@ func (g *Registry) watch(t *tun) {
 	timer := time.NewTimer(every/2 + rand.N(every/2+1))
 	defer timer.Stop()
 	// Subscribed before each check, so that a notification during one is
-	// not missed. The first check is the admission at the opening.
-	due, notified := false, false
+	// not missed. The first check, once subscribed, covers a change
+	// committed between the caller's admission and the subscription.
+	due, notified := true, false
 	for {
 		nodeCh, releaseNode := g.Notifier.Subscribe(NodeTopic(t.node))
 		keyCh, releaseKey := g.Notifier.Subscribe(KeyTopic(t.keyHash))
@@ -331,27 +337,54 @@ func (g *Registry) Close() {
 	}
 }
 
+// WaitTunnel is how long RoundTrip waits for a tunnel of a node that has
+// none taking a new stream: the node's tunnel may be a moment away (it
+// is re-dialing after a renewal, or after this replica started).
+const WaitTunnel = time.Second
+
 // RoundTrip sends req on a tunnel of the node its URL's host names,
-// choosing among the node's tunnels in turn; ErrNoTunnel when it has none
-// that takes a new stream.
+// choosing among the node's tunnels in turn; when it has none that takes
+// a new stream, it waits up to WaitTunnel for one, then answers
+// ErrNoTunnel.
 func (g *Registry) RoundTrip(req *http.Request) (*http.Response, error) {
 	node := req.URL.Hostname()
-	g.mu.Lock()
-	list := g.nodes[node]
-	var pick *http2.ClientConn
-	for i := range list {
-		t := list[(g.next+i)%len(list)]
-		if t.cc.CanTakeNewRequest() {
-			pick = t.cc
-			break
+	var deadline <-chan time.Time
+	for {
+		g.mu.Lock()
+		list := g.nodes[node]
+		var pick *http2.ClientConn
+		for i := range list {
+			t := list[(g.next+i)%len(list)]
+			if t.cc.CanTakeNewRequest() {
+				pick = t.cc
+				break
+			}
+		}
+		g.next++
+		if pick == nil && g.added == nil {
+			g.added = make(chan struct{})
+		}
+		added, closed := g.added, g.closed
+		g.mu.Unlock()
+		if pick != nil {
+			return pick.RoundTrip(req)
+		}
+		if closed {
+			return nil, ErrNoTunnel
+		}
+		if deadline == nil {
+			t := time.NewTimer(WaitTunnel)
+			defer t.Stop()
+			deadline = t.C
+		}
+		select {
+		case <-added:
+		case <-deadline:
+			return nil, ErrNoTunnel
+		case <-req.Context().Done():
+			return nil, req.Context().Err()
 		}
 	}
-	g.next++
-	g.mu.Unlock()
-	if pick == nil {
-		return nil, ErrNoTunnel
-	}
-	return pick.RoundTrip(req)
 }
 
 // NodeURL is the base URL of node's handler through a Registry.
