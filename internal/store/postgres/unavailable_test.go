@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sys/unix"
 
 	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/store"
@@ -360,5 +361,48 @@ func TestCommitLostAndExit(t *testing.T) {
 	own := fmt.Errorf("fn: %w", io.EOF)
 	if err := exit(ctx, own); err != own {
 		t.Errorf("exit of fn's own error = %v", err)
+	}
+}
+
+// TestDialSetsUserTimeout: the connections the store dials carry
+// TCP_USER_TIMEOUT and keepalives.
+func TestDialSetsUserTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cfg, err := pgxpool.ParseConfig("postgres://u@" + ln.Addr().String() + "/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := configure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	c, err := cfg.ConnConfig.DialFunc(context.Background(), "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var userTimeout, keepAlive, idle int
+	var gerr error
+	_ = raw.Control(func(fd uintptr) {
+		if userTimeout, gerr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT); gerr != nil {
+			return
+		}
+		if keepAlive, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE); gerr != nil {
+			return
+		}
+		idle, gerr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
+	})
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	if userTimeout != int(tcpUserTimeout/time.Millisecond) || keepAlive != 1 || idle != int(keepAliveIdle/time.Second) {
+		t.Errorf("TCP_USER_TIMEOUT %d ms, SO_KEEPALIVE %d, TCP_KEEPIDLE %d s; want %v, 1, %v", userTimeout, keepAlive, idle, tcpUserTimeout, keepAliveIdle)
 	}
 }
