@@ -469,9 +469,11 @@ func (d *Dialer) keep(ctx context.Context) {
 		if time.Since(start) > 10*time.Second {
 			backoff = 100 * time.Millisecond
 		}
+		// Drawn in [backoff/2, backoff]: the nodes that lost the same
+		// ctrl do not dial it again in step.
 		select {
 		case <-ctx.Done():
-		case <-time.After(backoff):
+		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
 		}
 		backoff = min(backoff*2, 5*time.Second)
 	}
