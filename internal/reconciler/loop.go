@@ -15,14 +15,17 @@ import (
 
 // Run loops until ctx is done.
 func (r *Reconciler) Run(ctx context.Context) error {
+	changed, release := r.subscribeNodes() // before the first load: nothing missed
 	if err := r.loadNodes(ctx); err != nil {
+		release()
 		return err
 	}
 	if err := r.loadFleet(ctx); err != nil {
+		release()
 		return err
 	}
 	go r.wakeOnNotify(ctx)
-	go r.wakeOnNodes(ctx)
+	go r.wakeOnNodes(ctx, changed, release)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {

@@ -68,17 +68,26 @@ func (r *Reconciler) NodesChanged() {
 	r.Kick()
 }
 
+// subscribeNodes subscribes to store.NodesTopic: Run calls it before its
+// first load of the node records, so that a registration committed after
+// that load cannot be missed, and hands the subscription to wakeOnNodes.
+func (r *Reconciler) subscribeNodes() (<-chan struct{}, func()) {
+	return r.store.Subscribe(store.NodesTopic)
+}
+
 // wakeOnNodes calls NodesChanged at each notification of store.NodesTopic
-// until ctx ends.
-func (r *Reconciler) wakeOnNodes(ctx context.Context) {
+// until ctx ends, starting with the subscription changed. It subscribes
+// again before it marks the records stale, so that a notification sent
+// while the reload runs is not lost.
+func (r *Reconciler) wakeOnNodes(ctx context.Context, changed <-chan struct{}, release func()) {
 	for {
-		changed, release := r.store.Subscribe(store.NodesTopic)
 		select {
 		case <-ctx.Done():
 			release()
 			return
 		case <-changed:
 			release()
+			changed, release = r.subscribeNodes()
 			r.NodesChanged()
 		}
 	}

@@ -56,7 +56,7 @@ func TestReplicaLearnsNodes(t *testing.T) {
 	}
 	nc := connectNode(t, a, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
 	start := time.Now()
-	if !eventually(time.Second, func() bool { return b.MaxCapacity().MemoryMiB == 4096 }) {
+	if !eventually(2*time.Second, func() bool { return b.MaxCapacity().MemoryMiB == 4096 }) {
 		t.Fatalf("b's MaxCapacity after n1 registered through a = %+v, want 4096 MiB", b.MaxCapacity())
 	}
 	t.Logf("b learnt n1 %v after its registration", time.Since(start))
@@ -65,7 +65,7 @@ func TestReplicaLearnsNodes(t *testing.T) {
 	}
 	a.inventory(t.Context(), nc, &nodev1.Inventory{Templates: []*nodev1.TemplateInfo{
 		{TemplateId: workspace.DefaultTemplate, Version: "v1"}, {TemplateId: "tpl-2", Version: "v2"}}})
-	if !eventually(time.Second, func() bool { v, ok := b.Template("tpl-2"); return ok && v == "v2" }) {
+	if !eventually(2*time.Second, func() bool { v, ok := b.Template("tpl-2"); return ok && v == "v2" }) {
 		t.Fatal("b did not learn the inventory a recorded")
 	}
 }
