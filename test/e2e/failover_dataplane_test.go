@@ -32,7 +32,7 @@ import (
 // data-plane token revoked through one replica is refused at the other
 // within the revocation bound (1 s; measured); and when the replica
 // holding the stream is SIGKILLed, an exec through the survivor still
-// works.
+// works, and, once the killed replica is started again, through it too.
 func TestDataPlaneThroughEitherReplica(t *testing.T) {
 	requireRoot(t)
 	base := os.Getenv("KIBOTOS_TEST_POSTGRES_URL")
@@ -274,6 +274,23 @@ func TestDataPlaneThroughEitherReplica(t *testing.T) {
 	if failed > 0 {
 		t.Errorf("%d execs through the survivor failed after the kill; its tunnel was open before", failed)
 	}
+
+	// The killed replica starts again: the node's tunnels reach it (their
+	// redial back-off), and an exec through it works.
+	e.procs[holder] = e.start(holder)
+	restarted := time.Now()
+	tries := 0
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		tries++
+		if out, err = e.execEcho(holder, ws); err == nil && out == "hi\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("exec through the restarted replica %d: %q, %v", holder, out, err)
+		}
+	}
+	t.Logf("replica %d restarted: an exec through it answered %v after it was serving (%d attempts)",
+		holder, time.Since(restarted).Round(time.Millisecond), tries)
 }
 
 // dpToken creates, through replica i, a data-plane session of workspace
