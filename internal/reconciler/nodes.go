@@ -207,6 +207,19 @@ func (r *Reconciler) supersede(nc *nodeConn) {
 	r.log.Warn("node stream superseded by a newer connection of the node", "node_id", nc.id, "epoch", nc.epoch)
 }
 
+// superseded reports whether the node records, as last reloaded, hold a
+// connection epoch of nc's node newer than nc's: a message on nc is then
+// dropped (a report, a VolumeReport, a memory condition), not applied.
+// The reload follows the registering commit's notification, so the window
+// in which a superseded stream's messages still apply is that of the
+// notification (milliseconds), at most the reload bound when it is lost;
+// heartbeats and Inventories check the stored epoch in their transaction.
+func (r *Reconciler) superseded(nc *nodeConn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stored[nc.id].epoch > nc.epoch
+}
+
 // storeSeen is when node was last seen: the later of the store's last_seen
 // (any replica's stream) and the last message of this ctrl's stream.
 // Callers hold r.mu.

@@ -298,6 +298,9 @@ func TestStaleStreamEpoch(t *testing.T) {
 	default:
 		t.Error("a reload did not end the stale stream")
 	}
+	if !a3.superseded(ncA3) || b.superseded(ncB) {
+		t.Errorf("superseded: a's stale stream %v (want true), b's current one %v (want false)", a3.superseded(ncA3), b.superseded(ncB))
+	}
 	// b's stream is the current one: its heartbeat is written.
 	b.heartbeat(t.Context(), "n1")
 	if n := stored(); !n.LastSeen.Equal(t0.Add(5 * time.Second)) {

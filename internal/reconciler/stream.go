@@ -82,6 +82,12 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 				errc <- err
 				return
 			}
+			if r.superseded(nc) {
+				// A newer connection of the node registered (the records'
+				// reload saw its epoch): nothing of this stream is applied.
+				r.supersede(nc)
+				continue
+			}
 			r.seen(nc)
 			switch b := msg.GetBody().(type) {
 			case *nodev1.ConnectRequest_Report:
