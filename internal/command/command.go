@@ -181,7 +181,7 @@ func Execute[Req proto.Message, Resp proto.Message](ctx context.Context, e *Engi
 	case err == nil:
 		return replay(s, rec, fp, field)
 	case !errors.Is(err, store.ErrNotFound):
-		return zero, storeUnavailable(err)
+		return zero, storeErr(err)
 	}
 
 	if s.Prepare != nil {

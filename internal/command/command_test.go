@@ -131,3 +131,36 @@ func TestReplaySettledFailure(t *testing.T) {
 		t.Errorf("Execute(other request) = %#v, want COMMAND_ID_REUSED, not settled", err)
 	}
 }
+
+// downStore is a store that cannot serve: the PostgreSQL dialect's
+// unavailable fault on every read.
+type downStore struct{ store.Store }
+
+var errDown = &fault.Error{Kind: fault.KindUnavailable, Reason: fault.ReasonUnavailable, Retryable: true, Stage: "store",
+	Message: "the database cannot serve now"}
+
+func (downStore) View(context.Context, func(store.Tx) error) error { return errDown }
+
+// TestStoreFaultPassesThrough: a store that answers with a fault (the
+// database is unreachable: unavailable, retryable) is answered with that
+// fault, not turned into an internal error, from the first look-up of the ID.
+func TestStoreFaultPassesThrough(t *testing.T) {
+	st, err := sqlite.Open(t.Context(), t.TempDir()+"/ctrl.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	e := &Engine{Store: downStore{st}}
+	_, err = Execute(t.Context(), e, Spec[*ctrlv1.StopWorkspaceRequest, *ctrlv1.StopWorkspaceResponse]{
+		Method: "/m", ObjectKind: "workspace", ObjectID: "ws-1", CommandKind: 2,
+		Request:     &ctrlv1.StopWorkspaceRequest{Metadata: &ctrlv1.CommandMetadata{CommandId: "c-1"}, WorkspaceId: "ws-1"},
+		NewResponse: func() *ctrlv1.StopWorkspaceResponse { return &ctrlv1.StopWorkspaceResponse{} },
+		Decide: func(context.Context, store.Tx, *store.Command) (*ctrlv1.StopWorkspaceResponse, error) {
+			t.Fatal("Decide ran against a store that cannot serve")
+			return nil, nil
+		},
+	})
+	if fe, ok := fault.As(err); !ok || fe.Kind != fault.KindUnavailable || !fe.Retryable {
+		t.Fatalf("Execute = %v, want the store's unavailable retryable fault", err)
+	}
+}
