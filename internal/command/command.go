@@ -314,9 +314,5 @@ func storeErr(err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	return storeUnavailable(err)
-}
-
-func storeUnavailable(err error) error {
 	return fault.Internal("store: %v", err)
 }
