@@ -270,9 +270,11 @@ func (r *Reconciler) candidates(ids []string) []candidate {
 	for i, id := range ids {
 		ratios, _ := v.Ratios(id, r.agentRatio[id])
 		f := r.features[id]
-		pool := r.stored[id].pool
+		var pool string
 		if nc := r.nodes[id]; nc != nil {
 			pool = nc.pool
+		} else {
+			pool = r.stored[id].pool
 		}
 		out[i] = candidate{id: id, capacity: r.caps[id], templates: r.templates[id], pool: pool,
 			network: f[nodewire.FeatureNetwork], artifacts: f[nodewire.FeatureArtifacts],
