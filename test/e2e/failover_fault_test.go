@@ -531,6 +531,10 @@ func (e *ffEnv) ffForEach(ctx context.Context, cmds []*ffCmd, f func(c *ffCmd, r
 // logs' own clocks).
 func (e *ffEnv) ffFailovers(kills []*ffKill) {
 	t := e.t
+	if len(kills) > 0 {
+		// The last kill's takeovers (at most 5 s) may still be under way.
+		time.Sleep(time.Until(kills[len(kills)-1].at.Add(6 * time.Second)))
+	}
 	nodeLog, _ := os.ReadFile(e.nd.logf.Name())
 	nodeLines := ffLogLines(nodeLog)
 	var ctrlLines [][]ffLogLine
@@ -543,12 +547,13 @@ func (e *ffEnv) ffFailovers(kills []*ffKill) {
 		for _, why := range k.why {
 			switch {
 			case strings.HasPrefix(why, "stream="):
-				for _, l := range nodeLines {
-					if l.Msg == "ctrl stream open" && l.Time.After(k.at) {
-						parts = append(parts, fmt.Sprintf("node's stream open again after %s (to replica %d)", l.Time.Sub(k.at).Round(time.Millisecond), slices.Index(e.urls, l.URL)))
-						break
-					}
+				i := slices.IndexFunc(nodeLines, func(l ffLogLine) bool { return l.Msg == "ctrl stream open" && l.Time.After(k.at) })
+				if i < 0 {
+					t.Errorf("kill at wave %d of %v: the node opened no stream afterwards", k.wave, k.why)
+					continue
 				}
+				l := nodeLines[i]
+				parts = append(parts, fmt.Sprintf("node's stream open again after %s (to replica %d)", l.Time.Sub(k.at).Round(time.Millisecond), slices.Index(e.urls, l.URL)))
 			case strings.HasPrefix(why, "lease="):
 				var first time.Time
 				var fence int64
