@@ -67,7 +67,7 @@ func streamOpenedAt(log, url string, since time.Time) time.Time {
 // repeated), which enrolls with a token: when the replica holding the
 // node's stream is SIGKILLed, the node opens a stream to the other within
 // a few seconds; a workspace created before keeps running and answers an
-// exec through the other replica (the data tunnels followed the stream),
+// exec through the other replica (the node keeps data tunnels to both),
 // and a workspace created through the other becomes AVAILABLE.
 func TestRealNodeFailsOverBetweenReplicas(t *testing.T) {
 	requireRoot(t)

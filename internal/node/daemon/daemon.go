@@ -39,8 +39,9 @@ type Config struct {
 	NodeID   string
 	Endpoint string       // ctrl's URL, when Ctrl is nil
 	HTTP     *http.Client // presents the node certificate; no overall timeout; when Ctrl is nil
-	// Ctrl is the ctrl endpoints (kibotos-node --ctrl): the stream, the
-	// data tunnels, renewals and artifact fetches go to the one in use.
+	// Ctrl is the ctrl endpoints (kibotos-node --ctrl): the stream,
+	// renewals and artifact fetches go to the one in use, the data tunnels
+	// to every one.
 	// nil is Endpoint through HTTP (ctrl --dev's node).
 	Ctrl *ctrlset.Set
 	// StateDir holds layers, execution state and templates.
