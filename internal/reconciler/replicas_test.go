@@ -7,6 +7,7 @@ import (
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
+	"github.com/kibotos/kibotos/internal/fleet"
 	"github.com/kibotos/kibotos/internal/lease"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/workspace"
@@ -196,8 +197,9 @@ func TestPlacementTimeoutFleetWide(t *testing.T) {
 
 // TestStaleHolderFenced: a replica whose fleet lease another replica took
 // over — its own clock still says it holds it — neither fails a placement
-// at its timeout nor marks a silent node's Workspaces UNKNOWN: each unit's
-// transaction checks the lease row (Config.Fence) and rolls back.
+// at its timeout, nor marks a silent node's Workspaces UNKNOWN, nor applies
+// the drain rule: each unit's transaction checks the lease row
+// (Config.Fence) and rolls back. The holder does all three.
 func TestStaleHolderFenced(t *testing.T) {
 	const timeout = time.Minute
 	r, st, clock := newTest(t, Config{PlacementTimeout: timeout})
@@ -219,6 +221,13 @@ func TestStaleHolderFenced(t *testing.T) {
 	seed(t, st, t0, row{id: "ws-on", node: "gone", power: running, generation: 1, observed: 1,
 		state: ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE})
 	seed(t, st, t0, row{id: "ws-big", power: running, generation: 1, state: wsCreate, memMiB: 1 << 20, command: "c-big"})
+	// A node draining with stop_workspaces, with an AVAILABLE Workspace:
+	// the drain rule's stop is due.
+	seed(t, st, t0, row{id: "ws-dr", node: "dr", power: running, generation: 1, observed: 1, exec: store.ExecRunning,
+		state: ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE})
+	setRecord(t, st, "dr", func(rec *fleet.Record) {
+		rec.State, rec.DrainStopsWorkspaces, rec.DrainCommandID = fleet.StateDraining, true, "drain-1"
+	})
 	clock.Set(t0.Add(timeout + time.Minute))
 	if err := r.pass(t.Context()); err != nil {
 		t.Fatalf("pass = %v", err)
@@ -228,6 +237,9 @@ func TestStaleHolderFenced(t *testing.T) {
 	}
 	if _, pub := load(t, st, "ws-on"); pub.GetState() != ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE {
 		t.Errorf("the stale holder marked a silent node's Workspace: state %v", pub.GetState())
+	}
+	if w, _ := load(t, st, "ws-dr"); w.Power != running || w.Generation != 1 {
+		t.Errorf("the stale holder applied the drain rule: power %v generation %d", w.Power, w.Generation)
 	}
 	// The holder of the lease does both.
 	r.leader = other.IsHeld
@@ -241,6 +253,9 @@ func TestStaleHolderFenced(t *testing.T) {
 	}
 	if _, pub := load(t, st, "ws-on"); pub.GetState() != ctrlv1.WorkspaceState_WORKSPACE_STATE_UNKNOWN {
 		t.Errorf("the holder did not mark the silent node's Workspace: state %v", pub.GetState())
+	}
+	if w, _ := load(t, st, "ws-dr"); w.Power != store.PowerStopped {
+		t.Errorf("the holder did not apply the drain rule: power %v generation %d", w.Power, w.Generation)
 	}
 }
 
