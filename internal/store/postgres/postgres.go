@@ -234,7 +234,9 @@ func (s *Store) inTx(ctx context.Context, fn func(*txn) error) error {
 			return exit(ctx, err)
 		}
 		if attempt >= maxAttempts {
-			return fmt.Errorf("store/postgres: giving up after %d attempts: %w", attempt, err)
+			// Contention, not a bug: the transaction was rolled back each
+			// time, so the same request can be sent again.
+			return newUnavailable(fault.ReasonUnavailable, err, "the database refused the transaction %d times under contention", attempt)
 		}
 		s.retries.Add(1)
 		if err := sleep(ctx, backoff(attempt)); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/store/migration"
 	"github.com/kibotos/kibotos/internal/store/postgres/pgtest"
@@ -217,6 +218,11 @@ func TestRetry(t *testing.T) {
 	})
 	if n != maxAttempts || err == nil {
 		t.Errorf("always failing fn: %d attempts, error %v; want %d attempts and an error", n, err, maxAttempts)
+	}
+	// ... as the store's unavailable fault, retryable: the request may be
+	// sent again (with the same command ID), not an internal error.
+	if fe, ok := fault.As(err); !ok || fe.Kind != fault.KindUnavailable || !fe.Retryable {
+		t.Errorf("always failing fn: error %v, want the unavailable retryable fault", err)
 	}
 
 	// A done context stops the retries.
