@@ -75,7 +75,7 @@ func (r *Reconciler) inventory(ctx context.Context, nc *nodeConn, inv *nodev1.In
 	}
 	r.mu.Unlock()
 	r.log.Info("node inventory", "node_id", id, "templates", len(templates), "platforms", len(platforms))
-	r.Kick()
+	r.wake()
 }
 
 // checkHello applies the rules of an Inventory to the holdings a Hello

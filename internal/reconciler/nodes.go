@@ -65,7 +65,7 @@ func (r *Reconciler) NodesChanged() {
 	r.mu.Lock()
 	r.nodeCache.stale = true
 	r.mu.Unlock()
-	r.Kick()
+	r.wake()
 }
 
 // subscribeNodes subscribes to store.NodesTopic: Run calls it before its
@@ -177,10 +177,14 @@ func (r *Reconciler) loadNodes(ctx context.Context) error {
 		}
 		r.stored[n.ID] = k
 	}
+	now := r.now()
 	for _, s := range states {
 		k := r.stored[s.ID]
 		k.lastSeen, k.epoch = s.LastSeen, s.Epoch
 		r.stored[s.ID] = k
+		if now.Sub(s.LastSeen) <= r.nodeGrace {
+			delete(r.quiet, s.ID) // heard again (by any replica): judged again when silent
+		}
 		if nc := r.nodes[s.ID]; nc != nil && s.Epoch > nc.epoch {
 			superseded = append(superseded, nc)
 		}

@@ -239,6 +239,15 @@ func (r *Reconciler) Kick() {
 	r.mu.Lock()
 	clear(r.quiet)
 	r.mu.Unlock()
+	r.wake()
+}
+
+// wake wakes the loop without checking silent nodes again: for what a
+// node's own stream brings (a report, an Inventory, a connect), which
+// changes no Workspace of another, silent node. With many nodes reporting,
+// Kick there would make the lease holder re-read every silent node's
+// Workspaces at every pass.
+func (r *Reconciler) wake() {
 	select {
 	case r.kick <- struct{}{}:
 	default:

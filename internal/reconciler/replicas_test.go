@@ -145,6 +145,27 @@ func TestSilentNodeOfAnotherReplica(t *testing.T) {
 	if _, pub := load(t, st, "ws-1"); pub.GetState() != ctrlv1.WorkspaceState_WORKSPACE_STATE_UNKNOWN {
 		t.Fatalf("after n1 was silent for the grace: state %v, want UNKNOWN", pub.GetState())
 	}
+	// n1 is heard again through a (its report turns ws-1 AVAILABLE), then
+	// falls silent again: b, never kicked, marks it again.
+	clock.Set(t0.Add(50 * time.Second))
+	w, _ := load(t, st, "ws-1")
+	a.report(t.Context(), "n1", &nodev1.ExecutionReport{WorkspaceId: "ws-1", Generation: w.Generation,
+		State: nodev1.ExecState_EXEC_STATE_RUNNING, HoldsExecution: true, LayerExists: true})
+	if _, pub := load(t, st, "ws-1"); pub.GetState() != ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE {
+		t.Fatalf("after n1's report: state %v, want AVAILABLE", pub.GetState())
+	}
+	for _, at := range []time.Duration{51 * time.Second, 67 * time.Second} {
+		clock.Set(t0.Add(at))
+		b.mu.Lock()
+		b.nodeCache.stale = true
+		b.mu.Unlock()
+		if err := b.pass(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, pub := load(t, st, "ws-1"); pub.GetState() != ctrlv1.WorkspaceState_WORKSPACE_STATE_UNKNOWN {
+		t.Fatalf("after n1 fell silent again: state %v, want UNKNOWN", pub.GetState())
+	}
 }
 
 // TestPlacementTimeoutFleetWide: the fleet lease's holder b has no stream;

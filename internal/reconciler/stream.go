@@ -102,7 +102,7 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 			}
 		}
 	}()
-	r.Kick()
+	r.wake()
 	for {
 		select {
 		case <-nc.replaced:
@@ -273,6 +273,7 @@ func (r *Reconciler) seen(nc *nodeConn) {
 	now := r.now()
 	r.mu.Lock()
 	nc.lastSeen = now
+	delete(r.quiet, nc.id) // heard again: judged again when silent
 	r.mu.Unlock()
 }
 
@@ -287,7 +288,7 @@ func (r *Reconciler) report(ctx context.Context, node string, rep *nodev1.Execut
 		r.store.Notify(store.WorkspaceTopic(rep.GetWorkspaceId()))
 	}
 	r.heartbeat(ctx, node)
-	r.Kick()
+	r.wake()
 }
 
 // heartbeat records that a node is alive; the store's last_seen is what
