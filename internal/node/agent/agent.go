@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -210,6 +211,11 @@ type Agent struct {
 	// inventory holds a signal when what the node holds changed since
 	// the last Hello or Inventory.
 	inventory chan struct{}
+
+	// accepted is when ctrl last accepted a Hello (its full desired state
+	// arrived), in Unix nanoseconds: Run's back-off starts again from its
+	// minimum after a stream that was accepted and lasted acceptedReset.
+	accepted atomic.Int64
 }
 
 // New returns an Agent.
@@ -262,10 +268,16 @@ func (a *Agent) holdings() (templates, platforms []*nodev1.TemplateInfo) {
 
 // Reconnect bounds the wait before the next connect after a stream ended:
 // drawn in [d/2, d] (ctrlset.Backoff), d from ReconnectMin doubling with
-// each failure in a row up to ReconnectMax.
+// each failure in a row up to ReconnectMax. A stream ctrl accepted and
+// that stayed open acceptedReset or more is not a failure: the wait after
+// it starts again from ReconnectMin, so that a node whose replicas die a
+// few seconds apart reconnects as fast after each death as after the
+// first, while a replica that accepts and drops streams at once still
+// meets a doubling wait.
 const (
-	ReconnectMin = 100 * time.Millisecond
-	ReconnectMax = 3 * time.Second
+	ReconnectMin  = 100 * time.Millisecond
+	ReconnectMax  = 3 * time.Second
+	acceptedReset = time.Second
 )
 
 // Run keeps a stream to ctrl open until ctx is done. When it ends (ctrl
@@ -302,7 +314,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return nil
 		}
 		a.cfg.Log.Warn("ctrl stream ended", "error", errString(err))
-		if time.Since(start) > 10*time.Second {
+		if at := a.accepted.Load(); at >= start.UnixNano() && time.Since(time.Unix(0, at)) >= acceptedReset {
 			backoff.Reset()
 		}
 		backoff.Wait(ctx)
@@ -368,6 +380,7 @@ func (a *Agent) sessionTo(parent context.Context, ep ctrlset.Endpoint) error {
 			}
 			if first {
 				// ctrl accepted the Hello: its full desired state is here.
+				a.accepted.Store(time.Now().UnixNano())
 				a.cfg.Log.Info("ctrl stream open", "url", ep.URL, "addr", ep.Addr)
 			}
 			a.apply(parent, msg.GetDesired())
