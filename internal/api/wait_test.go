@@ -16,21 +16,20 @@ import (
 	"github.com/kibotos/kibotos/internal/ctrltest"
 	"github.com/kibotos/kibotos/internal/node/agent/agenttest"
 	"github.com/kibotos/kibotos/internal/store"
-	"github.com/kibotos/kibotos/internal/workspace"
 )
 
 // waiters is what the stores' Notifier (store.LocalNotifier) tells of the
 // subscriptions waiting on it.
 type waiters interface {
-	Waiters() int
-	TopicWaiters(topic string) int
+	PrefixWaiters(prefix string) int
 }
 
-// requestWaiters are the waiting subscriptions but the expiration
-// engine's and the reconciler's, which wait on their own topics for as
-// long as ctrl runs.
+// requestWaiters are the subscriptions of requests, which wait for a
+// Workspace's commands (store.WorkspaceTopic), apart from the standing ones
+// ctrl keeps on its own topics for as long as it runs (the expiration
+// engine, the reconcilers, the data tunnels).
 func requestWaiters(w waiters) int {
-	return w.Waiters() - w.TopicWaiters(workspace.ExpirationTopic) - w.TopicWaiters(store.ReconcileTopic)
+	return w.PrefixWaiters(store.WorkspaceTopic(""))
 }
 
 func waitWaiters(t *testing.T, e *ctrltest.Env, n int) {

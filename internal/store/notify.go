@@ -1,6 +1,7 @@
 package store
 
 import (
+	"strings"
 	"sync"
 	"time"
 )
@@ -136,6 +137,22 @@ func (l *LocalNotifier) Waiters() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.total
+}
+
+// PrefixWaiters returns the number of subscriptions neither notified nor
+// released yet of the topics that start with prefix: with
+// WorkspaceTopic's prefix, the requests that wait for a Workspace's
+// commands, apart from the standing subscriptions ctrl keeps while it runs.
+func (l *LocalNotifier) PrefixWaiters(prefix string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for topic, w := range l.topics {
+		if strings.HasPrefix(topic, prefix) {
+			n += w.n
+		}
+	}
+	return n
 }
 
 // TopicWaiters returns the number of subscriptions of topic neither
