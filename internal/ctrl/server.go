@@ -518,6 +518,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsc *tls.Config) e
 	if err := s.fleet.Try(ctx); err != nil {
 		s.log.Warn("lease: first attempt", "lease", lease.Fleet, "error", err.Error())
 	}
+	// The node records before the first request: what needs a node is
+	// served at once by a replica that just (re)started.
+	if err := s.recon.LoadNodes(ctx); err != nil {
+		s.log.Warn("load node records", "error", err.Error())
+	}
 	leaseDone := make(chan struct{})
 	go func() { defer close(leaseDone); _ = s.fleet.Run(reconCtx) }()
 	defer func() { stopRecon(); <-leaseDone }()

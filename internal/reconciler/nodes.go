@@ -120,6 +120,13 @@ func (r *Reconciler) refreshNodes(ctx context.Context, leads bool) error {
 	return nil
 }
 
+// LoadNodes reads the node records once, now: ctrl calls it before it
+// serves, so that a replica just started answers what needs a node (the
+// capabilities, admission's size and template checks) from its first
+// request; Run loads them again (cheaply: only what changed) and keeps
+// them.
+func (r *Reconciler) LoadNodes(ctx context.Context) error { return r.loadNodes(ctx) }
+
 // loadNodes reads every node's state and the documents of those whose
 // revision changed since they were read, in one store view, and learns
 // them: capacity, templates, features, overcommit ratio, pool, the store's
