@@ -13,16 +13,31 @@ import (
 	"github.com/kibotos/kibotos/internal/workspace"
 )
 
-// Run loops until ctx is done.
+// Run loops until ctx is done. Its first loads of the node and fleet
+// records are tried again every second until they succeed: a store that
+// cannot serve at start-up (the database restarting) delays the loop, it
+// does not end it.
 func (r *Reconciler) Run(ctx context.Context) error {
 	changed, release := r.subscribeNodes() // before the first load: nothing missed
-	if err := r.loadNodes(ctx); err != nil {
-		release()
-		return err
-	}
-	if err := r.loadFleet(ctx); err != nil {
-		release()
-		return err
+	for {
+		err := r.loadNodes(ctx)
+		if err == nil {
+			err = r.loadFleet(ctx)
+		}
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			release()
+			return nil
+		}
+		r.log.Warn("load node and fleet records; trying again in 1 s", "error", err.Error())
+		select {
+		case <-ctx.Done():
+			release()
+			return nil
+		case <-time.After(time.Second):
+		}
 	}
 	go r.wakeOnNotify(ctx)
 	go r.wakeOnNodes(ctx, changed, release)
