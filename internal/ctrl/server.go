@@ -114,6 +114,7 @@ type Server struct {
 	log     *slog.Logger
 	handler http.Handler
 	health  *grpchealth.StaticChecker
+	served  []string // the services health reports on
 	metrics *metrics
 	recon   *reconciler.Reconciler
 	expire  *expiration.Engine
@@ -291,6 +292,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		ctrlv1connect.ArtifactServiceName,
 	}
 	s.health = grpchealth.NewStaticChecker(services...)
+	s.served = services
 	reflector := grpcreflect.NewStaticReflector(services...)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
@@ -540,6 +542,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsc *tls.Config) e
 	retainDone := make(chan struct{})
 	go func() { defer close(retainDone); _ = s.retain.Run(reconCtx) }()
 	defer func() { stopRecon(); <-retainDone }()
+	watchDone := make(chan struct{})
+	go func() { defer close(watchDone); s.storeWatch(reconCtx) }()
+	defer func() { stopRecon(); <-watchDone }()
 	defer s.tunnels.Close() // Shutdown does not close hijacked connections
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ServeTLS(ln, "", "") }()
@@ -548,7 +553,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, tlsc *tls.Config) e
 		return err
 	case <-ctx.Done():
 	}
-	s.health.SetStatus("", grpchealth.StatusNotServing)
+	s.setHealth(grpchealth.StatusNotServing)
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// Node streams end at once (the nodes reconnect, to another replica

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"connectrpc.com/grpchealth"
 
 	"github.com/kibotos/kibotos"
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
@@ -203,6 +204,7 @@ func TestReplicaLosesPostgres(t *testing.T) {
 	eg := ctrlv1connect.NewEgressServiceClient(e.hc, e.url(0))
 	ws := e.ws(0)
 	nodes := ctrlv1connect.NewNodeServiceClient(e.hc, e.url(0))
+	health := grpchealth.NewClient(e.hc, e.url(0))
 
 	egress := func(id string) (*ctrlv1.Egress, error) {
 		r, err := eg.CreateEgress(t.Context(), connect.NewRequest(&ctrlv1.CreateEgressRequest{
@@ -286,10 +288,15 @@ func TestReplicaLosesPostgres(t *testing.T) {
 		{"frozen", proxy.freeze},
 	} {
 		t.Logf("database %s", cut.name)
+		cutAt := time.Now()
 		cut.do()
 		if cut.name == "frozen" {
 			time.Sleep(1500 * time.Millisecond) // pooled connections now idle > 1 s: pinged at their next use
 		}
+		// Unable to read its store for 3 s, the replica reports
+		// NOT_SERVING, so that a balancer routes around it.
+		notServing := waitHealth(t, health, grpchealth.StatusNotServing, cutAt, 15*time.Second)
+		t.Logf("health NOT_SERVING %v after the cut", notServing.Round(time.Millisecond))
 		eid, wid := "pgloss-egress-"+cut.name, "pgloss-ws-"+cut.name
 		unavailable("CreateEgress", func() error { _, err := egress(eid); return err })
 		unavailable("CreateWorkspace", func() error { _, err := workspace(wid); return err })
@@ -314,6 +321,8 @@ func TestReplicaLosesPostgres(t *testing.T) {
 
 		restored := time.Now()
 		proxy.restore()
+		serving := waitHealth(t, health, grpchealth.StatusServing, restored, 10*time.Second)
+		t.Logf("health SERVING %v after the restore", serving.Round(time.Millisecond))
 		var got *ctrlv1.Egress
 		took := untilServed("CreateEgress", func() (err error) { got, err = egress(eid); return err })
 		t.Logf("database back: CreateEgress served %v after the restore", took.Round(time.Millisecond))
@@ -379,5 +388,21 @@ func TestReplicaLosesPostgres(t *testing.T) {
 				t.Errorf("a request failed as internal: %s", l)
 			}
 		}
+	}
+}
+
+// waitHealth polls the replica's gRPC health until it reports want and
+// returns how long after since it did; it fails the test after bound.
+func waitHealth(t *testing.T, c *grpchealth.Client, want grpchealth.Status, since time.Time, bound time.Duration) time.Duration {
+	t.Helper()
+	for {
+		res, err := c.Check(t.Context(), &grpchealth.CheckRequest{})
+		if err == nil && res.Status == want {
+			return time.Since(since)
+		}
+		if time.Since(since) > bound {
+			t.Fatalf("health did not become %v within %v (last %v, %v)", want, bound, res, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
