@@ -64,7 +64,9 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 	}()
 
 	for _, rep := range hello.GetExecutions() {
-		r.report(ctx, id, rep)
+		if err := r.report(ctx, id, rep); err != nil {
+			return connect.NewError(connect.CodeUnavailable, errors.New("a report could not be stored; connect again and send the full state"))
+		}
 	}
 	// Full desired state, then changes.
 	full, err := r.fullState(ctx, nc)
@@ -91,12 +93,12 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 			r.seen(nc)
 			switch b := msg.GetBody().(type) {
 			case *nodev1.ConnectRequest_Report:
-				r.report(ctx, id, b.Report)
+				r.reportLost(ctx, nc, r.report(ctx, id, b.Report))
 			case *nodev1.ConnectRequest_Heartbeat:
 				r.heartbeat(ctx, id)
 				r.memoryCondition(ctx, id, b.Heartbeat.GetMemory())
 			case *nodev1.ConnectRequest_VolumeReport:
-				r.volumeReport(ctx, id, b.VolumeReport)
+				r.reportLost(ctx, nc, r.volumeReport(ctx, id, b.VolumeReport))
 			case *nodev1.ConnectRequest_Inventory:
 				r.inventory(ctx, nc, b.Inventory)
 			}
@@ -277,11 +279,15 @@ func (r *Reconciler) seen(nc *nodeConn) {
 	r.mu.Unlock()
 }
 
-func (r *Reconciler) report(ctx context.Context, node string, rep *nodev1.ExecutionReport) {
+// report applies an execution report. An error means the report is lost
+// (the store could not take it): the caller ends the stream (reportLost),
+// so that the node connects again and sends its full state, this report's
+// latest form included.
+func (r *Reconciler) report(ctx context.Context, node string, rep *nodev1.ExecutionReport) error {
 	done, err := r.applyReport(ctx, node, rep)
 	if err != nil {
-		r.log.Error("apply report", "node_id", node, "workspace_id", rep.GetWorkspaceId(), "error", err.Error())
-		return
+		r.log.Error("apply report", "node_id", node, "workspace_id", nodewire.Cut(rep.GetWorkspaceId(), 64), "error", err.Error())
+		return err
 	}
 	if done {
 		// Before anything else: waiters return as soon as the commit has.
@@ -289,6 +295,20 @@ func (r *Reconciler) report(ctx context.Context, node string, rep *nodev1.Execut
 	}
 	r.heartbeat(ctx, node)
 	r.wake()
+	return nil
+}
+
+// reportLost ends nc's stream after a report of it could not be stored
+// (the store unavailable, a transaction that kept failing to serialize):
+// the node reconnects, to this replica or another, and its Hello carries
+// the latest state of every execution and Volume, so nothing it reported
+// is lost for good. Nothing is ended when ctx is done (the stream ends
+// anyway).
+func (r *Reconciler) reportLost(ctx context.Context, nc *nodeConn, err error) {
+	if err == nil || ctx.Err() != nil {
+		return
+	}
+	nc.end(connect.NewError(connect.CodeUnavailable, errors.New("a report could not be stored; connect again and send the full state")))
 }
 
 // heartbeat records that a node is alive; the store's last_seen is what

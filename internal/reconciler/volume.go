@@ -162,7 +162,7 @@ func (r *Reconciler) pushVolumes(ctx context.Context) error {
 
 // volumeReport folds a node's VolumeReport into the store and wakes the
 // waiters of a command it completed.
-func (r *Reconciler) volumeReport(ctx context.Context, node string, rep *nodev1.VolumeReport) {
+func (r *Reconciler) volumeReport(ctx context.Context, node string, rep *nodev1.VolumeReport) error {
 	var (
 		v         *volume.Volume
 		completed bool
@@ -174,12 +174,13 @@ func (r *Reconciler) volumeReport(ctx context.Context, node string, rep *nodev1.
 	})
 	if err != nil {
 		r.log.Error("apply volume report", "node_id", node, "volume_id", nodewire.Cut(rep.GetVolumeId(), 64), "error", err.Error())
-		return
+		return err
 	}
 	if completed {
 		r.store.Notify(volume.Topic(v.Res.ID))
 	}
 	r.heartbeat(ctx, node)
+	return nil
 }
 
 // placeVolume places the Volume of a NEW binding with its Workspace, just
