@@ -118,10 +118,12 @@ func (r *Reconciler) pass(ctx context.Context) error {
 			w = p
 		}
 		placed = append(placed, w)
+		if len(placed) == pushChunk {
+			r.pushLogged(ctx, placed)
+			placed = placed[:0]
+		}
 	}
-	if err := r.push(ctx, placed); err != nil && ctx.Err() == nil {
-		r.log.Warn("push desired state", "error", err.Error())
-	}
+	r.pushLogged(ctx, placed)
 	if err := r.pushVolumes(ctx); err != nil && ctx.Err() == nil {
 		r.log.Warn("push desired volumes", "error", err.Error())
 	}
@@ -132,6 +134,23 @@ func (r *Reconciler) pass(ctx context.Context) error {
 	}
 	_, err := r.markSilent(ctx)
 	return err
+}
+
+// pushChunk is how many Workspaces a pass places (or finds placed) before
+// it pushes them: a pass may place hundreds one transaction after another,
+// and the first ones must not wait for the last (bench/hollow saw creates
+// reach their nodes in bursts of the whole batch, 10 s apart, when the
+// push came after every placement of the pass).
+const pushChunk = 32
+
+// pushLogged pushes ws (push), logging a failure: the next pass retries.
+func (r *Reconciler) pushLogged(ctx context.Context, ws []*store.Workspace) {
+	if len(ws) == 0 {
+		return
+	}
+	if err := r.push(ctx, ws); err != nil && ctx.Err() == nil {
+		r.log.Warn("push desired state", "error", err.Error())
+	}
 }
 
 // push sends the desired state of each Workspace of ws to its node, when
