@@ -279,7 +279,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	// nodes' streams through the reconciler.
 	mux.Handle(ctrlv1connect.NewNodeServiceHandler(api.NewNodes(&fleet.Service{
 		Engine: engine, Store: cfg.Store, Pages: pages, Now: cfg.Now,
-		Connected:      func(id string) bool { _, ok := s.recon.LastSeen(id); return ok },
+		Connected:      s.recon.Connected,
 		StopWorkspaces: workspaces.StopForDrain,
 		EndKey:         s.recon.EndKey, EndDataPlane: s.recon.EndDataPlane, Changed: s.recon.FleetChanged,
 	}), opts))

@@ -58,7 +58,7 @@ type Service struct {
 	Store  store.Store
 	Pages  *paging.Codec
 	Now    func() time.Time
-	// Connected reports whether a node holds a stream to this ctrl; nil:
+	// Connected reports whether a node holds a stream to a ctrl replica; nil:
 	// none does.
 	Connected func(nodeID string) bool
 	// StopWorkspaces stops, inside tx, the running Workspaces of a node

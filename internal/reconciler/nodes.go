@@ -241,3 +241,19 @@ func (r *Reconciler) storeSeen(id string) time.Time {
 	}
 	return seen
 }
+
+// Connected reports whether node holds a stream to some ctrl replica: to
+// this one, or heard by another within the node grace (its last_seen in
+// the store, as of the last reload of the node records). A node whose
+// stream to another replica just ended counts as connected until the
+// grace has passed, as it does for silence detection.
+func (r *Reconciler) Connected(node string) bool {
+	now := r.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.nodes[node] != nil {
+		return true
+	}
+	seen := r.stored[node].lastSeen
+	return !seen.IsZero() && now.Sub(seen) <= r.nodeGrace
+}

@@ -343,3 +343,31 @@ func TestStaleStreamEpoch(t *testing.T) {
 		t.Errorf("the current stream's heartbeat: last_seen %v", n.LastSeen)
 	}
 }
+
+// TestConnectedFleetWide: a node whose stream another replica holds is
+// connected for this one too (GetNode, ListNodes) while that replica
+// hears it, and no longer once it has been silent beyond the grace.
+func TestConnectedFleetWide(t *testing.T) {
+	a, st, clock := newTest(t, Config{})
+	b := newReplica(st, clock, Config{})
+	if b.Connected("n1") {
+		t.Fatal("an unknown node is connected")
+	}
+	connectNode(t, a, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
+	if err := b.loadNodes(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if !a.Connected("n1") || !b.Connected("n1") {
+		t.Fatalf("n1 on a: connected on a %v, on b %v; want both", a.Connected("n1"), b.Connected("n1"))
+	}
+	clock.Set(t0.Add(16 * time.Second)) // silent beyond the 15 s grace
+	if err := b.loadNodes(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if b.Connected("n1") {
+		t.Error("n1 silent beyond the grace is connected on b")
+	}
+	if !a.Connected("n1") {
+		t.Error("n1 holds its stream to a: not connected on a")
+	}
+}
