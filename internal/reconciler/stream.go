@@ -15,6 +15,7 @@ import (
 	"github.com/kibotos/kibotos/internal/nodepeer"
 	"github.com/kibotos/kibotos/internal/nodewire"
 	"github.com/kibotos/kibotos/internal/store"
+	"github.com/kibotos/kibotos/internal/tunnel"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
 
@@ -105,8 +106,21 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 		}
 	}()
 	r.wake()
+	// A denial of the stream's key on another replica (DenyNodeKey,
+	// RetireNode there) ends it here too: that replica notifies the key's
+	// topic, and the denial is read from the store.
+	keyCh, releaseKey := r.store.Subscribe(tunnel.KeyTopic(peer.KeyHash))
+	defer func() { releaseKey() }()
 	for {
 		select {
+		case <-keyCh:
+			releaseKey()
+			keyCh, releaseKey = r.store.Subscribe(tunnel.KeyTopic(peer.KeyHash))
+			if denied, err := r.keyDenied(ctx, peer.KeyHash); err == nil && denied {
+				r.log.Warn("node stream ended: its key was denied", "node_id", id)
+				return &fault.Error{Kind: fault.KindPermissionDenied, Reason: fault.ReasonPermissionDenied,
+					Message: "the node certificate's key is denied"}
+			}
 		case <-nc.replaced:
 			r.mu.Lock()
 			err := nc.endErr
@@ -242,7 +256,8 @@ func (r *Reconciler) attach(hello *nodev1.Hello, keyHash []byte) *nodeConn {
 // BootstrapService re-enrollments with it, whatever certificate carries it
 // (store.DeniedNodeKey). A stream this ctrl holds with that key ends at
 // once, and so do the data tunnels opened with it (EndKey); a stream
-// another replica holds ends when the node reconnects. Denying a denied
+// another replica holds ends there at the key's notification
+// (tunnel.KeyTopic, which EndKey's hook notifies). Denying a denied
 // key again changes nothing. RetireNode denies in its own transaction and
 // then calls EndKey.
 func (r *Reconciler) DenyNodeKey(ctx context.Context, nodeID string, keyHash []byte, reason string) error {
@@ -416,4 +431,20 @@ func (r *Reconciler) LastSeen(node string) (t time.Time, ok bool) {
 		return time.Time{}, false
 	}
 	return nc.lastSeen, true
+}
+
+// keyDenied reports whether keyHash is on the deny list.
+func (r *Reconciler) keyDenied(ctx context.Context, keyHash []byte) (bool, error) {
+	denied := false
+	err := r.store.View(ctx, func(tx store.Tx) error {
+		_, err := tx.GetDeniedNodeKey(ctx, keyHash)
+		switch {
+		case err == nil:
+			denied = true
+		case errors.Is(err, store.ErrNotFound):
+			err = nil
+		}
+		return err
+	})
+	return denied, err
 }

@@ -108,9 +108,10 @@ const DefaultRecheck = time.Minute
 // the node's data plane was ended (IsolateNode) on some replica.
 func NodeTopic(node string) string { return "data-tunnels/node/" + node }
 
-// KeyTopic is the notifier topic of the tunnels opened with the key
-// keyHash: notified after the key was denied on some replica.
-func KeyTopic(keyHash []byte) string { return "data-tunnels/key/" + hex.EncodeToString(keyHash) }
+// KeyTopic is the notifier topic of the node certificate key keyHash:
+// notified after the key was denied on some replica. The tunnels opened
+// with it watch it, and so do the node streams (internal/reconciler).
+func KeyTopic(keyHash []byte) string { return "node-key/" + hex.EncodeToString(keyHash) }
 
 // Accept takes r's connection over as a tunnel of node (already
 // authenticated by the caller, with the certificate key keyHash) and
