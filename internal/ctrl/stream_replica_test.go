@@ -10,7 +10,6 @@ import (
 
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/node/v1/nodev1connect"
-	"github.com/kibotos/kibotos/internal/pki"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/tunnel"
 )
@@ -21,15 +20,7 @@ import (
 // at a notification of another key.
 func TestKeyDeniedElsewhereEndsStream(t *testing.T) {
 	srv, base, p := serve(t)
-	dir := t.TempDir()
-	cert, key := dir+"/node.pem", dir+"/node-key.pem"
-	if err := pki.IssueClient(p.CA, p.CAKey, "node-1", pki.RoleNode, time.Hour, cert, key); err != nil {
-		t.Fatal(err)
-	}
-	tlsc, err := pki.ClientConfig(p.CA, cert, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tlsc, h := nodeCert(t, p, "node-1")
 	hc := &http.Client{Transport: &http2.Transport{TLSClientConfig: tlsc}}
 	stream := nodev1connect.NewNodeServiceClient(hc, base).Connect(t.Context())
 	if err := stream.Send(&nodev1.ConnectRequest{Body: &nodev1.ConnectRequest_Hello{Hello: &nodev1.Hello{NodeId: "node-1",
@@ -38,14 +29,6 @@ func TestKeyDeniedElsewhereEndsStream(t *testing.T) {
 	}
 	if _, err := stream.Receive(); err != nil {
 		t.Fatalf("the full desired state: %v", err)
-	}
-	holder, err := pki.LoadClientCertificate(cert, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := pki.PublicKeyHash(holder.Current().Leaf.PublicKey)
-	if err != nil {
-		t.Fatal(err)
 	}
 	ended := make(chan error, 1)
 	go func() {
@@ -63,12 +46,12 @@ func TestKeyDeniedElsewhereEndsStream(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 	if err := srv.cfg.Store.InTx(t.Context(), func(tx store.Tx) error {
-		return tx.DenyNodeKey(t.Context(), &store.DeniedNodeKey{KeyHash: h[:], NodeID: "node-1", DeniedAt: time.Now(), Reason: "test"})
+		return tx.DenyNodeKey(t.Context(), &store.DeniedNodeKey{KeyHash: h, NodeID: "node-1", DeniedAt: time.Now(), Reason: "test"})
 	}); err != nil {
 		t.Fatal(err)
 	}
 	denied := time.Now()
-	srv.cfg.Store.Notify(tunnel.KeyTopic(h[:]))
+	srv.cfg.Store.Notify(tunnel.KeyTopic(h))
 	select {
 	case err := <-ended:
 		if connect.CodeOf(err) != connect.CodePermissionDenied {

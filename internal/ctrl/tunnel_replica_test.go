@@ -21,15 +21,7 @@ import (
 // it.
 func TestKeyDeniedElsewhereClosesTunnels(t *testing.T) {
 	srv, base, p := serve(t)
-	dir := t.TempDir()
-	node, nodeKey := dir+"/node.pem", dir+"/node-key.pem"
-	if err := pki.IssueClient(p.CA, p.CAKey, "node-1", pki.RoleNode, time.Hour, node, nodeKey); err != nil {
-		t.Fatal(err)
-	}
-	tlsc, err := pki.ClientConfig(p.CA, node, nodeKey)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tlsc, h := nodeCert(t, p, "node-1")
 	tlsc.NextProtos = []string{"http/1.1"}
 	u, _ := url.Parse(base)
 	conn, err := tls.Dial("tcp", u.Host, tlsc)
@@ -48,14 +40,6 @@ func TestKeyDeniedElsewhereClosesTunnels(t *testing.T) {
 			t.Fatal("the tunnel was not registered")
 		}
 	}
-	holder, err := pki.LoadClientCertificate(node, nodeKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := pki.PublicKeyHash(holder.Current().Leaf.PublicKey)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Another key's notification closes nothing.
 	srv.cfg.Store.Notify(tunnel.KeyTopic([]byte("another")))
 	srv.cfg.Store.Notify(tunnel.NodeTopic("node-1")) // not isolated: stays
@@ -65,12 +49,12 @@ func TestKeyDeniedElsewhereClosesTunnels(t *testing.T) {
 	}
 	// The other replica's denial: the row, then the notification.
 	if err := srv.cfg.Store.InTx(t.Context(), func(tx store.Tx) error {
-		return tx.DenyNodeKey(t.Context(), &store.DeniedNodeKey{KeyHash: h[:], NodeID: "node-1", DeniedAt: time.Now(), Reason: "test"})
+		return tx.DenyNodeKey(t.Context(), &store.DeniedNodeKey{KeyHash: h, NodeID: "node-1", DeniedAt: time.Now(), Reason: "test"})
 	}); err != nil {
 		t.Fatal(err)
 	}
 	denied := time.Now()
-	srv.cfg.Store.Notify(tunnel.KeyTopic(h[:]))
+	srv.cfg.Store.Notify(tunnel.KeyTopic(h))
 	for srv.tunnels.Count("node-1") != 0 {
 		if time.Since(denied) > 5*time.Second {
 			t.Fatal("the tunnel of the key denied elsewhere is still open after 5 s")
@@ -82,4 +66,28 @@ func TestKeyDeniedElsewhereClosesTunnels(t *testing.T) {
 	if _, err := io.Copy(io.Discard, br); err != nil {
 		t.Errorf("the tunnel was not closed by ctrl: %v", err)
 	}
+}
+
+// nodeCert issues a node certificate for id from p's CA and returns a
+// client TLS config presenting it, and the SHA-256 of its key.
+func nodeCert(t *testing.T, p pki.DevPaths, id string) (*tls.Config, []byte) {
+	t.Helper()
+	dir := t.TempDir()
+	cert, key := dir+"/node.pem", dir+"/node-key.pem"
+	if err := pki.IssueClient(p.CA, p.CAKey, id, pki.RoleNode, time.Hour, cert, key); err != nil {
+		t.Fatal(err)
+	}
+	tlsc, err := pki.ClientConfig(p.CA, cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder, err := pki.LoadClientCertificate(cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := pki.PublicKeyHash(holder.Current().Leaf.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tlsc, h[:]
 }

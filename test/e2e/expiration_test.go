@@ -31,7 +31,6 @@ import (
 	"github.com/kibotos/kibotos/internal/node/agent"
 	"github.com/kibotos/kibotos/internal/node/agent/agenttest"
 	"github.com/kibotos/kibotos/internal/pki"
-	"github.com/kibotos/kibotos/internal/store/postgres/pgtest"
 )
 
 // The soak's flags: the default run is the short version; bench/expiration
@@ -551,19 +550,7 @@ func (e *soakEnv) measureIdle(ids []string, d time.Duration) (ten, all float64) 
 // the runtime double: both engines try every deadline, replicas are killed
 // and restarted in turn, and each deadline fires once.
 func TestExpirationSoakReplicas(t *testing.T) {
-	base := os.Getenv("KIBOTOS_TEST_POSTGRES_URL")
-	if base == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("KIBOTOS_TEST_POSTGRES_URL is not set; CI must run the PostgreSQL tests")
-		}
-		t.Skip("KIBOTOS_TEST_POSTGRES_URL is not set")
-	}
-	var url string
-	_, cleanup, err := pgtest.Open(t.Context(), base, func(_ context.Context, u string) (nopCloser, error) { url = u; return nopCloser{}, nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cleanup() })
+	url := pgSchema(t)
 	e := newSoakEnv(t, 2, "--dev-no-node", "--store", url, "--log-level", "info")
 	e.startFakeNode()
 	e.waitCapability(0, capability.WorkspaceExpiration)

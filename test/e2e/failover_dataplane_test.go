@@ -6,23 +6,17 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"golang.org/x/net/http2"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
 	"github.com/kibotos/kibotos/internal/capability"
-	"github.com/kibotos/kibotos/internal/node/sandbox"
 	"github.com/kibotos/kibotos/internal/pki"
-	"github.com/kibotos/kibotos/internal/store/postgres/pgtest"
 )
 
 // TestDataPlaneThroughEitherReplica runs two kibotos-ctrl replicas on one
@@ -35,60 +29,10 @@ import (
 // works, and, once the killed replica is started again, through it too.
 func TestDataPlaneThroughEitherReplica(t *testing.T) {
 	requireRoot(t)
-	base := os.Getenv("KIBOTOS_TEST_POSTGRES_URL")
-	if base == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("KIBOTOS_TEST_POSTGRES_URL is not set; CI must run the PostgreSQL tests")
-		}
-		t.Skip("KIBOTOS_TEST_POSTGRES_URL is not set: this test needs PostgreSQL (two ctrl replicas on one database)")
-	}
-	var url string
-	_, cleanup, err := pgtest.Open(t.Context(), base, func(_ context.Context, u string) (nopCloser, error) { url = u; return nopCloser{}, nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cleanup() })
+	url := pgSchema(t)
 	e := newSoakEnv(t, 2, "--dev-no-node", "--store", url, "--log-level", "info")
 	ctx := t.Context()
-
-	enr := ctrlv1connect.NewEnrollmentServiceClient(e.hc, e.url(0))
-	cr, err := enr.CreateEnrollment(ctx, connect.NewRequest(&ctrlv1.CreateEnrollmentRequest{
-		CommandId: "dp-failover-enroll", NodeId: "dp-failover-node", Ttl: durationpb.New(10 * time.Minute)}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte(cr.Msg.GetToken()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	stateDir := t.TempDir()
-	t.Cleanup(func() {
-		if err := sandbox.Cleanup(stateDir); err != nil {
-			t.Logf("sandbox.Cleanup: %v", err)
-		}
-	})
-	removeBackstop(t, stateDir)
-	paths := pki.DevPathsIn(e.dataDir)
-	node := exec.Command(nodeBinary(t), "--ctrl", e.url(0), "--ctrl", e.url(1), "--ca", paths.CA, "--enroll-token-file", tokenFile,
-		"--state-dir", stateDir, "--guest-binary", filepath.Join(binDir, "kibotos-guest"), "--memory-mib", "2048", "--cpu-millis", "2000")
-	logs := &lockedBuffer{}
-	node.Stdout, node.Stderr = logs, logs
-	if err := node.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = node.Process.Kill(); _ = node.Wait() })
-
-	holder := -1
-	for deadline := time.Now().Add(60 * time.Second); holder < 0; time.Sleep(20 * time.Millisecond) {
-		for i := range 2 {
-			if !streamOpenedAt(logs.String(), e.url(i), time.Time{}).IsZero() {
-				holder = i
-			}
-		}
-		if holder < 0 && time.Now().After(deadline) {
-			t.Fatalf("the node opened no stream; its log:\n%s", logs)
-		}
-	}
+	logs, holder := e.startRealNode("dp-failover")
 	other := 1 - holder
 	e.waitCapability(holder, capability.WorkspaceCreate)
 	ws, took := e.createReal(holder, "dp-failover-w1")

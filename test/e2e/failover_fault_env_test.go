@@ -30,17 +30,17 @@ import (
 	"github.com/kibotos/kibotos/internal/store/postgres/pgtest"
 )
 
-// ffSchema returns the URL of a fresh, empty PostgreSQL schema that is
+// pgSchema returns the URL of a fresh, empty PostgreSQL schema that is
 // dropped when t ends; it skips t without KIBOTOS_TEST_POSTGRES_URL (and
 // fails it in CI, which must run the PostgreSQL tests).
-func ffSchema(t *testing.T) string {
+func pgSchema(t *testing.T) string {
 	t.Helper()
 	base := os.Getenv("KIBOTOS_TEST_POSTGRES_URL")
 	if base == "" {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("KIBOTOS_TEST_POSTGRES_URL is not set; CI must run the PostgreSQL tests")
 		}
-		t.Skip("KIBOTOS_TEST_POSTGRES_URL is not set: the replica fault tests need PostgreSQL")
+		t.Skip("KIBOTOS_TEST_POSTGRES_URL is not set: this test needs PostgreSQL")
 	}
 	var url string
 	_, cleanup, err := pgtest.Open(t.Context(), base, func(_ context.Context, u string) (nopCloser, error) { url = u; return nopCloser{}, nil })
@@ -80,7 +80,7 @@ type ffEnv struct {
 
 func newFFEnv(t *testing.T, n int) *ffEnv {
 	t.Helper()
-	pg := ffSchema(t)
+	pg := pgSchema(t)
 	work := t.TempDir()
 	e := &ffEnv{t: t, n: n, dataDir: filepath.Join(work, "d"), nodeRoot: filepath.Join(work, "n"), logDir: filepath.Join(work, "logs"),
 		nodeBin: nodeBinary(t), guestBin: filepath.Join(binDir, "kibotos-guest")}

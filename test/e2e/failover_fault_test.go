@@ -811,7 +811,7 @@ func (e *ffEnv) ffSameCommand(ctx context.Context, id string) {
 // four stores in one process; this runs the real binaries, their start-up
 // (secrets, lease) included.
 func TestFailoverFaultMigrateOnce(t *testing.T) {
-	pg := ffSchema(t)
+	pg := pgSchema(t)
 	dataDir := t.TempDir()
 	if _, err := pki.EnsureDev(dataDir, []string{"127.0.0.1"}); err != nil {
 		t.Fatal(err)

@@ -3,7 +3,6 @@ package e2e
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -24,7 +23,6 @@ import (
 	"github.com/kibotos/kibotos/internal/capability"
 	"github.com/kibotos/kibotos/internal/node/sandbox"
 	"github.com/kibotos/kibotos/internal/pki"
-	"github.com/kibotos/kibotos/internal/store/postgres/pgtest"
 )
 
 // lockedBuffer is a bytes.Buffer safe to read while a process writes it.
@@ -71,60 +69,9 @@ func streamOpenedAt(log, url string, since time.Time) time.Time {
 // and a workspace created through the other becomes AVAILABLE.
 func TestRealNodeFailsOverBetweenReplicas(t *testing.T) {
 	requireRoot(t)
-	base := os.Getenv("KIBOTOS_TEST_POSTGRES_URL")
-	if base == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("KIBOTOS_TEST_POSTGRES_URL is not set; CI must run the PostgreSQL tests")
-		}
-		t.Skip("KIBOTOS_TEST_POSTGRES_URL is not set")
-	}
-	var url string
-	_, cleanup, err := pgtest.Open(t.Context(), base, func(_ context.Context, u string) (nopCloser, error) { url = u; return nopCloser{}, nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cleanup() })
+	url := pgSchema(t)
 	e := newSoakEnv(t, 2, "--dev-no-node", "--store", url, "--log-level", "info")
-	ctx := t.Context()
-
-	enr := ctrlv1connect.NewEnrollmentServiceClient(e.hc, e.url(0))
-	cr, err := enr.CreateEnrollment(ctx, connect.NewRequest(&ctrlv1.CreateEnrollmentRequest{
-		CommandId: "failover-enroll", NodeId: "failover-node", Ttl: durationpb.New(10 * time.Minute)}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte(cr.Msg.GetToken()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	stateDir := t.TempDir()
-	t.Cleanup(func() {
-		if err := sandbox.Cleanup(stateDir); err != nil {
-			t.Logf("sandbox.Cleanup: %v", err)
-		}
-	})
-	removeBackstop(t, stateDir)
-	paths := pki.DevPathsIn(e.dataDir)
-	node := exec.Command(nodeBinary(t), "--ctrl", e.url(0), "--ctrl", e.url(1), "--ca", paths.CA, "--enroll-token-file", tokenFile,
-		"--state-dir", stateDir, "--guest-binary", filepath.Join(binDir, "kibotos-guest"), "--memory-mib", "2048", "--cpu-millis", "2000")
-	logs := &lockedBuffer{}
-	node.Stdout, node.Stderr = logs, logs
-	if err := node.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = node.Process.Kill(); _ = node.Wait() })
-
-	first := -1
-	for deadline := time.Now().Add(60 * time.Second); first < 0; time.Sleep(20 * time.Millisecond) {
-		for i := range 2 {
-			if !streamOpenedAt(logs.String(), e.url(i), time.Time{}).IsZero() {
-				first = i
-			}
-		}
-		if first < 0 && time.Now().After(deadline) {
-			t.Fatalf("the node opened no stream; its log:\n%s", logs)
-		}
-	}
+	logs, first := e.startRealNode("failover")
 	other := 1 - first
 	e.waitCapability(first, capability.WorkspaceCreate)
 	w1, took := e.createReal(first, "failover-w1")
@@ -145,6 +92,7 @@ func TestRealNodeFailsOverBetweenReplicas(t *testing.T) {
 	// The workspace created before kept running: it answers an exec
 	// through the other replica, over the node's tunnel to it.
 	var out string
+	var err error
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		out, err = e.execEcho(other, w1)
 		if err == nil && out == "hi\n" {
@@ -220,4 +168,51 @@ func (e *soakEnv) execEcho(i int, id string) (string, error) {
 		out += string(s.Msg().GetOutput().GetData())
 	}
 	return out, s.Err()
+}
+
+// startRealNode enrolls a real kibotos-node named prefix+"-node" with a
+// token (CreateEnrollment through replica 0), given both replicas' URLs
+// (e has two), with a 2 GiB, 2-CPU capacity; it returns the node's log and
+// the replica its stream opened to first.
+func (e *soakEnv) startRealNode(prefix string) (*lockedBuffer, int) {
+	t := e.t
+	enr := ctrlv1connect.NewEnrollmentServiceClient(e.hc, e.url(0))
+	cr, err := enr.CreateEnrollment(t.Context(), connect.NewRequest(&ctrlv1.CreateEnrollmentRequest{
+		CommandId: prefix + "-enroll", NodeId: prefix + "-node", Ttl: durationpb.New(10 * time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(cr.Msg.GetToken()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stateDir := t.TempDir()
+	t.Cleanup(func() {
+		if err := sandbox.Cleanup(stateDir); err != nil {
+			t.Logf("sandbox.Cleanup: %v", err)
+		}
+	})
+	removeBackstop(t, stateDir)
+	paths := pki.DevPathsIn(e.dataDir)
+	node := exec.Command(nodeBinary(t), "--ctrl", e.url(0), "--ctrl", e.url(1), "--ca", paths.CA, "--enroll-token-file", tokenFile,
+		"--state-dir", stateDir, "--guest-binary", filepath.Join(binDir, "kibotos-guest"), "--memory-mib", "2048", "--cpu-millis", "2000")
+	logs := &lockedBuffer{}
+	node.Stdout, node.Stderr = logs, logs
+	if err := node.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Process.Kill(); _ = node.Wait() })
+
+	holder := -1
+	for deadline := time.Now().Add(60 * time.Second); holder < 0; time.Sleep(20 * time.Millisecond) {
+		for i := range 2 {
+			if !streamOpenedAt(logs.String(), e.url(i), time.Time{}).IsZero() {
+				holder = i
+			}
+		}
+		if holder < 0 && time.Now().After(deadline) {
+			t.Fatalf("the node opened no stream; its log:\n%s", logs)
+		}
+	}
+	return logs, holder
 }

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -19,7 +18,6 @@ import (
 	"github.com/kibotos/kibotos/internal/node/agent/agenttest"
 	"github.com/kibotos/kibotos/internal/node/ctrlset"
 	"github.com/kibotos/kibotos/internal/pki"
-	"github.com/kibotos/kibotos/internal/store/postgres/pgtest"
 )
 
 // TestReplicaLearnsNodeOfAnother: two kibotos-ctrl replicas on one
@@ -29,19 +27,7 @@ import (
 // from the notification of the registering commit), and a create through
 // it completes on the node connected to replica 1.
 func TestReplicaLearnsNodeOfAnother(t *testing.T) {
-	base := os.Getenv("KIBOTOS_TEST_POSTGRES_URL")
-	if base == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("KIBOTOS_TEST_POSTGRES_URL is not set; CI must run the PostgreSQL tests")
-		}
-		t.Skip("KIBOTOS_TEST_POSTGRES_URL is not set")
-	}
-	var url string
-	_, cleanup, err := pgtest.Open(t.Context(), base, func(_ context.Context, u string) (nopCloser, error) { url = u; return nopCloser{}, nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cleanup() })
+	url := pgSchema(t)
 	e := newSoakEnv(t, 2, "--dev-no-node", "--store", url, "--log-level", "info")
 	info0 := ctrlv1connect.NewServerInfoServiceClient(e.hc, e.url(0))
 	serves := func() bool {

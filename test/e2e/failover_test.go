@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,7 +19,6 @@ import (
 	"github.com/kibotos/kibotos/internal/node/agent/agenttest"
 	"github.com/kibotos/kibotos/internal/node/ctrlset"
 	"github.com/kibotos/kibotos/internal/pki"
-	"github.com/kibotos/kibotos/internal/store/postgres/pgtest"
 )
 
 // streamLog records when the agent's streams opened, and to which URL.
@@ -87,19 +85,7 @@ func (l *streamLog) waitOpen(t *testing.T, url string, since time.Time, bound ti
 // opens a stream to the other within a few seconds, and a workspace
 // created through the other becomes AVAILABLE.
 func TestNodeFailsOverBetweenReplicas(t *testing.T) {
-	base := os.Getenv("KIBOTOS_TEST_POSTGRES_URL")
-	if base == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("KIBOTOS_TEST_POSTGRES_URL is not set; CI must run the PostgreSQL tests")
-		}
-		t.Skip("KIBOTOS_TEST_POSTGRES_URL is not set")
-	}
-	var url string
-	_, cleanup, err := pgtest.Open(t.Context(), base, func(_ context.Context, u string) (nopCloser, error) { url = u; return nopCloser{}, nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cleanup() })
+	url := pgSchema(t)
 	e := newSoakEnv(t, 2, "--dev-no-node", "--store", url, "--log-level", "info")
 
 	p := pki.DevPathsIn(e.dataDir)

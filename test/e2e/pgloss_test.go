@@ -1,10 +1,8 @@
 package e2e
 
 import (
-	"context"
 	"net"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -17,7 +15,6 @@ import (
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
 	"github.com/kibotos/kibotos/internal/capability"
-	"github.com/kibotos/kibotos/internal/store/postgres/pgtest"
 )
 
 // pgProxy is a loopback TCP proxy in front of PostgreSQL that the test can
@@ -174,19 +171,7 @@ func (p *pgProxy) restore() {
 // refusing connections and a frozen one (connections kept, nothing
 // answered) are both tried.
 func TestReplicaLosesPostgres(t *testing.T) {
-	base := os.Getenv("KIBOTOS_TEST_POSTGRES_URL")
-	if base == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("KIBOTOS_TEST_POSTGRES_URL is not set; CI must run the PostgreSQL tests")
-		}
-		t.Skip("KIBOTOS_TEST_POSTGRES_URL is not set: this test needs PostgreSQL")
-	}
-	var schemaURL string
-	_, cleanup, err := pgtest.Open(t.Context(), base, func(_ context.Context, u string) (nopCloser, error) { schemaURL = u; return nopCloser{}, nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cleanup() })
+	schemaURL := pgSchema(t)
 	u, err := url.Parse(schemaURL)
 	if err != nil || u.Scheme == "" {
 		t.Skipf("KIBOTOS_TEST_POSTGRES_URL is not a URL (%v): the test rewrites its host", err)
