@@ -1,9 +1,6 @@
 package e2e
 
 import (
-	"context"
-	"log/slog"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -12,12 +9,7 @@ import (
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
-	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/internal/capability"
-	"github.com/kibotos/kibotos/internal/node/agent"
-	"github.com/kibotos/kibotos/internal/node/agent/agenttest"
-	"github.com/kibotos/kibotos/internal/node/ctrlset"
-	"github.com/kibotos/kibotos/internal/pki"
 )
 
 // TestReplicaLearnsNodeOfAnother: two kibotos-ctrl replicas on one
@@ -38,37 +30,7 @@ func TestReplicaLearnsNodeOfAnother(t *testing.T) {
 		t.Fatal("replica 0 advertises workspace.create before any node registered")
 	}
 
-	p := pki.DevPathsIn(e.dataDir)
-	dir := t.TempDir()
-	cert, key := filepath.Join(dir, "node.pem"), filepath.Join(dir, "node-key.pem")
-	if err := pki.IssueClient(p.CA, p.CAKey, "recon", pki.RoleNode, 24*time.Hour, cert, key); err != nil {
-		t.Fatal(err)
-	}
-	tlsc, err := pki.ClientConfig(p.CA, cert, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	urls, err := ctrlset.Parse([]string{e.url(1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	set, err := ctrlset.New(ctrlset.Config{URLs: urls, TLS: tlsc})
-	if err != nil {
-		t.Fatal(err)
-	}
-	logs := &streamLog{ch: make(chan struct{}, 1)}
-	a := agent.New(agent.Config{
-		NodeID: "recon", Ctrl: set, Runtime: agenttest.New(),
-		Capacity: &nodev1.Capacity{MemoryMib: 1 << 20, CpuMillis: 64000, StorageBytes: 1 << 40, StoragePool: "recon"},
-		Log:      slog.New(logs), Heartbeat: time.Second,
-		Templates: func() []*nodev1.TemplateInfo {
-			return []*nodev1.TemplateInfo{{TemplateId: soakTemplate, Version: "soak-1"}}
-		},
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	_, logs := e.startDoubleNode("recon", 1)
 
 	opened := logs.waitOpen(t, e.url(1), time.Time{}, 30*time.Second)
 	for !serves() {

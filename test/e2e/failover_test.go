@@ -88,37 +88,7 @@ func TestNodeFailsOverBetweenReplicas(t *testing.T) {
 	url := pgSchema(t)
 	e := newSoakEnv(t, 2, "--dev-no-node", "--store", url, "--log-level", "info")
 
-	p := pki.DevPathsIn(e.dataDir)
-	dir := t.TempDir()
-	cert, key := filepath.Join(dir, "node.pem"), filepath.Join(dir, "node-key.pem")
-	if err := pki.IssueClient(p.CA, p.CAKey, "failover", pki.RoleNode, 24*time.Hour, cert, key); err != nil {
-		t.Fatal(err)
-	}
-	tlsc, err := pki.ClientConfig(p.CA, cert, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	urls, err := ctrlset.Parse([]string{e.url(0) + "," + e.url(1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	set, err := ctrlset.New(ctrlset.Config{URLs: urls, TLS: tlsc})
-	if err != nil {
-		t.Fatal(err)
-	}
-	logs := &streamLog{ch: make(chan struct{}, 1)}
-	a := agent.New(agent.Config{
-		NodeID: "failover", Ctrl: set, Runtime: agenttest.New(),
-		Capacity: &nodev1.Capacity{MemoryMib: 1 << 20, CpuMillis: 64000, StorageBytes: 1 << 40, StoragePool: "failover"},
-		Log:      slog.New(logs), Heartbeat: time.Second,
-		Templates: func() []*nodev1.TemplateInfo {
-			return []*nodev1.TemplateInfo{{TemplateId: soakTemplate, Version: "soak-1"}}
-		},
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	set, logs := e.startDoubleNode("failover", 0, 1)
 
 	cur, err := set.Current(t.Context())
 	if err != nil {
@@ -175,4 +145,47 @@ func (e *soakEnv) createOne(i int, name string) time.Duration {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// startDoubleNode runs a node agent named id with the runtime double (a
+// large capacity, the soak template) in the test process, given the URLs
+// of the replicas listed; it returns its endpoint set and its log.
+func (e *soakEnv) startDoubleNode(id string, replicas ...int) (*ctrlset.Set, *streamLog) {
+	t := e.t
+	var list []string
+	for _, i := range replicas {
+		list = append(list, e.url(i))
+	}
+	p := pki.DevPathsIn(e.dataDir)
+	dir := t.TempDir()
+	cert, key := filepath.Join(dir, "node.pem"), filepath.Join(dir, "node-key.pem")
+	if err := pki.IssueClient(p.CA, p.CAKey, id, pki.RoleNode, 24*time.Hour, cert, key); err != nil {
+		t.Fatal(err)
+	}
+	tlsc, err := pki.ClientConfig(p.CA, cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	urls, err := ctrlset.Parse([]string{strings.Join(list, ",")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := ctrlset.New(ctrlset.Config{URLs: urls, TLS: tlsc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &streamLog{ch: make(chan struct{}, 1)}
+	a := agent.New(agent.Config{
+		NodeID: id, Ctrl: set, Runtime: agenttest.New(),
+		Capacity: &nodev1.Capacity{MemoryMib: 1 << 20, CpuMillis: 64000, StorageBytes: 1 << 40, StoragePool: id},
+		Log:      slog.New(logs), Heartbeat: time.Second,
+		Templates: func() []*nodev1.TemplateInfo {
+			return []*nodev1.TemplateInfo{{TemplateId: soakTemplate, Version: "soak-1"}}
+		},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return set, logs
 }
