@@ -8,6 +8,7 @@ import (
 
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
 	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/fleet"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
@@ -51,6 +52,10 @@ type storedNode struct {
 	epoch    int64
 	revision int64  // of the document read last; 0: never read
 	pool     string // its Hello's storage pool
+	// ended is the epoch of the node's last stream to this replica that
+	// ended (0: none): while the stored epoch is not newer, no other
+	// replica holds a newer stream of the node.
+	ended int64
 }
 
 // nodeCache is the state of the node records' cache.
@@ -246,7 +251,8 @@ func (r *Reconciler) storeSeen(id string) time.Time {
 // this one, or heard by another within the node grace (its last_seen in
 // the store, as of the last reload of the node records). A node whose
 // stream to another replica just ended counts as connected until the
-// grace has passed, as it does for silence detection.
+// grace has passed, as it does for silence detection; one whose latest
+// stream was to this replica and ended, or that is RETIRED, is not.
 func (r *Reconciler) Connected(node string) bool {
 	now := r.now()
 	r.mu.Lock()
@@ -254,6 +260,12 @@ func (r *Reconciler) Connected(node string) bool {
 	if r.nodes[node] != nil {
 		return true
 	}
-	seen := r.stored[node].lastSeen
-	return !seen.IsZero() && now.Sub(seen) <= r.nodeGrace
+	if r.fleetView().State(node) == fleet.StateRetired {
+		return false
+	}
+	k := r.stored[node]
+	if k.ended != 0 && k.epoch <= k.ended {
+		return false // its latest stream was to this replica, and ended
+	}
+	return !k.lastSeen.IsZero() && now.Sub(k.lastSeen) <= r.nodeGrace
 }

@@ -353,13 +353,20 @@ func TestConnectedFleetWide(t *testing.T) {
 	if b.Connected("n1") {
 		t.Fatal("an unknown node is connected")
 	}
-	connectNode(t, a, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
+	nc := connectNode(t, a, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
 	if err := b.loadNodes(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	if !a.Connected("n1") || !b.Connected("n1") {
 		t.Fatalf("n1 on a: connected on a %v, on b %v; want both", a.Connected("n1"), b.Connected("n1"))
 	}
+	// Its stream to a ends: a, which saw it end, no longer counts it
+	// (within the grace too); it comes back.
+	a.detach(nc)
+	if a.Connected("n1") {
+		t.Error("n1's stream to a ended: still connected on a")
+	}
+	connectNode(t, a, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
 	clock.Set(t0.Add(16 * time.Second)) // silent beyond the 15 s grace
 	if err := b.loadNodes(t.Context()); err != nil {
 		t.Fatal(err)

@@ -282,6 +282,9 @@ func (r *Reconciler) detach(nc *nodeConn) {
 	defer r.mu.Unlock()
 	if r.nodes[nc.id] == nc {
 		delete(r.nodes, nc.id)
+		k := r.stored[nc.id]
+		k.ended = nc.epoch
+		r.stored[nc.id] = k
 	}
 }
 
