@@ -32,9 +32,10 @@ type nodeSeed struct {
 	ratio   float64
 	pool    string
 	storage uint64
-	// silent is how long ago the node was last heard from (0: now; a node
-	// heard within the node grace counts as connected to some replica).
-	silent time.Duration
+	// heard is how long ago the node was last heard from (0: an hour ago,
+	// not connected to any replica; a node heard within the node grace
+	// counts as connected to some replica).
+	heard time.Duration
 }
 
 func seedNode(t *testing.T, st store.Store, n nodeSeed) {
@@ -55,9 +56,12 @@ func seedNode(t *testing.T, st store.Store, n nodeSeed) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if n.heard == 0 {
+		n.heard = time.Hour
+	}
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	if err := st.InTx(t.Context(), func(tx store.Tx) error {
-		return tx.UpsertNode(t.Context(), &store.Node{ID: n.id, CreatedAt: now, LastSeen: now.Add(-n.silent), MemoryMiB: 8192,
+		return tx.UpsertNode(t.Context(), &store.Node{ID: n.id, CreatedAt: now, LastSeen: now.Add(-n.heard), MemoryMiB: 8192,
 			CPUMillis: 4000, StorageBytes: n.storage, Doc: doc, CertKeyHash: n.key})
 	}); err != nil {
 		t.Fatal(err)
@@ -159,7 +163,7 @@ func testNodeService(t *testing.T, pg bool) {
 	}
 
 	t.Run("get shows a node without a record", func(t *testing.T) {
-		seedNode(t, e.Store, nodeSeed{id: "legacy", key: keyOf("l"), ratio: 1.5, silent: time.Hour})
+		seedNode(t, e.Store, nodeSeed{id: "legacy", key: keyOf("l"), ratio: 1.5})
 		seedWorkspace(t, e.Store, "ws-legacy", "legacy")
 		seedVolume(t, e.Store, "vol-legacy", "legacy")
 		n := getNode(t, c, "legacy")

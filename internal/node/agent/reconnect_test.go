@@ -71,7 +71,11 @@ func TestReconnectBackoff(t *testing.T) {
 			srv.EnableHTTP2 = true
 			srv.StartTLS()
 			t.Cleanup(srv.Close)
-			a := New(Config{NodeID: "n", Endpoint: srv.URL, HTTP: srv.Client(), Runtime: &netRuntime{events: make(chan Event)},
+			hc := srv.Client()
+			// The tunnels' own copy, taken before the stream's transport
+			// configures HTTP/2 on the one it has.
+			dataTLS := hc.Transport.(*http.Transport).TLSClientConfig.Clone()
+			a := New(Config{NodeID: "n", Endpoint: srv.URL, HTTP: hc, DataTLS: dataTLS, Runtime: &netRuntime{events: make(chan Event)},
 				Log: slog.New(slog.DiscardHandler), Heartbeat: time.Hour})
 			ctx, cancel := context.WithCancel(t.Context())
 			done := make(chan struct{})
