@@ -173,11 +173,13 @@ func Static(u string, hc *http.Client) *Set {
 		s.static = http.DefaultClient
 		return s
 	}
+	// A copy: net/http configures HTTP/2 on its transport's own config at
+	// its first request, while the data tunnels clone this one.
 	switch t := hc.Transport.(type) {
 	case *http2.Transport:
-		s.cfg.TLS = t.TLSClientConfig
+		s.cfg.TLS = t.TLSClientConfig.Clone()
 	case *http.Transport:
-		s.cfg.TLS = t.TLSClientConfig
+		s.cfg.TLS = t.TLSClientConfig.Clone()
 	}
 	return s
 }
