@@ -7,6 +7,7 @@ import (
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
+	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/fleet"
 	"github.com/kibotos/kibotos/internal/lease"
 	"github.com/kibotos/kibotos/internal/store"
@@ -91,7 +92,21 @@ func (r *Reconciler) pass(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	var placed []*store.Workspace
+	var batch []string           // unplaced: placed together (placeBatch)
+	var ready []*store.Workspace // placed: pushed together
+	placeAll := func() error {
+		ps, err := r.placeEach(ctx, batch)
+		for i, p := range ps {
+			if p.completed {
+				r.store.Notify(store.WorkspaceTopic(batch[i]))
+			}
+			if p.placed != nil {
+				ready = append(ready, p.placed)
+			}
+		}
+		batch = batch[:0]
+		return err
+	}
 	for _, w := range pending {
 		if w.CommandID == "" && w.NodeID == "" {
 			continue // a failed placement waits for a new command
@@ -101,29 +116,24 @@ func (r *Reconciler) pass(ctx context.Context) error {
 		} else if refused {
 			continue // beyond its node: the start failed (resources.go)
 		}
-		if w.NodeID == "" {
-			p, done, err := r.place(ctx, w.ID)
-			if errors.Is(err, lease.ErrNotHeld) {
-				continue // the fleet lease moved on: its holder fails it
-			}
-			if err != nil {
+		if w.NodeID != "" {
+			ready = append(ready, w)
+		} else if batch = append(batch, w.ID); len(batch) == pushChunk {
+			if err := placeAll(); err != nil {
 				return err
 			}
-			if done {
-				r.store.Notify(store.WorkspaceTopic(w.ID))
-			}
-			if p == nil {
-				continue
-			}
-			w = p
 		}
-		placed = append(placed, w)
-		if len(placed) == pushChunk {
-			r.pushLogged(ctx, placed)
-			placed = placed[:0]
+		if len(ready) >= pushChunk {
+			r.pushLogged(ctx, ready)
+			ready = ready[:0]
 		}
 	}
-	r.pushLogged(ctx, placed)
+	if len(batch) > 0 {
+		if err := placeAll(); err != nil {
+			return err
+		}
+	}
+	r.pushLogged(ctx, ready)
 	if err := r.pushVolumes(ctx); err != nil && ctx.Err() == nil {
 		r.log.Warn("push desired volumes", "error", err.Error())
 	}
@@ -136,12 +146,43 @@ func (r *Reconciler) pass(ctx context.Context) error {
 	return err
 }
 
-// pushChunk is how many Workspaces a pass places (or finds placed) before
-// it pushes them: a pass may place hundreds one transaction after another,
-// and the first ones must not wait for the last (bench/hollow saw creates
-// reach their nodes in bursts of the whole batch, 10 s apart, when the
-// push came after every placement of the pass).
+// pushChunk is how many Workspaces a pass places in one transaction
+// (placeBatch), and how many placed it gathers before it pushes them: a
+// pass may place hundreds, and the first ones must not wait for the last
+// (bench/hollow saw creates reach their nodes in bursts of the whole
+// pass, 10 s apart, when the push came after every placement of it).
 const pushChunk = 32
+
+// placeEach places ids in one transaction (placeBatch). When that fails
+// for another reason than the store, it places them one by one, so that
+// one Workspace that cannot be placed (a row that does not decode) does
+// not hold back the others: each failure is logged, and the pass fails
+// only when every one of them did.
+func (r *Reconciler) placeEach(ctx context.Context, ids []string) ([]placement, error) {
+	out, err := r.placeBatch(ctx, ids)
+	if err == nil || len(ids) == 1 || ctx.Err() != nil || fault.KindOf(err) == fault.KindUnavailable {
+		return out, err
+	}
+	out = make([]placement, len(ids))
+	failed := 0
+	for i, id := range ids {
+		placed, completed, perr := r.place(ctx, id)
+		switch {
+		case errors.Is(perr, lease.ErrNotHeld):
+			// The fleet lease moved on: its holder fails it.
+		case perr != nil:
+			failed++
+			err = perr
+			r.log.Warn("place workspace", "workspace_id", id, "error", perr.Error())
+		default:
+			out[i] = placement{placed: placed, completed: completed}
+		}
+	}
+	if failed < len(ids) {
+		err = nil
+	}
+	return out, err
+}
 
 // pushLogged pushes ws (push), logging a failure: the next pass retries.
 func (r *Reconciler) pushLogged(ctx context.Context, ws []*store.Workspace) {

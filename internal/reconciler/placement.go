@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/internal/fault"
 	"github.com/kibotos/kibotos/internal/fleet"
+	"github.com/kibotos/kibotos/internal/lease"
 	"github.com/kibotos/kibotos/internal/nodewire"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/volume"
@@ -283,99 +285,185 @@ func (r *Reconciler) candidates(ids []string) []candidate {
 	return out
 }
 
-// choose picks a node for pub among the connected ones (see pick),
-// weighing the candidates by what their Workspaces ask of them: the memory
-// and CPU of those desired RUNNING and the writable layers of all
-// (store.Tx.NodeUsages). Those sums come from the usage cache (read at
-// most once a second, one read of an index for all nodes) and are never
-// trusted for the decision itself: the node picked has its own sums read
-// again in tx (store.Tx.NodeUsage) and is taken only if it still fits; a
-// decision that finds no node, or whose picks keep failing that check,
-// reads every node's sums in tx and decides on them. A Workspace bound to
-// a Volume weighs only the Volume's node, read in tx. The fleet's records
-// come from the cached view; the pool overrides bound the pools' capacity.
+// choose picks a node for pub among the connected ones (see pick); it is
+// one decision of a decider (newDecider).
 func (r *Reconciler) choose(ctx context.Context, tx store.Tx, pub *ctrlv1.Workspace) (*candidate, string, error) {
-	return r.chooseAmong(ctx, tx, pub, r.connected())
-}
-
-// chooseAmong is choose among nodes.
-func (r *Reconciler) chooseAmong(ctx context.Context, tx store.Tx, pub *ctrlv1.Workspace, nodes []candidate) (*candidate, string, error) {
-	d := demandOf(pub)
-	node, extra, err := volumeDemand(ctx, tx, pub)
+	d, err := r.newDecider(ctx, tx, r.connected())
 	if err != nil {
 		return nil, "", err
 	}
-	d.node, d.storageBytes = node, d.storageBytes+extra
+	c, _, reason, err := d.decide(ctx, tx, pub)
+	return c, reason, err
+}
+
+// decider makes the placement decisions of one transaction among nodes,
+// built once for all of them (building and weighing a candidate for every
+// node was most of a placement's cost with 1,000 nodes). It weighs the
+// candidates by what their Workspaces ask of them: the memory and CPU of
+// those desired RUNNING and the writable layers of all
+// (store.Tx.NodeUsages), and the Volumes of their pools. Those sums come
+// from the usage cache (read at most once a second, one read of an index
+// for all nodes) and are never trusted for a decision itself: the node
+// picked has its own sums read again in tx (store.Tx.NodeUsage) and is
+// taken only if it still fits; a decision that finds no node, or whose
+// picks keep failing that check, reads every node's sums in tx and decides
+// on them, as do the decisions after it. A Workspace bound to a Volume
+// weighs only the Volume's node, read in tx. What each placement takes is
+// added (took) before the next decision. The fleet's records come from the
+// cached view; the pool overrides bound the pools' capacity.
+//
+// The usage cache learns what the decider read and placed only after the
+// transaction committed (learn): a transaction tried again or rolled back
+// leaves it as it was.
+type decider struct {
+	r         *Reconciler
+	nodes     []candidate
+	view      *fleet.View
+	volumeUse map[string]uint64 // by node, what its Volumes take from its pool
+	usage     map[string]store.NodeUsage
+	fresh     bool            // usage was read in tx
+	touched   map[string]bool // nodes whose usage the decider read in tx or placed on
+}
+
+// newDecider weighs nodes as of tx.
+func (r *Reconciler) newDecider(ctx context.Context, tx store.Tx, nodes []candidate) (*decider, error) {
 	volumeUse, err := volume.PoolUsage(ctx, tx)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	r.mu.Lock()
 	view := r.fleetView()
+	var usage map[string]store.NodeUsage
+	if r.usage.m != nil && time.Since(r.usage.loaded) < usageReload {
+		usage = maps.Clone(r.usage.m)
+	}
 	r.mu.Unlock()
-	fill := func(c *candidate, u store.NodeUsage) {
-		c.storageKnown, c.freeBytes = false, 0
-		if size := view.PoolCapacity(c.id, c.pool, c.capacity.StorageBytes); size > 0 {
-			c.storageKnown, c.freeBytes = true, volume.Free(size, volumeUse[c.id], u.LayerBytes)
+	d := &decider{r: r, nodes: nodes, view: view, volumeUse: volumeUse, usage: usage, touched: map[string]bool{}}
+	if usage == nil {
+		if err := d.reload(ctx, tx); err != nil {
+			return nil, err
 		}
-		c.usedMiB, c.usedCPU = u.RunningMemoryMiB, u.RunningCPUMillis
 	}
-	weighed := func(c *candidate) bool { return c.serves(d) && (d.node == "" || c.id == d.node) }
-	if d.node != "" {
-		// One node: its own sums, read in tx.
-		for i := range nodes {
-			if c := &nodes[i]; weighed(c) {
-				u, err := tx.NodeUsage(ctx, c.id)
-				if err != nil {
-					return nil, "", err
-				}
-				fill(c, u)
-			}
-		}
-		c, reason := pick(nodes, d)
-		return c, reason, nil
+	for i := range d.nodes {
+		d.fill(&d.nodes[i])
 	}
-	usage, fresh, err := r.nodeUsage(ctx, tx, false)
+	return d, nil
+}
+
+// reload reads every node's sums in tx.
+func (d *decider) reload(ctx context.Context, tx store.Tx) error {
+	m, err := tx.NodeUsages(ctx)
 	if err != nil {
-		return nil, "", err
+		return err
 	}
-	fillAll := func() {
-		for i := range nodes {
-			if c := &nodes[i]; weighed(c) {
-				fill(c, usage[c.id])
+	d.usage, d.fresh = m, true
+	return nil
+}
+
+// fill sets c's use and free storage from the decider's sums.
+func (d *decider) fill(c *candidate) {
+	u := d.usage[c.id]
+	c.storageKnown, c.freeBytes = false, 0
+	if size := d.view.PoolCapacity(c.id, c.pool, c.capacity.StorageBytes); size > 0 {
+		c.storageKnown, c.freeBytes = true, volume.Free(size, d.volumeUse[c.id], u.LayerBytes)
+	}
+	c.usedMiB, c.usedCPU = u.RunningMemoryMiB, u.RunningCPUMillis
+}
+
+// decide picks a node for pub (see pick), or returns why none fits; dm is
+// what pub asks of the node picked, its Volume included.
+func (d *decider) decide(ctx context.Context, tx store.Tx, pub *ctrlv1.Workspace) (c *candidate, dm demand, reason string, err error) {
+	dm = demandOf(pub)
+	node, extra, err := volumeDemand(ctx, tx, pub)
+	if err != nil {
+		return nil, dm, "", err
+	}
+	dm.node, dm.storageBytes = node, dm.storageBytes+extra
+	if dm.node != "" {
+		// One node: its own sums, read in tx.
+		for i := range d.nodes {
+			if c := &d.nodes[i]; c.id == dm.node && c.serves(dm) {
+				if err := d.check(ctx, tx, c); err != nil {
+					return nil, dm, "", err
+				}
 			}
 		}
+		c, reason := pick(d.nodes, dm)
+		return c, dm, reason, nil
 	}
-	fillAll()
 	for tries := 0; ; tries++ {
-		c, reason := pick(nodes, d)
-		if fresh {
-			return c, reason, nil // decided on sums read in tx
+		c, reason := pick(d.nodes, dm)
+		if d.fresh {
+			return c, dm, reason, nil // decided on sums read in tx
 		}
 		if c != nil && tries < 3 {
-			u, err := tx.NodeUsage(ctx, c.id)
-			if err != nil {
-				return nil, "", err
+			before := d.usage[c.id]
+			if err := d.check(ctx, tx, c); err != nil {
+				return nil, dm, "", err
 			}
-			if u == usage[c.id] {
-				return c, "", nil
+			if d.usage[c.id] == before {
+				return c, dm, "", nil
 			}
-			r.setNodeUsage(c.id, u)
-			usage[c.id] = u
-			fill(c, u)
-			if !c.storageKnown || c.freeBytes >= d.storageBytes {
-				if c.fits(d) {
-					return c, "", nil // still fits, though another may have more room now
-				}
+			if (!c.storageKnown || c.freeBytes >= dm.storageBytes) && c.fits(dm) {
+				return c, dm, "", nil // still fits, though another may have more room now
 			}
 			continue // it does not fit after all: pick again
 		}
 		// No node by the cache, or picks that kept failing: decide on every
 		// node's sums read in tx.
-		if usage, fresh, err = r.nodeUsage(ctx, tx, true); err != nil {
-			return nil, "", err
+		if err := d.reload(ctx, tx); err != nil {
+			return nil, dm, "", err
 		}
-		fillAll()
+		for i := range d.nodes {
+			d.fill(&d.nodes[i])
+		}
+	}
+}
+
+// check reads c's sums in tx and weighs it by them.
+func (d *decider) check(ctx context.Context, tx store.Tx, c *candidate) error {
+	u, err := tx.NodeUsage(ctx, c.id)
+	if err != nil {
+		return err
+	}
+	d.usage[c.id], d.touched[c.id] = u, true
+	d.fill(c)
+	return nil
+}
+
+// took adds to c what w, just placed on it, takes (its query columns as
+// saved; dm.storageBytes beyond its writable layer is its new Volume), so
+// that the next decisions weigh c with it.
+func (d *decider) took(c *candidate, w *store.Workspace, dm demand) {
+	u := d.usage[c.id]
+	u.LayerBytes += w.LayerBytes
+	if w.Power == store.PowerRunning {
+		u.RunningMemoryMiB += w.MemoryMiB
+		u.RunningCPUMillis += w.CPUMillis
+	}
+	d.usage[c.id], d.touched[c.id] = u, true
+	if dm.storageBytes > w.LayerBytes {
+		d.volumeUse[c.id] += dm.storageBytes - w.LayerBytes
+	}
+	d.fill(c)
+}
+
+// learn puts into the usage cache what the decider read and placed, once
+// its transaction committed: every node's sums when it read them all, else
+// those of the nodes it checked or placed on.
+func (d *decider) learn() {
+	r := d.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if d.fresh {
+		r.usage = usageCache{m: d.usage, loaded: time.Now()}
+		return
+	}
+	if r.usage.m == nil {
+		return
+	}
+	for id := range d.touched {
+		r.usage.m[id] = d.usage[id]
 	}
 }
 
@@ -389,52 +477,14 @@ type usageCache struct {
 	loaded time.Time // by the monotonic wall clock, not Config.Now
 }
 
-// nodeUsage returns a copy of the usage cache, read again in tx when it is
-// older than usageReload or when now; fresh reports that it was read in
-// tx.
-func (r *Reconciler) nodeUsage(ctx context.Context, tx store.Tx, now bool) (map[string]store.NodeUsage, bool, error) {
-	r.mu.Lock()
-	if !now && r.usage.m != nil && time.Since(r.usage.loaded) < usageReload {
-		out := maps.Clone(r.usage.m)
-		r.mu.Unlock()
-		return out, false, nil
-	}
-	r.mu.Unlock()
-	m, err := tx.NodeUsages(ctx)
-	if err != nil {
-		return nil, false, err
-	}
-	r.mu.Lock()
-	r.usage = usageCache{m: maps.Clone(m), loaded: time.Now()}
-	r.mu.Unlock()
-	return m, true, nil
-}
-
-// setNodeUsage records node's sums as read in a transaction.
-func (r *Reconciler) setNodeUsage(node string, u store.NodeUsage) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.usage.m != nil {
-		r.usage.m[node] = u
-	}
-}
-
-// placedUsage adds to the usage cache what a Workspace placed on node
-// takes (its placement committed): the next decisions of the pass weigh
-// the node with it.
-func (r *Reconciler) placedUsage(node string, d demand, running bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.usage.m == nil {
-		return
-	}
-	u := r.usage.m[node]
-	u.LayerBytes += d.storageBytes
-	if running {
-		u.RunningMemoryMiB += d.memoryMiB
-		u.RunningCPUMillis += d.cpuMillis
-	}
-	r.usage.m[node] = u
+// placement is what placing one Workspace came to.
+type placement struct {
+	placed    *store.Workspace // the row placed, nil when not
+	completed bool             // its command completed (deleted before placement, or failed)
+	// late: it waited past the placement timeout without a node here, and
+	// this ctrl holds the fleet lease: place decides on it alone, in a
+	// transaction fenced by the lease.
+	late bool
 }
 
 // place chooses a node for an unplaced Workspace among the nodes connected
@@ -448,101 +498,169 @@ func (r *Reconciler) placedUsage(node string, d demand, running bool) {
 // it fails it as retryable (placementStalled); otherwise the reason is
 // that of the fleet (capacity, templates, states), NODE_UNREACHABLE only
 // when no node anywhere was heard from within the grace. The failure's
-// transaction checks the fleet lease first (Config.Fence). It returns the placed row
-// (nil when not placed) and whether a command completed.
+// transaction checks the fleet lease first (Config.Fence). It returns the
+// placed row (nil when not placed) and whether a command completed.
 func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bool, error) {
-	completed := false
-	var placed *store.Workspace
-	var placedDemand demand // what it takes from its node (its writable layer; a Volume counts apart)
-	placedOn, running := "", false
+	var p placement
+	var d *decider
 	err := r.store.InTx(ctx, func(tx store.Tx) error {
-		completed, placed, placedOn = false, nil, ""
-		w, err := tx.GetWorkspace(ctx, id)
-		if err != nil {
+		var err error
+		if d, err = r.newDecider(ctx, tx, r.connected()); err != nil {
 			return err
 		}
-		if w.NodeID != "" || w.CommandID == "" {
-			return nil
-		}
-		pub, err := workspace.Decode(w)
-		if err != nil {
-			return err
-		}
-		now := r.now()
-		if w.Power == store.PowerDeleted {
-			// Never placed: nothing to release.
-			pub.State, pub.DeletedAt = ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETED, nil
-			w.DeletedAt = now
-			w.ObservedGeneration = w.Generation
-			if err := complete(ctx, tx, w, pub, nil, now); err != nil {
-				return err
-			}
-			completed = true
-			if err := tx.SetReferences(ctx, w.ID, nil); err != nil {
-				return err
-			}
-			if err := r.workspaceGone(ctx, tx, pub, now); err != nil {
-				return err
-			}
-			return saveRow(ctx, tx, w, pub, now)
-		}
-		node, reason, err := r.choose(ctx, tx, pub)
-		if err != nil {
-			return err
-		}
-		if node != nil {
-			// The view may be a second old: the node picked must still be
-			// ACTIVE by its record.
-			if ok, err := r.placeable(ctx, tx, node.id); err != nil || !ok {
-				return err // not ACTIVE any more: the next pass decides again
-			}
-			w.NodeID = node.id
-			pub.Placement = &ctrlv1.Placement{NodeId: node.id, StoragePool: node.pool}
-			// The node-built template runs at the version the node holds;
-			// a published version stays the one it was created from.
-			if v := node.templates[pub.GetTemplate().GetTemplateId()]; v != "" && pub.GetTemplate() != nil && !demandOf(pub).published {
-				pub.Template.Version = v
-			}
-			if err := r.placeVolume(ctx, tx, pub, node, now); err != nil {
-				return err
-			}
-			placed, placedOn, running, placedDemand = w, node.id, w.Power == store.PowerRunning, demandOf(pub)
-			return saveRow(ctx, tx, w, pub, now)
-		}
-		if now.Sub(w.UpdatedAt) < r.placementTimeout || !r.leads() {
-			// Wait for a node; only the fleet lease's holder fails a
-			// placement at its timeout.
-			return nil
-		}
-		// Timed out on this ctrl's nodes: judge it over the whole fleet,
-		// the nodes connected to other replicas included.
-		other, reason, err := r.chooseAmong(ctx, tx, pub, r.fleetWide(now))
-		if err != nil {
-			return err
-		}
-		if other != nil && now.Sub(w.UpdatedAt) < r.placementTimeout+r.nodeGrace {
-			// A node connected to another replica can hold it: that
-			// replica places it at its next pass.
-			return nil
-		}
-		if err := r.fenced(ctx, tx); err != nil {
-			return err
-		}
-		fe := placementFailure(reason)
-		if other != nil {
-			fe = placementStalled(other.id, r.placementTimeout+r.nodeGrace)
-		}
-		pub.State, pub.HoldsExecution = ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED, false
-		pub.Failure = fe.Detail()
-		w.ObservedGeneration = w.Generation
-		if err := complete(ctx, tx, w, pub, fe, now); err != nil {
-			return err
-		}
-		completed = true
-		return saveRow(ctx, tx, w, pub, now)
+		p, err = r.placeIn(ctx, tx, d, id, true)
+		return err
 	})
-	if err == nil && placedOn != "" {
-		r.placedUsage(placedOn, placedDemand, running)
+	if err != nil {
+		return nil, false, err
 	}
-	return placed, completed, err
+	d.learn()
+	return p.placed, p.completed, nil
+}
+
+// placeBatch places the Workspaces ids as place does, in one transaction
+// whose decisions share one decider: a pass with hundreds to place
+// commits once per batch, not once per Workspace (one placement per
+// commit, in series, held bench/hollow's creates to about 175/s). The
+// ones that waited past the placement timeout are then decided each
+// alone by place, whose failure is fenced by the fleet lease: a lease
+// lost, or any error there, leaves that one to the next pass and undoes
+// nothing of the batch.
+func (r *Reconciler) placeBatch(ctx context.Context, ids []string) ([]placement, error) {
+	var out []placement
+	var d *decider
+	err := r.store.InTx(ctx, func(tx store.Tx) error {
+		out = make([]placement, len(ids))
+		var err error
+		if d, err = r.newDecider(ctx, tx, r.connected()); err != nil {
+			return err
+		}
+		for i, id := range ids {
+			if out[i], err = r.placeIn(ctx, tx, d, id, false); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.learn()
+	for i, p := range out {
+		if !p.late {
+			continue
+		}
+		placed, completed, err := r.place(ctx, ids[i])
+		switch {
+		case errors.Is(err, lease.ErrNotHeld):
+			out[i] = placement{} // the fleet lease moved on: its holder fails it
+		case err != nil:
+			// The batch committed: its results stand; the next pass
+			// decides on this one again.
+			out[i] = placement{}
+			if ctx.Err() == nil {
+				r.log.Warn("place workspace past its placement timeout", "workspace_id", ids[i], "error", err.Error())
+			}
+		default:
+			out[i] = placement{placed: placed, completed: completed}
+		}
+	}
+	return out, nil
+}
+
+// placeIn is one placement of place or placeBatch, in tx with d. Past the
+// placement timeout, it fails the Workspace when fail, else reports it
+// late.
+func (r *Reconciler) placeIn(ctx context.Context, tx store.Tx, d *decider, id string, fail bool) (placement, error) {
+	w, err := tx.GetWorkspace(ctx, id)
+	if err != nil {
+		return placement{}, err
+	}
+	if w.NodeID != "" || w.CommandID == "" {
+		return placement{}, nil
+	}
+	pub, err := workspace.Decode(w)
+	if err != nil {
+		return placement{}, err
+	}
+	now := r.now()
+	if w.Power == store.PowerDeleted {
+		// Never placed: nothing to release.
+		pub.State, pub.DeletedAt = ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETED, nil
+		w.DeletedAt = now
+		w.ObservedGeneration = w.Generation
+		if err := complete(ctx, tx, w, pub, nil, now); err != nil {
+			return placement{}, err
+		}
+		if err := tx.SetReferences(ctx, w.ID, nil); err != nil {
+			return placement{}, err
+		}
+		if err := r.workspaceGone(ctx, tx, pub, now); err != nil {
+			return placement{}, err
+		}
+		return placement{completed: true}, saveRow(ctx, tx, w, pub, now)
+	}
+	node, dm, reason, err := d.decide(ctx, tx, pub)
+	if err != nil {
+		return placement{}, err
+	}
+	if node != nil {
+		// The view may be a second old: the node picked must still be
+		// ACTIVE by its record.
+		if ok, err := r.placeable(ctx, tx, node.id); err != nil || !ok {
+			return placement{}, err // not ACTIVE any more: the next pass decides again
+		}
+		w.NodeID = node.id
+		pub.Placement = &ctrlv1.Placement{NodeId: node.id, StoragePool: node.pool}
+		// The node-built template runs at the version the node holds;
+		// a published version stays the one it was created from.
+		if v := node.templates[pub.GetTemplate().GetTemplateId()]; v != "" && pub.GetTemplate() != nil && !dm.published {
+			pub.Template.Version = v
+		}
+		if err := r.placeVolume(ctx, tx, pub, node, now); err != nil {
+			return placement{}, err
+		}
+		if err := saveRow(ctx, tx, w, pub, now); err != nil {
+			return placement{}, err
+		}
+		d.took(node, w, dm)
+		return placement{placed: w}, nil
+	}
+	if now.Sub(w.UpdatedAt) < r.placementTimeout || !r.leads() {
+		// Wait for a node; only the fleet lease's holder fails a
+		// placement at its timeout.
+		return placement{}, nil
+	}
+	if !fail {
+		return placement{late: true}, nil
+	}
+	// Timed out on this ctrl's nodes: judge it over the whole fleet,
+	// the nodes connected to other replicas included.
+	fd, err := r.newDecider(ctx, tx, r.fleetWide(now))
+	if err != nil {
+		return placement{}, err
+	}
+	other, _, reason, err := fd.decide(ctx, tx, pub)
+	if err != nil {
+		return placement{}, err
+	}
+	if other != nil && now.Sub(w.UpdatedAt) < r.placementTimeout+r.nodeGrace {
+		// A node connected to another replica can hold it: that
+		// replica places it at its next pass.
+		return placement{}, nil
+	}
+	if err := r.fenced(ctx, tx); err != nil {
+		return placement{}, err
+	}
+	fe := placementFailure(reason)
+	if other != nil {
+		fe = placementStalled(other.id, r.placementTimeout+r.nodeGrace)
+	}
+	pub.State, pub.HoldsExecution = ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED, false
+	pub.Failure = fe.Detail()
+	w.ObservedGeneration = w.Generation
+	if err := complete(ctx, tx, w, pub, fe, now); err != nil {
+		return placement{}, err
+	}
+	return placement{completed: true}, saveRow(ctx, tx, w, pub, now)
 }

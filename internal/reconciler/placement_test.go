@@ -1,6 +1,8 @@
 package reconciler
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -8,6 +10,7 @@ import (
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/internal/fault"
+	"github.com/kibotos/kibotos/internal/lease"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
@@ -211,5 +214,92 @@ func TestPlace(t *testing.T) {
 				t.Errorf("DeletedAt not set")
 			}
 		})
+	}
+}
+
+// TestPlaceBatch: one transaction places a pass's chunk, each decision
+// weighing what the ones before it took (two nodes of 1100 MiB hold four
+// Workspaces of 256 MiB each, the ninth and tenth wait); a Workspace past
+// its placement timeout is failed alone afterwards, and a fleet lease lost
+// at that moment leaves it waiting without undoing the batch's
+// placements; a row that does not decode does not hold back the others
+// (placeEach).
+func TestPlaceBatch(t *testing.T) {
+	const timeout = time.Minute
+	lost := false
+	r, st, clock := newTest(t, Config{PlacementTimeout: timeout, Leader: func() bool { return true },
+		Fence: func(context.Context, store.Tx) error {
+			if lost {
+				return lease.ErrNotHeld
+			}
+			return nil
+		}})
+	connectNode(t, r, hello("n1", 1100, 4000, "pool-a", workspace.DefaultTemplate))
+	connectNode(t, r, hello("n2", 1100, 4000, "pool-a", workspace.DefaultTemplate))
+	var ids []string
+	for i := range 10 {
+		id := fmt.Sprintf("ws-%02d", i)
+		seed(t, st, t0, row{id: id, power: running, generation: 1, state: wsCreate, memMiB: 256, command: "c-" + id})
+		ids = append(ids, id)
+	}
+	ps, err := r.placeBatch(t.Context(), ids)
+	if err != nil {
+		t.Fatalf("placeBatch = %v", err)
+	}
+	on := map[string]int{}
+	for i, p := range ps {
+		w, _ := load(t, st, ids[i])
+		if (p.placed != nil) != (w.NodeID != "") {
+			t.Errorf("%s: placed %v, stored on %q", ids[i], p.placed != nil, w.NodeID)
+		}
+		on[w.NodeID]++
+	}
+	if on["n1"] != 4 || on["n2"] != 4 || on[""] != 2 {
+		t.Errorf("placed by node = %v, want 4 on each, 2 waiting", on)
+	}
+
+	// Past the timeout with the lease lost: nothing fails, the placements
+	// of the batch stay.
+	clock.Set(t0.Add(timeout))
+	seed(t, st, t0, row{id: "ws-fits", power: running, generation: 1, state: wsCreate, memMiB: 1, command: "c-ws-fits"})
+	lost = true
+	ps, err = r.placeBatch(t.Context(), []string{"ws-08", "ws-fits", "ws-09"})
+	if err != nil {
+		t.Fatalf("placeBatch, lease lost = %v", err)
+	}
+	if ps[0].completed || ps[2].completed || ps[1].placed == nil {
+		t.Errorf("lease lost: %+v; want the late ones waiting, ws-fits placed", ps)
+	}
+	if w, _ := load(t, st, "ws-fits"); w.NodeID == "" {
+		t.Errorf("ws-fits not placed")
+	}
+	lost = false
+	ps, err = r.placeBatch(t.Context(), []string{"ws-08", "ws-09"})
+	if err != nil || !ps[0].completed || !ps[1].completed {
+		t.Fatalf("placeBatch, lease held = %+v, %v; want both failed", ps, err)
+	}
+	if c := loadCommand(t, st, "c-ws-08"); c.ErrorCode != "resource_exhausted" {
+		t.Errorf("late command: code %q, want resource_exhausted", c.ErrorCode)
+	}
+
+	// A row that does not decode.
+	seed(t, st, t0, row{id: "ws-bad", power: running, generation: 1, state: wsCreate, memMiB: 1, command: "c-ws-bad"})
+	seed(t, st, t0, row{id: "ws-good", power: running, generation: 1, state: wsCreate, memMiB: 1, command: "c-ws-good"})
+	if err := st.InTx(t.Context(), func(tx store.Tx) error {
+		w, err := tx.GetWorkspace(t.Context(), "ws-bad")
+		if err != nil {
+			return err
+		}
+		w.Doc = []byte("not a workspace")
+		return tx.UpdateWorkspace(t.Context(), w)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.placeBatch(t.Context(), []string{"ws-bad", "ws-good"}); err == nil {
+		t.Fatalf("placeBatch with a row that does not decode = nil, want its error")
+	}
+	ps, err = r.placeEach(t.Context(), []string{"ws-bad", "ws-good"})
+	if err != nil || ps[0].placed != nil || ps[1].placed == nil {
+		t.Errorf("placeEach = %+v, %v; want ws-good placed, no error", ps, err)
 	}
 }

@@ -39,7 +39,7 @@ func (c *fakeClock) Set(t time.Time) {
 
 // newTest returns a Reconciler on a fresh SQLite store with a fake clock at
 // t0. Its loop does not run: tests call its steps.
-func newTest(t *testing.T, cfg Config) (*Reconciler, store.Store, *fakeClock) {
+func newTest(t testing.TB, cfg Config) (*Reconciler, store.Store, *fakeClock) {
 	t.Helper()
 	st, err := sqlite.Open(context.Background(), t.TempDir()+"/ctrl.db")
 	if err != nil {
@@ -61,7 +61,7 @@ func hello(id string, memMiB, cpuMillis uint64, pool string, templates ...string
 
 // connectNode does what Connect does with a Hello: records the node in the
 // store and makes it the connected one.
-func connectNode(t *testing.T, r *Reconciler, h *nodev1.Hello) *nodeConn {
+func connectNode(t testing.TB, r *Reconciler, h *nodev1.Hello) *nodeConn {
 	t.Helper()
 	if err := r.register(t.Context(), h, func(store.NodeTx, *store.Node) error { return nil }); err != nil {
 		t.Fatalf("register(%s) = %v", h.GetNodeId(), err)
@@ -85,7 +85,7 @@ type row struct {
 
 // seed writes a Workspace as admission leaves it, with its in-flight
 // command PROCESSING, at the clock's time.
-func seed(t *testing.T, st store.Store, now time.Time, s row) {
+func seed(t testing.TB, st store.Store, now time.Time, s row) {
 	t.Helper()
 	if s.memMiB == 0 {
 		s.memMiB = 256
