@@ -28,7 +28,7 @@ func TestApplyReportBoundsGuestText(t *testing.T) {
 		before, _ := load(t, st, "ws-1")
 		rep := &nodev1.ExecutionReport{WorkspaceId: "ws-1", Generation: 1, State: exRun, HoldsExecution: true,
 			GuestCondition: int32(ctrlv1.GuestCondition_GUEST_CONDITION_DISK_PRESSURE), GuestMessage: huge}
-		if _, err := r.applyReport(t.Context(), "n1", rep); err != nil {
+		if _, err := r.applyReport(t.Context(), "n1", 0, rep); err != nil {
 			t.Fatal(err)
 		}
 		if len(rep.GetGuestMessage()) != len(huge) {
@@ -49,7 +49,7 @@ func TestApplyReportBoundsGuestText(t *testing.T) {
 			state: wsStop, command: "c-3", kind: ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_STOP})
 		rep := &nodev1.ExecutionReport{WorkspaceId: "ws-1", Generation: 3, State: exFail, HoldsExecution: true,
 			FailureReason: "GUEST_WRITEBACK_FAILED", FailureMessage: "sync: " + huge}
-		if _, err := r.applyReport(t.Context(), "n1", rep); err != nil {
+		if _, err := r.applyReport(t.Context(), "n1", 0, rep); err != nil {
 			t.Fatal(err)
 		}
 		_, pub := load(t, st, "ws-1")

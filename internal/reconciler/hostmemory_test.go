@@ -269,7 +269,7 @@ func (e *memEnv) victims(n uint64) []string {
 func (e *memEnv) report(ws string, state nodev1.ExecState, holds bool) {
 	e.t.Helper()
 	w, _ := load(e.t, e.st, ws)
-	if _, err := e.r.applyReport(e.t.Context(), "n1", &nodev1.ExecutionReport{WorkspaceId: ws, Generation: w.Generation, State: state,
+	if _, err := e.r.applyReport(e.t.Context(), "n1", 0, &nodev1.ExecutionReport{WorkspaceId: ws, Generation: w.Generation, State: state,
 		HoldsExecution: holds, LayerExists: true}); err != nil {
 		e.t.Fatal(err)
 	}

@@ -319,7 +319,7 @@ func TestPolicyChange(t *testing.T) {
 			seed(t, st, t0, row{id: "ws-1", node: "n1", power: running, generation: 3, observed: 2, exec: store.ExecRunning,
 				state: wsAvail, command: "c-3", kind: tc.kind})
 			setPolicy(t, st, "ws-1", tc.pol, 30)
-			completed, err := r.applyReport(t.Context(), "n1", &nodev1.ExecutionReport{WorkspaceId: "ws-1", Generation: 3,
+			completed, err := r.applyReport(t.Context(), "n1", 0, &nodev1.ExecutionReport{WorkspaceId: "ws-1", Generation: 3,
 				State: exRun, HoldsExecution: true, Network: tc.net})
 			if err != nil {
 				t.Fatal(err)
@@ -535,7 +535,7 @@ func TestMarkSilentNetworkUnknown(t *testing.T) {
 	connectNode(t, r, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
 	seed(t, st, t0, row{id: "ws-1", node: "n1", power: running, generation: 2, observed: 2, exec: store.ExecRunning, state: wsAvail})
 	setPolicy(t, st, "ws-1", publicPolicy(3), 600)
-	if _, err := r.applyReport(t.Context(), "n1", &nodev1.ExecutionReport{WorkspaceId: "ws-1", Generation: 2, State: exRun,
+	if _, err := r.applyReport(t.Context(), "n1", 0, &nodev1.ExecutionReport{WorkspaceId: "ws-1", Generation: 2, State: exRun,
 		HoldsExecution: true, Network: &nodev1.NetworkStatus{AppliedRevision: 3}, ObservedAt: timestamppb.New(t0)}); err != nil {
 		t.Fatal(err)
 	}
@@ -547,7 +547,7 @@ func TestMarkSilentNetworkUnknown(t *testing.T) {
 	if s := pub.GetNetworkPolicyStatus(); pub.GetState() != wsUnk || s.GetState() != npUnknown || s.GetAppliedRevision() != 3 {
 		t.Errorf("silent: state %v, status %v; want UNKNOWN, UNKNOWN at revision 3", pub.GetState(), s)
 	}
-	if _, err := r.applyReport(t.Context(), "n1", &nodev1.ExecutionReport{WorkspaceId: "ws-1", Generation: 2, State: exRun,
+	if _, err := r.applyReport(t.Context(), "n1", 0, &nodev1.ExecutionReport{WorkspaceId: "ws-1", Generation: 2, State: exRun,
 		HoldsExecution: true, Network: &nodev1.NetworkStatus{AppliedRevision: 3}}); err != nil {
 		t.Fatal(err)
 	}

@@ -229,7 +229,8 @@ func (r *Reconciler) supersede(nc *nodeConn) {
 // The reload follows the registering commit's notification, so the window
 // in which a superseded stream's messages still apply is that of the
 // notification (milliseconds), at most the reload bound when it is lost;
-// heartbeats and Inventories check the stored epoch in their transaction.
+// heartbeats, Inventories and execution reports check the stored epoch in
+// their transaction.
 func (r *Reconciler) superseded(nc *nodeConn) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()

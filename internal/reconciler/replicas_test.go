@@ -122,7 +122,7 @@ func TestSilentNodeOfAnotherReplica(t *testing.T) {
 	if err := b.loadNodes(t.Context()); err != nil { // b starts: no node yet
 		t.Fatal(err)
 	}
-	connectNode(t, a, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
+	nc := connectNode(t, a, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
 	seed(t, st, t0, row{id: "ws-1", node: "n1", power: running, generation: 1, observed: 1,
 		state: ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE})
 	for s := 5; s <= 30; s += 5 { // a heartbeat every 5 s, for 30 s
@@ -149,7 +149,7 @@ func TestSilentNodeOfAnotherReplica(t *testing.T) {
 	// falls silent again: b, never kicked, marks it again.
 	clock.Set(t0.Add(50 * time.Second))
 	w, _ := load(t, st, "ws-1")
-	a.report(t.Context(), "n1", &nodev1.ExecutionReport{WorkspaceId: "ws-1", Generation: w.Generation,
+	a.report(t.Context(), nc, &nodev1.ExecutionReport{WorkspaceId: "ws-1", Generation: w.Generation,
 		State: nodev1.ExecState_EXEC_STATE_RUNNING, HoldsExecution: true, LayerExists: true})
 	if _, pub := load(t, st, "ws-1"); pub.GetState() != ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE {
 		t.Fatalf("after n1's report: state %v, want AVAILABLE", pub.GetState())
@@ -281,7 +281,7 @@ func TestStaleHolderFenced(t *testing.T) {
 }
 
 // TestStaleStreamEpoch: n1 connects to a, then again to b (its stream to
-// a half-dead). An Inventory and a heartbeat arriving on a's stale stream
+// a half-dead). An Inventory, an execution report and a heartbeat arriving on a's stale stream
 // write nothing over the newer record, and end that stream; a's reload of
 // the node records ends it too.
 func TestStaleStreamEpoch(t *testing.T) {
@@ -309,6 +309,25 @@ func TestStaleStreamEpoch(t *testing.T) {
 	case <-ncA.replaced:
 	default:
 		t.Error("a stale Inventory did not end the stale stream")
+	}
+	// An execution report still delivered on a's stale stream writes
+	// nothing (the epoch is checked in its transaction) and is not lost:
+	// it ends nothing else; the same report on b's stream is written.
+	seed(t, st, t0, row{id: "ws-1", node: "n1", power: running, generation: 1, command: "c-1",
+		state: ctrlv1.WorkspaceState_WORKSPACE_STATE_CREATING})
+	rep := &nodev1.ExecutionReport{WorkspaceId: "ws-1", Generation: 1, State: nodev1.ExecState_EXEC_STATE_RUNNING,
+		HoldsExecution: true, LayerExists: true}
+	if err := a.report(t.Context(), ncA, rep); err != nil {
+		t.Errorf("a stale stream's report = %v, want dropped without an error", err)
+	}
+	if w, _ := load(t, st, "ws-1"); w.ObservedGeneration != 0 {
+		t.Errorf("a stale stream's report was written: observed generation %d", w.ObservedGeneration)
+	}
+	if err := b.report(t.Context(), ncB, rep); err != nil {
+		t.Fatal(err)
+	}
+	if w, _ := load(t, st, "ws-1"); w.ObservedGeneration != 1 {
+		t.Errorf("the current stream's report: observed generation %d, want 1", w.ObservedGeneration)
 	}
 	// A heartbeat on a stale stream (a second one, not ended yet).
 	a2 := newReplica(st, clock, Config{})

@@ -122,12 +122,26 @@ func transitional(w *store.Workspace) ctrlv1.WorkspaceState {
 }
 
 // applyReport folds one report of nodeID into the store, its texts cut to
-// their bounds first. It returns whether a command completed.
-func (r *Reconciler) applyReport(ctx context.Context, nodeID string, rep *nodev1.ExecutionReport) (bool, error) {
+// their bounds first. It returns whether a command completed. A report of
+// a stream (epoch, its connection epoch; 0 for none) writes only while
+// that epoch is the node's stored one, checked in the transaction: a
+// report a superseded stream still delivers — the node connected again,
+// here or to another replica, and its Hello sent newer state — writes
+// nothing (errSuperseded).
+func (r *Reconciler) applyReport(ctx context.Context, nodeID string, epoch int64, rep *nodev1.ExecutionReport) (bool, error) {
 	rep = bounded(rep)
 	completed := false
 	err := r.store.InTx(ctx, func(tx store.Tx) error {
 		completed = false
+		if epoch != 0 {
+			stored, err := tx.NodeEpoch(ctx, nodeID)
+			if err != nil {
+				return err
+			}
+			if stored != epoch {
+				return errSuperseded
+			}
+		}
 		w, err := tx.GetWorkspace(ctx, rep.GetWorkspaceId())
 		if errors.Is(err, store.ErrNotFound) {
 			return nil

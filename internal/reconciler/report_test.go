@@ -354,7 +354,7 @@ func TestApplyReport(t *testing.T) {
 			}
 			rep := proto.Clone(tc.rep).(*nodev1.ExecutionReport)
 			rep.WorkspaceId = "ws-1"
-			completed, err := r.applyReport(t.Context(), node, rep)
+			completed, err := r.applyReport(t.Context(), node, 0, rep)
 			if err != nil {
 				t.Fatalf("applyReport = %v", err)
 			}
@@ -383,7 +383,7 @@ func TestApplyReportGuestShutdownCommand(t *testing.T) {
 	r, st, _ := newTest(t, Config{})
 	seed(t, st, t0, row{id: "ws-1", node: "n1", power: running, generation: 2, observed: 2, exec: store.ExecRunning, state: wsAvail})
 	rep := &nodev1.ExecutionReport{WorkspaceId: "ws-1", Generation: 2, State: exStop, GuestExited: true}
-	if _, err := r.applyReport(t.Context(), "n1", rep); err != nil {
+	if _, err := r.applyReport(t.Context(), "n1", 0, rep); err != nil {
 		t.Fatal(err)
 	}
 	c := loadCommand(t, st, "guest-shutdown/ws-1/2")
@@ -401,7 +401,7 @@ func TestApplyReportGuestShutdownCommand(t *testing.T) {
 	}
 	// The same report again: generation 2 is no longer current, nothing
 	// more happens.
-	if _, err := r.applyReport(t.Context(), "n1", rep); err != nil {
+	if _, err := r.applyReport(t.Context(), "n1", 0, rep); err != nil {
 		t.Fatal(err)
 	}
 	if w2, _ := load(t, st, "ws-1"); w2.Generation != 3 || w2.CommandID != "guest-shutdown/ws-1/2" {

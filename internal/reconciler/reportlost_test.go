@@ -26,7 +26,7 @@ func TestReportLostEndsStream(t *testing.T) {
 	nc := connectNode(t, r, hello("n1", 4096, 4000, "p"))
 	rep := &nodev1.ExecutionReport{WorkspaceId: "ws-unknown", Generation: 1, State: nodev1.ExecState_EXEC_STATE_RUNNING}
 
-	r.reportLost(t.Context(), nc, r.report(t.Context(), "n1", rep)) // stored (an unknown Workspace: nothing to do)
+	r.reportLost(t.Context(), nc, r.report(t.Context(), nc, rep)) // stored (an unknown Workspace: nothing to do)
 	select {
 	case <-nc.replaced:
 		t.Fatal("a stored report ended the stream")
@@ -41,7 +41,7 @@ func TestReportLostEndsStream(t *testing.T) {
 		t.Fatal("a stream whose context ended was ended again")
 	default:
 	}
-	err := r.report(t.Context(), "n1", rep)
+	err := r.report(t.Context(), nc, rep)
 	if err == nil {
 		t.Fatal("report on a store that cannot serve = nil, want its error")
 	}

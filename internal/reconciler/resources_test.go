@@ -206,7 +206,7 @@ func TestApplyReportResize(t *testing.T) {
 			seedResize(t, st, id, store.ExecStopped)
 			rep := proto.CloneOf(tc.rep)
 			rep.WorkspaceId, rep.Generation = id, 3
-			completed, err := r.applyReport(t.Context(), "n1", rep)
+			completed, err := r.applyReport(t.Context(), "n1", 0, rep)
 			if err != nil || !completed {
 				t.Fatalf("%s: applyReport = %v, %v; want the command completed", tc.name, completed, err)
 			}
@@ -239,7 +239,7 @@ func TestApplyReportResize(t *testing.T) {
 
 		// A report of an earlier generation does not end the resize.
 		seedResize(t, st, "ws-stale", store.ExecStopped)
-		if completed, err := r.applyReport(t.Context(), "n1", &nodev1.ExecutionReport{WorkspaceId: "ws-stale", Generation: 2, State: exStop,
+		if completed, err := r.applyReport(t.Context(), "n1", 0, &nodev1.ExecutionReport{WorkspaceId: "ws-stale", Generation: 2, State: exStop,
 			LayerExists: true, LayerCapacityBytes: before}); err != nil || completed {
 			t.Fatalf("stale report: %v, %v", completed, err)
 		}

@@ -65,7 +65,7 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 	}()
 
 	for _, rep := range hello.GetExecutions() {
-		if err := r.report(ctx, id, rep); err != nil {
+		if err := r.report(ctx, nc, rep); err != nil {
 			return connect.NewError(connect.CodeUnavailable, errors.New("a report could not be stored; connect again and send the full state"))
 		}
 	}
@@ -94,7 +94,7 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 			r.seen(nc)
 			switch b := msg.GetBody().(type) {
 			case *nodev1.ConnectRequest_Report:
-				r.reportLost(ctx, nc, r.report(ctx, id, b.Report))
+				r.reportLost(ctx, nc, r.report(ctx, nc, b.Report))
 			case *nodev1.ConnectRequest_Heartbeat:
 				r.heartbeat(ctx, id)
 				r.memoryCondition(ctx, id, b.Heartbeat.GetMemory())
@@ -297,12 +297,22 @@ func (r *Reconciler) seen(nc *nodeConn) {
 	r.mu.Unlock()
 }
 
-// report applies an execution report. An error means the report is lost
+// errSuperseded is the refusal of a report whose stream a newer
+// connection of its node superseded (applyReport).
+var errSuperseded = errors.New("reconciler: a newer connection of the node superseded the stream")
+
+// report applies an execution report of nc. An error means the report is lost
 // (the store could not take it): the caller ends the stream (reportLost),
 // so that the node connects again and sends its full state, this report's
 // latest form included.
-func (r *Reconciler) report(ctx context.Context, node string, rep *nodev1.ExecutionReport) error {
-	done, err := r.applyReport(ctx, node, rep)
+func (r *Reconciler) report(ctx context.Context, nc *nodeConn, rep *nodev1.ExecutionReport) error {
+	node := nc.id
+	done, err := r.applyReport(ctx, node, nc.epoch, rep)
+	if errors.Is(err, errSuperseded) {
+		// Not lost: the newer stream's Hello carried the newer state.
+		r.supersede(nc)
+		return nil
+	}
 	if err != nil {
 		r.log.Error("apply report", "node_id", node, "workspace_id", nodewire.Cut(rep.GetWorkspaceId(), 64), "error", err.Error())
 		return err

@@ -301,7 +301,7 @@ func TestWorkspaceDeletionAndVolume(t *testing.T) {
 	}
 	drain(nc)
 	for vol, id := range ids {
-		r.report(t.Context(), "n1", &nodev1.ExecutionReport{WorkspaceId: id, Generation: 1, State: nodev1.ExecState_EXEC_STATE_RUNNING, HoldsExecution: true})
+		r.report(t.Context(), nc, &nodev1.ExecutionReport{WorkspaceId: id, Generation: 1, State: nodev1.ExecState_EXEC_STATE_RUNNING, HoldsExecution: true})
 		if _, err := ws.Delete(t.Context(), &ctrlv1.DeleteWorkspaceRequest{Metadata: &ctrlv1.CommandMetadata{CommandId: "del-" + vol},
 			WorkspaceId: id, ExpectedExpirationRevision: 1}); fault.KindOf(err) != fault.KindUnavailable {
 			t.Fatalf("DeleteWorkspace = %v, want a timeout", err)
@@ -309,7 +309,7 @@ func TestWorkspaceDeletionAndVolume(t *testing.T) {
 		if v, _ := vs.Get(t.Context(), vol); v.GetBoundWorkspaceId() != id {
 			t.Errorf("volume released before the deletion completed: %v", v)
 		}
-		r.report(t.Context(), "n1", &nodev1.ExecutionReport{WorkspaceId: id, Generation: 2, State: nodev1.ExecState_EXEC_STATE_DELETED})
+		r.report(t.Context(), nc, &nodev1.ExecutionReport{WorkspaceId: id, Generation: 2, State: nodev1.ExecState_EXEC_STATE_DELETED})
 	}
 	if v, _ := vs.Get(t.Context(), keep); v.GetState() != ctrlv1.VolumeState_VOLUME_STATE_AVAILABLE || v.GetBoundWorkspaceId() != "" {
 		t.Errorf("kept volume: %v", v)

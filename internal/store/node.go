@@ -73,6 +73,10 @@ type NodeTx interface {
 	// revision). ok is false, nothing written, when the node is missing or
 	// its epoch is another: a newer stream superseded the caller's.
 	TouchNode(ctx context.Context, id string, epoch int64, seen time.Time) (ok bool, err error)
+	// NodeEpoch returns the stored connection epoch of node id (reading
+	// nothing else of it); ErrNotFound when absent. A report's transaction
+	// checks it, so a superseded stream's report writes nothing.
+	NodeEpoch(ctx context.Context, id string) (int64, error)
 	// DenyNodeKey records a denied key. Denying a key that is denied
 	// already changes nothing: the first record stays.
 	DenyNodeKey(ctx context.Context, k *DeniedNodeKey) error

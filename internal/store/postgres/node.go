@@ -33,6 +33,11 @@ func (t *txn) TouchNode(ctx context.Context, id string, epoch int64, seen time.T
 	return tag.RowsAffected() == 1, err
 }
 
+// NodeEpoch implements store.Tx.
+func (t *txn) NodeEpoch(ctx context.Context, id string) (int64, error) {
+	return queryOne(ctx, t, rowcodec.ScanInt64, `SELECT epoch FROM nodes WHERE id = $1`, id)
+}
+
 // GetLease implements store.Tx: a plain read (no FOR SHARE), so that the
 // renewals of the holder never wait for its units of work; under
 // SERIALIZABLE a takeover that commits concurrently with a unit that read

@@ -207,6 +207,13 @@ func ScanNodeState(row Scanner) (store.NodeState, error) {
 	return n, nil
 }
 
+// ScanInt64 scans one integer column (a node's epoch).
+func ScanInt64(row Scanner) (int64, error) {
+	var v int64
+	err := row.Scan(&v)
+	return v, err
+}
+
 // ScanNode scans NodeColumns.
 func ScanNode(row Scanner) (*store.Node, error) {
 	var (

@@ -32,6 +32,11 @@ func (t *txn) TouchNode(ctx context.Context, id string, epoch int64, seen time.T
 	return n == 1, err
 }
 
+// NodeEpoch implements store.Tx.
+func (t *txn) NodeEpoch(ctx context.Context, id string) (int64, error) {
+	return queryOne(ctx, t, rowcodec.ScanInt64, `SELECT epoch FROM nodes WHERE id = ?`, id)
+}
+
 // GetLease implements store.Tx.
 func (t *txn) GetLease(ctx context.Context, name string) (store.Lease, error) {
 	return queryOne(ctx, t, scanLease, `SELECT name, holder, fence, expires_at FROM leases WHERE name = ?`, name)

@@ -93,6 +93,15 @@ func testNodeStatesTouchEpoch(t *testing.T, s store.Store) {
 	if touch("b", 3, later) {
 		t.Error("TouchNode with the superseded epoch: written")
 	}
+	view(t, s, func(ctx context.Context, tx store.Tx) error {
+		if e, err := tx.NodeEpoch(ctx, "b"); err != nil || e != 4 {
+			t.Errorf("NodeEpoch = %d, %v; want 4", e, err)
+		}
+		if _, err := tx.NodeEpoch(ctx, "missing"); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("NodeEpoch of a missing node: %v, want ErrNotFound", err)
+		}
+		return nil
+	})
 	// A write in View is refused.
 	err := s.View(context.Background(), func(tx store.Tx) error {
 		_, err := tx.TouchNode(context.Background(), "b", 4, later)
