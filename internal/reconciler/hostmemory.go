@@ -554,8 +554,8 @@ func (r *Reconciler) stepEpisode(ctx context.Context, node string, n uint64, c *
 					pub.GetState() == ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE
 				if cand.listedAt.IsZero() && w != nil {
 					// Listed since this ctrl's first condition of the
-					// node: it started before its latest report at the
-					// latest.
+					// node: it started before the latest report that
+					// changed it (its row's ObservedAt) at the latest.
 					cand.listedAt = w.ObservedAt
 				}
 			}

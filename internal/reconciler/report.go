@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -121,18 +123,30 @@ func transitional(w *store.Workspace) ctrlv1.WorkspaceState {
 	return ctrlv1.WorkspaceState_WORKSPACE_STATE_STARTING
 }
 
-// applyReport folds one report of nodeID into the store, its texts cut to
-// their bounds first. It returns whether a command completed. A report of
-// a stream (epoch, its connection epoch; 0 for none) writes only while
-// that epoch is the node's stored one, checked in the transaction: a
-// report a superseded stream still delivers — the node connected again,
-// here or to another replica, and its Hello sent newer state — writes
-// nothing (errSuperseded).
+// applyReport folds one report of nodeID into the store (applyReports).
+// It returns whether a command completed.
 func (r *Reconciler) applyReport(ctx context.Context, nodeID string, epoch int64, rep *nodev1.ExecutionReport) (bool, error) {
-	rep = bounded(rep)
-	completed := false
+	done, err := r.applyReports(ctx, nodeID, epoch, []*nodev1.ExecutionReport{rep})
+	return len(done) > 0, err
+}
+
+// applyReports folds reports of nodeID into the store in one transaction,
+// their texts cut to their bounds first (a Hello's executions come in
+// chunks, so that a restart of ctrl, to which every node sends its full
+// state, costs a transaction per chunk, not per execution). It returns
+// the Workspaces whose command completed. Reports of a stream (epoch, its
+// connection epoch; 0 for none) write only while that epoch is the node's
+// stored one, checked in the transaction: a report a superseded stream
+// still delivers — the node connected again, here or to another replica,
+// and its Hello sent newer state — writes nothing (errSuperseded).
+func (r *Reconciler) applyReports(ctx context.Context, nodeID string, epoch int64, reps []*nodev1.ExecutionReport) ([]string, error) {
+	reps = slices.Clone(reps)
+	for i := range reps {
+		reps[i] = bounded(reps[i])
+	}
+	var done []string
 	err := r.store.InTx(ctx, func(tx store.Tx) error {
-		completed = false
+		done = done[:0]
 		if epoch != 0 {
 			stored, err := tx.NodeEpoch(ctx, nodeID)
 			if err != nil {
@@ -142,89 +156,119 @@ func (r *Reconciler) applyReport(ctx context.Context, nodeID string, epoch int64
 				return errSuperseded
 			}
 		}
-		w, err := tx.GetWorkspace(ctx, rep.GetWorkspaceId())
-		if errors.Is(err, store.ErrNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if w.NodeID != nodeID || !w.DeletedAt.IsZero() {
-			return nil
-		}
-		pub, err := workspace.Decode(w)
-		if err != nil {
-			return err
-		}
-		now := r.now()
-		w.ObservedAt = now
-		// The DNS configuration of the execution the report describes; none
-		// reported (0) is an execution an earlier release started, or none.
-		w.ExecDNSVersion = rep.GetNetwork().GetDnsConfigVersion()
-		if m := rep.GetNetwork().GetMessage(); m != "" {
-			red, err := redactSecrets(ctx, tx, pub.GetNetworkPolicy(), m)
+		for _, rep := range reps {
+			completed, err := r.foldReport(ctx, tx, nodeID, rep)
 			if err != nil {
 				return err
 			}
-			if red != m {
-				rep = proto.CloneOf(rep)
-				rep.Network.Message = red
+			if completed {
+				done = append(done, rep.GetWorkspaceId())
 			}
 		}
-		if pub.GetWritableLayer() != nil {
-			pub.WritableLayer.Exists = rep.GetLayerExists()
-		}
-		observe(pub, rep, now)
-
-		switch {
-		case rep.GetGuestExited() && rep.GetGeneration() == w.Generation && w.Power == store.PowerRunning && w.CommandID == "":
-			// The guest powered itself off: a recorded guest-shutdown stop.
-			if err := guestShutdown(ctx, tx, w, pub, now); err != nil {
-				return err
-			}
-		case rep.GetGeneration() == w.Generation:
-			w.ObservedGeneration = rep.GetGeneration()
-			w.ObservedState = execState(rep.GetState())
-			policyChange, err := changesPolicy(ctx, tx, w)
-			if err != nil {
-				return err
-			}
-			out := derive(w, pub, rep, policyChange)
-			resize, err := resizeInFlight(ctx, tx, w)
-			if err != nil {
-				return err
-			}
-			if resize != nil {
-				out = resizeOutcome(w, pub, rep, resize, out)
-			}
-			if out.err != nil {
-				pub.Failure = out.err.Detail()
-			}
-			if pub.GetState() == ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETED {
-				w.DeletedAt = now
-				pub.DeletedAt = timestamppb.New(now)
-				if err := tx.SetReferences(ctx, w.ID, nil); err != nil {
-					return err
-				}
-				if err := r.workspaceGone(ctx, tx, pub, now); err != nil {
-					return err
-				}
-			}
-			if out.done && w.CommandID != "" {
-				if err := complete(ctx, tx, w, pub, out.err, now); err != nil {
-					return err
-				}
-				completed = true
-			}
-		case pub.GetState() == ctrlv1.WorkspaceState_WORKSPACE_STATE_UNKNOWN:
-			pub.State = workspace.Underlying(w)
-		}
-		if err := workspace.Save(w, pub, now); err != nil {
-			return err
-		}
-		return tx.UpdateWorkspace(ctx, w)
+		return nil
 	})
-	return completed, err
+	return done, err
+}
+
+// foldReport folds one report (bounded) of nodeID into tx, and reports
+// whether a command completed. A report that changes nothing of the
+// Workspace — the execution as last reported, as a Hello after a restart
+// of ctrl carries for every Workspace — writes nothing: the row's
+// ObservedAt is when a report last changed it.
+func (r *Reconciler) foldReport(ctx context.Context, tx store.Tx, nodeID string, rep *nodev1.ExecutionReport) (bool, error) {
+	completed := false
+	w, err := tx.GetWorkspace(ctx, rep.GetWorkspaceId())
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if w.NodeID != nodeID || !w.DeletedAt.IsZero() {
+		return false, nil
+	}
+	pub, err := workspace.Decode(w)
+	if err != nil {
+		return false, err
+	}
+	before, orig := proto.CloneOf(pub), *w
+	now := r.now()
+	w.ObservedAt = now
+	// The DNS configuration of the execution the report describes; none
+	// reported (0) is an execution an earlier release started, or none.
+	w.ExecDNSVersion = rep.GetNetwork().GetDnsConfigVersion()
+	if m := rep.GetNetwork().GetMessage(); m != "" {
+		red, err := redactSecrets(ctx, tx, pub.GetNetworkPolicy(), m)
+		if err != nil {
+			return false, err
+		}
+		if red != m {
+			rep = proto.CloneOf(rep)
+			rep.Network.Message = red
+		}
+	}
+	if pub.GetWritableLayer() != nil {
+		pub.WritableLayer.Exists = rep.GetLayerExists()
+	}
+	observe(pub, rep, now)
+
+	switch {
+	case rep.GetGuestExited() && rep.GetGeneration() == w.Generation && w.Power == store.PowerRunning && w.CommandID == "":
+		// The guest powered itself off: a recorded guest-shutdown stop.
+		if err := guestShutdown(ctx, tx, w, pub, now); err != nil {
+			return false, err
+		}
+	case rep.GetGeneration() == w.Generation:
+		w.ObservedGeneration = rep.GetGeneration()
+		w.ObservedState = execState(rep.GetState())
+		policyChange, err := changesPolicy(ctx, tx, w)
+		if err != nil {
+			return false, err
+		}
+		out := derive(w, pub, rep, policyChange)
+		resize, err := resizeInFlight(ctx, tx, w)
+		if err != nil {
+			return false, err
+		}
+		if resize != nil {
+			out = resizeOutcome(w, pub, rep, resize, out)
+		}
+		if out.err != nil {
+			pub.Failure = out.err.Detail()
+		}
+		if pub.GetState() == ctrlv1.WorkspaceState_WORKSPACE_STATE_DELETED {
+			w.DeletedAt = now
+			pub.DeletedAt = timestamppb.New(now)
+			if err := tx.SetReferences(ctx, w.ID, nil); err != nil {
+				return false, err
+			}
+			if err := r.workspaceGone(ctx, tx, pub, now); err != nil {
+				return false, err
+			}
+		}
+		if out.done && w.CommandID != "" {
+			if err := complete(ctx, tx, w, pub, out.err, now); err != nil {
+				return false, err
+			}
+			completed = true
+		}
+	case pub.GetState() == ctrlv1.WorkspaceState_WORKSPACE_STATE_UNKNOWN:
+		pub.State = workspace.Underlying(w)
+	}
+	if !completed && sameRow(&orig, w) && proto.Equal(before, pub) {
+		return false, nil
+	}
+	if err := workspace.Save(w, pub, now); err != nil {
+		return false, err
+	}
+	return completed, tx.UpdateWorkspace(ctx, w)
+}
+
+// sameRow reports whether b is a, its ObservedAt aside.
+func sameRow(a, b *store.Workspace) bool {
+	x, y := *a, *b
+	x.ObservedAt, y.ObservedAt = time.Time{}, time.Time{}
+	return reflect.DeepEqual(x, y)
 }
 
 // changesPolicy reports whether w's in-flight command is a change of its

@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"bytes"
 	"fmt"
 	"testing"
 	"time"
@@ -406,5 +407,60 @@ func TestApplyReportGuestShutdownCommand(t *testing.T) {
 	}
 	if w2, _ := load(t, st, "ws-1"); w2.Generation != 3 || w2.CommandID != "guest-shutdown/ws-1/2" {
 		t.Errorf("after a repeated report: generation %d, command %q; want 3, guest-shutdown/ws-1/2", w2.Generation, w2.CommandID)
+	}
+}
+
+// TestReportUnchangedWritesNothing: a report that changes nothing of its
+// Workspace — what a Hello after a restart of ctrl carries for every
+// execution — writes nothing (updated_at and the row's ObservedAt stay);
+// one that changes it is written. A Hello's executions are applied in
+// chunks, each command they complete completed.
+func TestReportUnchangedWritesNothing(t *testing.T) {
+	r, st, clock := newTest(t, Config{})
+	nc := connectNode(t, r, hello("n1", 65536, 32000, "pool-a", workspace.DefaultTemplate))
+	run := func(id string) *nodev1.ExecutionReport {
+		return &nodev1.ExecutionReport{WorkspaceId: id, Generation: 1, State: nodev1.ExecState_EXEC_STATE_RUNNING, HoldsExecution: true, LayerExists: true}
+	}
+	seed(t, st, t0, row{id: "ws-1", node: "n1", power: running, generation: 1, command: "c-1", state: wsCreate})
+	clock.Set(t0.Add(time.Second))
+	if err := r.report(t.Context(), nc, run("ws-1")); err != nil {
+		t.Fatal(err)
+	}
+	w1, pub1 := load(t, st, "ws-1")
+	if pub1.GetState() != wsAvail || !w1.ObservedAt.Equal(t0.Add(time.Second)) {
+		t.Fatalf("after the first report: %v, observed at %v", pub1.GetState(), w1.ObservedAt)
+	}
+	clock.Set(t0.Add(time.Minute))
+	if err := r.report(t.Context(), nc, run("ws-1")); err != nil {
+		t.Fatal(err)
+	}
+	w2, pub2 := load(t, st, "ws-1")
+	if !bytes.Equal(w1.Doc, w2.Doc) || !w2.UpdatedAt.Equal(w1.UpdatedAt) || !w2.ObservedAt.Equal(w1.ObservedAt) {
+		t.Errorf("an unchanged report wrote: updated %v → %v, observed %v → %v", pub1.GetUpdatedAt().AsTime(), pub2.GetUpdatedAt().AsTime(),
+			w1.ObservedAt, w2.ObservedAt)
+	}
+	changed := run("ws-1")
+	changed.GuestCondition, changed.ObservedAt = int32(ctrlv1.GuestCondition_GUEST_CONDITION_DISK_PRESSURE), timestamppb.New(t0.Add(time.Minute))
+	if err := r.report(t.Context(), nc, changed); err != nil {
+		t.Fatal(err)
+	}
+	if w3, pub3 := load(t, st, "ws-1"); !w3.ObservedAt.Equal(t0.Add(time.Minute)) || pub3.GetGuestObservation() == nil {
+		t.Errorf("a changed report: observed at %v, guest observation %v", w3.ObservedAt, pub3.GetGuestObservation())
+	}
+
+	// A Hello with 150 executions, each completing its create.
+	var reps []*nodev1.ExecutionReport
+	for i := range 150 {
+		id := fmt.Sprintf("ws-h%03d", i)
+		seed(t, st, t0, row{id: id, node: "n1", power: running, generation: 1, command: "c-" + id, state: wsCreate})
+		reps = append(reps, run(id))
+	}
+	if err := r.helloReports(t.Context(), nc, reps); err != nil {
+		t.Fatal(err)
+	}
+	for _, rep := range reps {
+		if c := loadCommand(t, st, "c-"+rep.GetWorkspaceId()); c.Status != store.CommandCompleted {
+			t.Fatalf("%s: command %v after the Hello, want completed", rep.GetWorkspaceId(), c.Status)
+		}
 	}
 }

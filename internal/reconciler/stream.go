@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"connectrpc.com/connect"
@@ -64,10 +65,8 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 		r.log.Info("node disconnected", "node_id", id)
 	}()
 
-	for _, rep := range hello.GetExecutions() {
-		if err := r.report(ctx, nc, rep); err != nil {
-			return connect.NewError(connect.CodeUnavailable, errors.New("a report could not be stored; connect again and send the full state"))
-		}
+	if err := r.helloReports(ctx, nc, hello.GetExecutions()); err != nil {
+		return connect.NewError(connect.CodeUnavailable, errors.New("a report could not be stored; connect again and send the full state"))
 	}
 	// Full desired state, then changes.
 	full, err := r.fullState(ctx, nc)
@@ -301,27 +300,49 @@ func (r *Reconciler) seen(nc *nodeConn) {
 // connection of its node superseded (applyReport).
 var errSuperseded = errors.New("reconciler: a newer connection of the node superseded the stream")
 
-// report applies an execution report of nc. An error means the report is lost
-// (the store could not take it): the caller ends the stream (reportLost),
-// so that the node connects again and sends its full state, this report's
-// latest form included.
+// report applies an execution report of nc (reports).
 func (r *Reconciler) report(ctx context.Context, nc *nodeConn, rep *nodev1.ExecutionReport) error {
-	node := nc.id
-	done, err := r.applyReport(ctx, node, nc.epoch, rep)
+	return r.reports(ctx, nc, []*nodev1.ExecutionReport{rep})
+}
+
+// helloChunk is how many of the executions a Hello carries one
+// transaction applies.
+const helloChunk = 64
+
+// helloReports applies the executions a Hello carries, helloChunk to a
+// transaction (reports).
+func (r *Reconciler) helloReports(ctx context.Context, nc *nodeConn, reps []*nodev1.ExecutionReport) error {
+	for chunk := range slices.Chunk(reps, helloChunk) {
+		if err := r.reports(ctx, nc, chunk); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reports applies execution reports of nc in one transaction
+// (applyReports). An error means the reports are lost (the store could not
+// take them): the caller ends the stream (reportLost), so that the node
+// connects again and sends its full state, these reports' latest form
+// included. Reports of a superseded stream are dropped, and the stream
+// ended: they are not lost, the newer stream's Hello carried the newer
+// state.
+func (r *Reconciler) reports(ctx context.Context, nc *nodeConn, reps []*nodev1.ExecutionReport) error {
+	done, err := r.applyReports(ctx, nc.id, nc.epoch, reps)
 	if errors.Is(err, errSuperseded) {
-		// Not lost: the newer stream's Hello carried the newer state.
 		r.supersede(nc)
 		return nil
 	}
 	if err != nil {
-		r.log.Error("apply report", "node_id", node, "workspace_id", nodewire.Cut(rep.GetWorkspaceId(), 64), "error", err.Error())
+		r.log.Error("apply reports", "node_id", nc.id, "reports", len(reps),
+			"workspace_id", nodewire.Cut(reps[0].GetWorkspaceId(), 64), "error", err.Error())
 		return err
 	}
-	if done {
-		// Before anything else: waiters return as soon as the commit has.
-		r.store.Notify(store.WorkspaceTopic(rep.GetWorkspaceId()))
+	// Before anything else: waiters return as soon as the commit has.
+	for _, id := range done {
+		r.store.Notify(store.WorkspaceTopic(id))
 	}
-	r.heartbeat(ctx, node)
+	r.heartbeat(ctx, nc.id)
 	r.wake()
 	return nil
 }
