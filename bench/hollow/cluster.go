@@ -72,7 +72,13 @@ func (c *cluster) stop() {
 func (c *cluster) restart(ctx context.Context, i int, kill time.Time) (exited, ready time.Duration, exitErr error, err error) {
 	exitErr = c.procs[i].Stop()
 	exited = time.Since(kill)
-	c.opts[i].Env = nil // a profile is the first process's
+	// The restarted process profiles to the first one's file plus
+	// ".restart".
+	for j, kv := range c.opts[i].Env {
+		if strings.HasPrefix(kv, "CTRLBENCH_CPUPROFILE=") && !strings.HasSuffix(kv, ".restart") {
+			c.opts[i].Env[j] = kv + ".restart"
+		}
+	}
 	s, err := benchkit.StartDev(ctx, c.opts[i])
 	if err != nil {
 		return exited, 0, exitErr, err

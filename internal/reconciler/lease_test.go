@@ -13,7 +13,8 @@ import (
 // does none of the fleet-wide work — it fails no placement at its timeout
 // and marks no silent node's Workspaces UNKNOWN — while it still places on
 // the node connected to it (stream-holder work, as pushing); once it holds
-// the lease, its next pass does that work.
+// the lease, its next pass does that work, judging silence from when it
+// took the lease (or started).
 func TestFleetLease(t *testing.T) {
 	t.Run("placement timeout", func(t *testing.T) {
 		var leads atomic.Bool
@@ -54,8 +55,44 @@ func TestFleetLease(t *testing.T) {
 		if err := r.pass(t.Context()); err != nil {
 			t.Fatalf("pass = %v", err)
 		}
+		// It judges from when it took the lease: the node gets the grace
+		// again from there.
+		if _, pub := load(t, st, "ws-1"); pub.GetState() != wsAvail {
+			t.Fatalf("holder, at once: state = %v, want %v", pub.GetState(), wsAvail)
+		}
+		clock.Set(t0.Add(time.Minute + 1001*time.Millisecond))
+		if err := r.pass(t.Context()); err != nil {
+			t.Fatalf("pass = %v", err)
+		}
 		if _, pub := load(t, st, "ws-1"); pub.GetState() != wsUnk {
-			t.Fatalf("holder: state = %v, want UNKNOWN", pub.GetState())
+			t.Fatalf("holder, the grace after: state = %v, want UNKNOWN", pub.GetState())
+		}
+	})
+	t.Run("restart", func(t *testing.T) {
+		// A node last heard an hour before this ctrl started gets the
+		// grace from the start: the time nobody could hear it does not
+		// count.
+		r, st, clock := newTest(t, Config{NodeGrace: time.Second})
+		nc := connectNode(t, r, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
+		seed(t, st, t0, row{id: "ws-1", node: "n1", power: running, generation: 1, observed: 1, exec: store.ExecRunning, state: wsAvail})
+		r.detach(nc)
+		clock.Set(t0.Add(time.Hour))
+		restarted := newReplica(st, clock, Config{NodeGrace: time.Second})
+		if err := restarted.loadNodes(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if err := restarted.pass(t.Context()); err != nil {
+			t.Fatalf("pass = %v", err)
+		}
+		if _, pub := load(t, st, "ws-1"); pub.GetState() != wsAvail {
+			t.Fatalf("at the start: state = %v, want %v", pub.GetState(), wsAvail)
+		}
+		clock.Set(t0.Add(time.Hour + 1001*time.Millisecond))
+		if err := restarted.pass(t.Context()); err != nil {
+			t.Fatalf("pass = %v", err)
+		}
+		if _, pub := load(t, st, "ws-1"); pub.GetState() != wsUnk {
+			t.Fatalf("the grace after the start: state = %v, want UNKNOWN", pub.GetState())
 		}
 	})
 	t.Run("placement on a connected node", func(t *testing.T) {

@@ -140,6 +140,9 @@ func (r *Reconciler) pass(ctx context.Context) error {
 	r.flushPending()
 	// Turning UNKNOWN completes no command: nobody to wake.
 	if !r.leads() {
+		r.mu.Lock()
+		r.judging = time.Time{} // judged again from when it holds the lease
+		r.mu.Unlock()
 		return nil // the fleet lease's holder judges silence
 	}
 	_, err := r.markSilent(ctx)
@@ -316,9 +319,14 @@ func (n *netReader) desired(w *store.Workspace) (*nodev1.DesiredWorkspace, error
 // silent reports whether a node has been silent beyond the grace at now:
 // neither the store's last_seen (written by whichever replica holds its
 // stream, as of the last reload of the node records) nor this ctrl's
-// stream heard from it within the grace. Callers hold r.mu.
+// stream heard from it within the grace, nor did the grace pass since
+// this ctrl began judging (Reconciler.judging). Callers hold r.mu.
 func (r *Reconciler) silent(id string, now time.Time) bool {
-	return now.Sub(r.storeSeen(id)) > r.nodeGrace
+	seen := r.storeSeen(id)
+	if r.judging.After(seen) {
+		seen = r.judging
+	}
+	return now.Sub(seen) > r.nodeGrace
 }
 
 // markSilent turns the Workspaces of nodes silent beyond the grace UNKNOWN,
@@ -331,6 +339,9 @@ func (r *Reconciler) silent(id string, now time.Time) bool {
 func (r *Reconciler) markSilent(ctx context.Context) (int, error) {
 	now := r.now()
 	r.mu.Lock()
+	if r.judging.IsZero() {
+		r.judging = now // it took the fleet lease
+	}
 	var silent []string
 	view := r.fleetView()
 	for id := range r.stored {

@@ -134,6 +134,14 @@ type Reconciler struct {
 	// quiet holds the silent nodes whose Workspaces are all marked UNKNOWN,
 	// so that later passes skip them until the node connects again.
 	quiet map[string]bool
+	// judging is when this ctrl began judging silence: its start, or the
+	// first pass after it took the fleet lease (zero while another replica
+	// holds it). A node is silent only once it was not heard from for the
+	// grace after that too (markSilent): the time no replica could hear
+	// it — ctrl restarting, the lease changing hands — does not count
+	// against it, as Kubernetes' node lifecycle controller gives every
+	// node a full grace from its own start.
+	judging time.Time
 }
 
 // nodeConn is one connected node's stream.
@@ -212,6 +220,7 @@ func New(cfg Config) *Reconciler {
 	if r.placementTimeout == 0 {
 		r.placementTimeout = time.Minute
 	}
+	r.judging = r.now()
 	return r
 }
 
