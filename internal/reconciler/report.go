@@ -288,8 +288,9 @@ func changesPolicy(ctx context.Context, tx store.Tx, w *store.Workspace) (bool, 
 		rec.Status == store.CommandProcessing, nil
 }
 
-// observe records the guest's condition a report carries; an execution
-// that ended takes the observation with it.
+// observe records the guest's condition a report carries, when it is
+// another condition or message than the one recorded; an execution that
+// ended takes the observation with it.
 func observe(pub *ctrlv1.Workspace, rep *nodev1.ExecutionReport, now time.Time) {
 	switch rep.GetState() {
 	case nodev1.ExecState_EXEC_STATE_STOPPED, nodev1.ExecState_EXEC_STATE_DELETED:
@@ -297,6 +298,12 @@ func observe(pub *ctrlv1.Workspace, rep *nodev1.ExecutionReport, now time.Time) 
 		return
 	}
 	if c := rep.GetGuestCondition(); c != 0 {
+		if cur := pub.GetGuestObservation(); cur.GetCondition() == ctrlv1.GuestCondition(c) && cur.GetMessage() == rep.GetGuestMessage() {
+			// The same condition again: it keeps when it was first
+			// observed (every report repeats it, a Hello for every
+			// Workspace, and must not rewrite the row for a timestamp).
+			return
+		}
 		at := rep.GetObservedAt()
 		if at == nil {
 			at = timestamppb.New(now)

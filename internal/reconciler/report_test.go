@@ -412,14 +412,18 @@ func TestApplyReportGuestShutdownCommand(t *testing.T) {
 
 // TestReportUnchangedWritesNothing: a report that changes nothing of its
 // Workspace — what a Hello after a restart of ctrl carries for every
-// execution — writes nothing (updated_at and the row's ObservedAt stay);
+// execution, the guest's condition observed again included — writes
+// nothing (updated_at, the row's ObservedAt and the guest observation's
+// observed_at, when the condition was first observed, stay);
 // one that changes it is written. A Hello's executions are applied in
 // chunks, each command they complete completed.
 func TestReportUnchangedWritesNothing(t *testing.T) {
 	r, st, clock := newTest(t, Config{})
 	nc := connectNode(t, r, hello("n1", 65536, 32000, "pool-a", workspace.DefaultTemplate))
+	// As kibotos-node reports: the guest's condition, observed now.
 	run := func(id string) *nodev1.ExecutionReport {
-		return &nodev1.ExecutionReport{WorkspaceId: id, Generation: 1, State: nodev1.ExecState_EXEC_STATE_RUNNING, HoldsExecution: true, LayerExists: true}
+		return &nodev1.ExecutionReport{WorkspaceId: id, Generation: 1, State: nodev1.ExecState_EXEC_STATE_RUNNING, HoldsExecution: true,
+			LayerExists: true, GuestCondition: int32(ctrlv1.GuestCondition_GUEST_CONDITION_READY), ObservedAt: timestamppb.New(clock.Now())}
 	}
 	seed(t, st, t0, row{id: "ws-1", node: "n1", power: running, generation: 1, command: "c-1", state: wsCreate})
 	clock.Set(t0.Add(time.Second))
@@ -435,7 +439,8 @@ func TestReportUnchangedWritesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	w2, pub2 := load(t, st, "ws-1")
-	if !bytes.Equal(w1.Doc, w2.Doc) || !w2.UpdatedAt.Equal(w1.UpdatedAt) || !w2.ObservedAt.Equal(w1.ObservedAt) {
+	if !bytes.Equal(w1.Doc, w2.Doc) || !w2.UpdatedAt.Equal(w1.UpdatedAt) || !w2.ObservedAt.Equal(w1.ObservedAt) ||
+		!pub2.GetGuestObservation().GetObservedAt().AsTime().Equal(t0.Add(time.Second)) {
 		t.Errorf("an unchanged report wrote: updated %v → %v, observed %v → %v", pub1.GetUpdatedAt().AsTime(), pub2.GetUpdatedAt().AsTime(),
 			w1.ObservedAt, w2.ObservedAt)
 	}

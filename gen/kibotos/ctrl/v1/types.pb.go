@@ -901,7 +901,9 @@ type GuestObservation struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// condition is the reported condition.
 	Condition GuestCondition `protobuf:"varint,1,opt,name=condition,proto3,enum=kibotos.ctrl.v1.GuestCondition" json:"condition,omitempty"`
-	// observed_at is when the node observed it.
+	// observed_at is when the node first observed this condition with this
+	// message (the condition's last transition): reports that repeat them
+	// leave it. That the node is still heard from is its node's `connected`.
 	ObservedAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=observed_at,json=observedAt,proto3" json:"observed_at,omitempty"`
 	// message gives details for people.
 	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
