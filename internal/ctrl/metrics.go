@@ -39,6 +39,21 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	return m
 }
 
+// retrier is a store that counts the transactions it ran again
+// (postgres.Store: serialization failures and deadlocks).
+type retrier interface{ Retries() int64 }
+
+// registerStore registers what the store counts of itself:
+// kibotos_store_transaction_retries_total, when it retries.
+func registerStore(reg *prometheus.Registry, st any) {
+	if r, ok := st.(retrier); ok {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kibotos_store_transaction_retries_total",
+			Help: "Write transactions the store ran again after a serialization failure or a deadlock (PostgreSQL): contention between replicas and requests.",
+		}, func() float64 { return float64(r.Retries()) }))
+	}
+}
+
 // commandIDer is every write request.
 type commandIDer interface {
 	GetMetadata() *ctrlv1.CommandMetadata

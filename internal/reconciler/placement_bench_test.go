@@ -4,16 +4,27 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/workspace"
 )
 
 // BenchmarkPlace1000Nodes is the placement of Workspaces among 1,000
-// connected nodes on SQLite, each node holding two placed Workspaces, per
+// connected nodes on SQLite and PostgreSQL (KIBOTOS_TEST_POSTGRES_URL), each node holding two placed Workspaces, per
 // Workspace: "one" places each in its own transaction (place), "batch" a
 // pass's chunk of pushChunk in one (placeBatch). bench/hollow's creates
 // are bound by it.
 func BenchmarkPlace1000Nodes(b *testing.B) {
-	r, st, _ := newTest(b, Config{})
+	b.Run("sqlite", func(b *testing.B) {
+		r, st, _ := newTest(b, Config{})
+		benchPlace(b, r, st)
+	})
+	b.Run("postgres", func(b *testing.B) {
+		st, _ := twoPostgresStores(b)
+		benchPlace(b, newReplica(st, &fakeClock{now: t0}, Config{}), st)
+	})
+}
+
+func benchPlace(b *testing.B, r *Reconciler, st store.Store) {
 	const nodes = 1000
 	for i := range nodes {
 		connectNode(b, r, hello(fmt.Sprintf("node-%04d", i), 65536, 32000, "pool-a", workspace.DefaultTemplate))

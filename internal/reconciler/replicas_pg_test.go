@@ -18,7 +18,7 @@ func (noClose) Close() error { return nil }
 
 // twoPostgresStores opens two stores on one fresh PostgreSQL schema: two
 // ctrl replicas' stores, whose notifications travel by LISTEN/NOTIFY.
-func twoPostgresStores(t *testing.T) (store.Store, store.Store) {
+func twoPostgresStores(t testing.TB) (store.Store, store.Store) {
 	t.Helper()
 	base := os.Getenv("KIBOTOS_TEST_POSTGRES_URL")
 	if base == "" {

@@ -215,6 +215,10 @@ func (s *Store) Notify(topic string) {
 	s.notify.publish(topic)
 }
 
+// Retries returns how many InTx attempts ended in a retry (a
+// serialization failure or a deadlock) since Open.
+func (s *Store) Retries() int64 { return s.retries.Load() }
+
 // InTx implements store.Store; see the package documentation for retries.
 // fn may run up to 10 times; a panic in fn rolls back and goes on to the
 // caller.
