@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
@@ -162,5 +165,73 @@ func TestStoreFaultPassesThrough(t *testing.T) {
 	})
 	if fe, ok := fault.As(err); !ok || fe.Kind != fault.KindUnavailable || !fe.Retryable {
 		t.Fatalf("Execute = %v, want the store's unavailable retryable fault", err)
+	}
+}
+
+// staleCheck is a store whose next View misses every command: the
+// request's look-up ran before a concurrent request with its ID committed.
+type staleCheck struct {
+	store.Store
+	stale atomic.Bool
+}
+
+type missingCommands struct{ store.Tx }
+
+func (missingCommands) GetCommand(context.Context, string) (*store.Command, error) {
+	return nil, store.ErrNotFound
+}
+
+func (s *staleCheck) View(ctx context.Context, fn func(store.Tx) error) error {
+	if s.stale.CompareAndSwap(true, false) {
+		return s.Store.View(ctx, func(tx store.Tx) error { return fn(missingCommands{tx}) })
+	}
+	return s.Store.View(ctx, fn)
+}
+
+// TestRecordedMeanwhile: a command whose ID another request recorded
+// after its look-up — its transaction does not look the ID up again —
+// is undone at its record's insert, and answers with the recorded result.
+func TestRecordedMeanwhile(t *testing.T) {
+	st, err := sqlite.Open(t.Context(), t.TempDir()+"/ctrl.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	sc := &staleCheck{Store: st}
+	e := &Engine{Store: sc}
+	spec := func(state ctrlv1.WorkspaceState) Spec[*ctrlv1.StopWorkspaceRequest, *ctrlv1.StopWorkspaceResponse] {
+		return Spec[*ctrlv1.StopWorkspaceRequest, *ctrlv1.StopWorkspaceResponse]{
+			Method: "/m", ObjectKind: "workspace", ObjectID: "ws-1", CommandKind: 2,
+			Request:     &ctrlv1.StopWorkspaceRequest{Metadata: &ctrlv1.CommandMetadata{CommandId: "c-1"}, WorkspaceId: "ws-1"},
+			NewResponse: func() *ctrlv1.StopWorkspaceResponse { return &ctrlv1.StopWorkspaceResponse{} },
+			Decide: func(ctx context.Context, tx store.Tx, _ *store.Command) (*ctrlv1.StopWorkspaceResponse, error) {
+				// A write the replay must undo.
+				if err := tx.InsertResource(ctx, &store.Resource{Kind: store.KindEgress, ID: state.String(), CreatedAt: time.Unix(1, 0), UpdatedAt: time.Unix(1, 0)}); err != nil {
+					return nil, err
+				}
+				return &ctrlv1.StopWorkspaceResponse{Workspace: &ctrlv1.Workspace{WorkspaceId: "ws-1", State: state}}, nil
+			},
+		}
+	}
+	first, err := Execute(t.Context(), e, spec(ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPED))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.stale.Store(true)
+	second, err := Execute(t.Context(), e, spec(ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPING))
+	if err != nil {
+		t.Fatalf("Execute after a stale look-up = %v, want the recorded result", err)
+	}
+	if !proto.Equal(first, second) {
+		t.Errorf("Execute after a stale look-up = %v, want the recorded %v", second, first)
+	}
+	if err := st.View(t.Context(), func(tx store.Tx) error {
+		_, err := tx.GetResource(t.Context(), store.KindEgress, ctrlv1.WorkspaceState_WORKSPACE_STATE_STOPPING.String())
+		if !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("the undone decision's write: %v, want not found", err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
