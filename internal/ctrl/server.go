@@ -641,7 +641,7 @@ func (s *Server) checkTunnel(ctx context.Context, node string, keyHash []byte, n
 		}
 		return nil
 	})
-	if err != nil {
+	if err != nil && ctx.Err() == nil { // at shutdown every check ends so: nothing to say
 		s.log.Warn("data tunnel check: store unreadable; the tunnel stays", "node_id", node, "error", err.Error())
 	}
 	return refused
