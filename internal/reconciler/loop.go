@@ -66,8 +66,8 @@ func (r *Reconciler) Run(ctx context.Context) error {
 // drain rule, failing a placement at its timeout, and silent-node
 // detection. Placing a Workspace on a node is done by the replicas that
 // hold a node's stream, as pushing is: a replica can place only on the
-// nodes connected to it, and the placement is one serializable
-// transaction that re-reads the row, so one placement wins.
+// nodes connected to it, and placements are serializable transactions
+// (placeBatch) that re-read each row, so one placement wins.
 func (r *Reconciler) pass(ctx context.Context) error {
 	if err := r.refreshNodes(ctx, r.leads()); err != nil && ctx.Err() == nil {
 		// The records learnt so far stay; the next pass reloads.
