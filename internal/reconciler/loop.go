@@ -42,6 +42,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	}
 	go r.wakeOnNotify(ctx)
 	go r.wakeOnNodes(ctx, changed, release)
+	go r.writeSeenEvery(ctx)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {

@@ -35,11 +35,10 @@ func TestMarkSilent(t *testing.T) {
 			r, st, clock := newTest(t, Config{NodeGrace: grace})
 			h := hello("n1", 4096, 4000, "", workspace.DefaultTemplate)
 			if tc.connected {
-				nc := connectNode(t, r, h)
+				connectNode(t, r, h)
 				if tc.message > 0 {
 					clock.Set(t0.Add(tc.message))
-					r.seen(nc)
-					r.heartbeat(t.Context(), "n1")
+					hear(t, r, "n1")
 				}
 			} else {
 				if err := r.register(t.Context(), h, func(store.NodeTx, *store.Node) error { return nil }); err != nil {
@@ -105,39 +104,64 @@ func TestMarkSilentQuiet(t *testing.T) {
 	}
 }
 
-// TestHeartbeat: the store's last_seen follows the reconciler's clock, at
-// most one write a second.
-func TestHeartbeat(t *testing.T) {
+// TestWriteSeen: the store's last_seen is when the node was last heard,
+// by the reconciler's clock, as of the last writeSeen; a writeSeen with
+// nothing heard since the last writes nothing; one writes every node heard.
+func TestWriteSeen(t *testing.T) {
 	r, st, clock := newTest(t, Config{})
-	connectNode(t, r, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
-	lastSeen := func() time.Time {
+	n1 := connectNode(t, r, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
+	lastSeen := func(id string) time.Time {
 		var n *store.Node
 		if err := st.View(t.Context(), func(tx store.Tx) error {
 			var err error
-			n, err = tx.GetNode(t.Context(), "n1")
+			n, err = tx.GetNode(t.Context(), id)
 			return err
 		}); err != nil {
 			t.Fatal(err)
 		}
 		return n.LastSeen
 	}
-	if got := lastSeen(); !got.Equal(t0) {
+	if got := lastSeen("n1"); !got.Equal(t0) {
 		t.Fatalf("last_seen after the Hello = %v, want %v", got, t0)
 	}
-	for _, tc := range []struct {
-		at, want time.Duration
-	}{
-		{500 * time.Millisecond, 0}, // within a second of the Hello
-		{1500 * time.Millisecond, 1500 * time.Millisecond},
-		{2 * time.Second, 1500 * time.Millisecond}, // within a second of the last write
-		{2600 * time.Millisecond, 2600 * time.Millisecond},
-	} {
-		clock.Set(t0.Add(tc.at))
-		r.heartbeat(t.Context(), "n1")
-		if got := lastSeen(); !got.Equal(t0.Add(tc.want)) {
-			t.Errorf("heartbeat at +%v: last_seen = +%v, want +%v", tc.at, got.Sub(t0), tc.want)
+	clock.Set(t0.Add(500 * time.Millisecond))
+	r.seen(n1)
+	if got := lastSeen("n1"); !got.Equal(t0) {
+		t.Errorf("last_seen before writeSeen = +%v, want the Hello's", got.Sub(t0))
+	}
+	r.writeSeen(t.Context())
+	if got := lastSeen("n1"); !got.Equal(t0.Add(500 * time.Millisecond)) {
+		t.Errorf("last_seen after writeSeen = +%v, want +500ms", got.Sub(t0))
+	}
+	clock.Set(t0.Add(2 * time.Second))
+	n2 := connectNode(t, r, hello("n2", 4096, 4000, "", workspace.DefaultTemplate))
+	r.writeSeen(t.Context()) // n1 not heard since, n2 just registered
+	if got := lastSeen("n1"); !got.Equal(t0.Add(500 * time.Millisecond)) {
+		t.Errorf("n1 not heard since: last_seen +%v, want +500ms", got.Sub(t0))
+	}
+	clock.Set(t0.Add(3 * time.Second))
+	r.seen(n1)
+	r.seen(n2)
+	r.writeSeen(t.Context())
+	for _, id := range []string{"n1", "n2"} {
+		if got := lastSeen(id); !got.Equal(t0.Add(3 * time.Second)) {
+			t.Errorf("%s heard at +3s: last_seen +%v", id, got.Sub(t0))
 		}
 	}
+}
+
+// hear is a message of node id's stream to r, written at once as Run's
+// writeSeen does every second.
+func hear(t *testing.T, r *Reconciler, id string) {
+	t.Helper()
+	r.mu.Lock()
+	nc := r.nodes[id]
+	r.mu.Unlock()
+	if nc == nil {
+		t.Fatalf("no stream of %s on this replica", id)
+	}
+	r.seen(nc)
+	r.writeSeen(t.Context())
 }
 
 // TestPassPushes: a pass places a pending Workspace and sends its desired

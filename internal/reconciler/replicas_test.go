@@ -97,7 +97,7 @@ func TestNodeReloadReadsChangedDocsOnly(t *testing.T) {
 		t.Fatalf("b knows %d nodes, want 3", len(before))
 	}
 	clock.Set(t0.Add(5 * time.Second))
-	a.heartbeat(t.Context(), "n1")
+	hear(t, a, "n1")
 	if err := b.loadNodes(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestSilentNodeOfAnotherReplica(t *testing.T) {
 		state: ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE})
 	for s := 5; s <= 30; s += 5 { // a heartbeat every 5 s, for 30 s
 		clock.Set(t0.Add(time.Duration(s) * time.Second))
-		a.heartbeat(t.Context(), "n1")
+		hear(t, a, "n1")
 		if err := b.pass(t.Context()); err != nil {
 			t.Fatal(err)
 		}
@@ -151,6 +151,7 @@ func TestSilentNodeOfAnotherReplica(t *testing.T) {
 	w, _ := load(t, st, "ws-1")
 	a.report(t.Context(), nc, &nodev1.ExecutionReport{WorkspaceId: "ws-1", Generation: w.Generation,
 		State: nodev1.ExecState_EXEC_STATE_RUNNING, HoldsExecution: true, LayerExists: true})
+	hear(t, a, "n1") // the report was a message of the stream
 	if _, pub := load(t, st, "ws-1"); pub.GetState() != ctrlv1.WorkspaceState_WORKSPACE_STATE_AVAILABLE {
 		t.Fatalf("after n1's report: state %v, want AVAILABLE", pub.GetState())
 	}
@@ -182,7 +183,7 @@ func TestPlacementTimeoutFleetWide(t *testing.T) {
 	seed(t, st, t0, row{id: "fits", power: running, generation: 1, state: wsCreate, memMiB: 256, command: "c-fits"})
 	at := func(d time.Duration) {
 		clock.Set(t0.Add(d))
-		a.heartbeat(t.Context(), "n1") // a hears n1 all along
+		hear(t, a, "n1") // a hears n1 all along
 		if err := b.loadNodes(t.Context()); err != nil {
 			t.Fatal(err)
 		}
@@ -333,7 +334,7 @@ func TestStaleStreamEpoch(t *testing.T) {
 	a2 := newReplica(st, clock, Config{})
 	ncA2 := a2.attach(hello("n1", 4096, 4000, ""), nil) // registered with no epoch of its own: stale
 	clock.Set(t0.Add(5 * time.Second))
-	a2.heartbeat(t.Context(), "n1")
+	hear(t, a2, "n1")
 	if n := stored(); !n.LastSeen.Equal(t0.Add(time.Second)) {
 		t.Errorf("a stale heartbeat wrote last_seen %v", n.LastSeen)
 	}
@@ -357,7 +358,7 @@ func TestStaleStreamEpoch(t *testing.T) {
 		t.Errorf("superseded: a's stale stream %v (want true), b's current one %v (want false)", a3.superseded(ncA3), b.superseded(ncB))
 	}
 	// b's stream is the current one: its heartbeat is written.
-	b.heartbeat(t.Context(), "n1")
+	hear(t, b, "n1")
 	if n := stored(); !n.LastSeen.Equal(t0.Add(5 * time.Second)) {
 		t.Errorf("the current stream's heartbeat: last_seen %v", n.LastSeen)
 	}

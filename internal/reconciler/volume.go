@@ -179,7 +179,6 @@ func (r *Reconciler) volumeReport(ctx context.Context, node string, rep *nodev1.
 	if completed {
 		r.store.Notify(volume.Topic(v.Res.ID))
 	}
-	r.heartbeat(ctx, node)
 	return nil
 }
 

@@ -20,12 +20,13 @@ type Node struct {
 	CertKeyHash []byte
 	// Epoch is the node's connection epoch: the registering transaction of
 	// each Hello stores the previous value plus one, and every write a
-	// stream makes afterwards (TouchNode, an Inventory) checks it, so a
+	// stream makes afterwards (Store.TouchNodes, an Inventory, a report)
+	// checks it, so a
 	// stream that a newer one superseded — on this replica or another —
 	// writes nothing. UpsertNode stores it as given.
 	Epoch int64
 	// Revision is set by the store: it increases by one at every
-	// UpsertNode of the node (1 when created) and never on TouchNode, so
+	// UpsertNode of the node (1 when created) and never on TouchNodes, so
 	// a replica re-reads the documents of only the nodes whose revision
 	// changed (NodeStates). UpsertNode ignores the value given.
 	Revision int64
@@ -57,6 +58,13 @@ type DeniedNodeKey struct {
 	Reason string
 }
 
+// NodeTouch is one node heard by a stream, for Store.TouchNodes.
+type NodeTouch struct {
+	ID    string
+	Epoch int64     // the connection epoch of the stream that heard it
+	Seen  time.Time // when that stream last heard it
+}
+
 // NodeTx are the node operations of a transaction.
 type NodeTx interface {
 	// UpsertNode creates or replaces a node.
@@ -68,11 +76,6 @@ type NodeTx interface {
 	// NodeStates returns every node's ID, last_seen, epoch and revision,
 	// by ID: one query, no document.
 	NodeStates(ctx context.Context) ([]NodeState, error)
-	// TouchNode sets the last_seen of node id to seen when its stored
-	// epoch is epoch, in one statement that changes nothing else (not the
-	// revision). ok is false, nothing written, when the node is missing or
-	// its epoch is another: a newer stream superseded the caller's.
-	TouchNode(ctx context.Context, id string, epoch int64, seen time.Time) (ok bool, err error)
 	// NodeEpoch returns the stored connection epoch of node id (reading
 	// nothing else of it); ErrNotFound when absent. A report's transaction
 	// checks it, so a superseded stream's report writes nothing.

@@ -37,6 +37,17 @@ type Store interface {
 	InTx(ctx context.Context, fn func(Tx) error) error
 	// View runs fn in a read-only transaction with a consistent snapshot.
 	View(ctx context.Context, fn func(Tx) error) error
+	// TouchNodes records when nodes were last heard: the last_seen of each
+	// touch's node becomes its Seen when the node's stored epoch is the
+	// touch's, and nothing else of the node changes (not its revision).
+	// It returns the IDs of the touches that wrote nothing: the node is
+	// missing, or a newer stream superseded the one that heard it. It is
+	// one write for every touch, outside InTx and not serializable:
+	// last_seen is a liveness hint on which no write transaction's
+	// invariant rests (a transaction that read the older value is ordered
+	// before the touch), so on PostgreSQL it is one READ COMMITTED
+	// statement with which no serializable transaction can conflict.
+	TouchNodes(ctx context.Context, touches []NodeTouch) (stale []string, err error)
 	// Secret returns the named server secret, creating it with create() on
 	// first use; every replica sharing the store gets the same value.
 	Secret(ctx context.Context, name string, create func() []byte) ([]byte, error)

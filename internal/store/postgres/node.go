@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -27,10 +26,48 @@ func (t *txn) NodeStates(ctx context.Context) ([]store.NodeState, error) {
 	return out, nil
 }
 
-// TouchNode implements store.Tx.
-func (t *txn) TouchNode(ctx context.Context, id string, epoch int64, seen time.Time) (bool, error) {
-	tag, err := t.exec(ctx, `UPDATE nodes SET last_seen = $1 WHERE id = $2 AND epoch = $3`, rowcodec.Micros(seen), id, epoch)
-	return tag.RowsAffected() == 1, err
+// touchNodesSQL updates the last_seen of every node whose epoch is the
+// touch's and returns the IDs it updated.
+const touchNodesSQL = `UPDATE nodes n SET last_seen = v.seen
+	FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS v(id, epoch, seen)
+	WHERE n.id = v.id AND n.epoch = v.epoch RETURNING n.id`
+
+// TouchNodes implements store.Store: one statement in a READ COMMITTED
+// transaction. Each row's epoch is checked on its latest committed version
+// (a concurrent registration that bumps it is waited for, then the row is
+// re-checked), so a superseded stream's touch writes nothing; no
+// serializable transaction can fail for it. A deadlock with another touch
+// of an overlapping set is tried again as InTx does.
+func (s *Store) TouchNodes(ctx context.Context, touches []store.NodeTouch) ([]string, error) {
+	if len(touches) == 0 {
+		return nil, nil
+	}
+	ids, epochs, seen := make([]string, len(touches)), make([]int64, len(touches)), make([]int64, len(touches))
+	for i, t := range touches {
+		ids[i], epochs[i], seen[i] = t.ID, t.Epoch, rowcodec.Micros(t.Seen)
+	}
+	var written map[string]bool
+	err := s.run(ctx, pgx.ReadCommitted, func(t *txn) error {
+		written = make(map[string]bool, len(touches))
+		return t.query(ctx, touchNodesSQL, []any{ids, epochs, seen}, func(rows pgx.Rows) error {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				return err
+			}
+			written[id] = true
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	var stale []string
+	for _, id := range ids {
+		if !written[id] {
+			stale = append(stale, id)
+		}
+	}
+	return stale, nil
 }
 
 // NodeEpoch implements store.Tx.

@@ -227,8 +227,14 @@ func (s *Store) InTx(ctx context.Context, fn func(store.Tx) error) error {
 }
 
 func (s *Store) inTx(ctx context.Context, fn func(*txn) error) error {
+	return s.run(ctx, pgx.Serializable, fn)
+}
+
+// run runs fn in a write transaction of isolation level iso, with InTx's
+// retries.
+func (s *Store) run(ctx context.Context, iso pgx.TxIsoLevel, fn func(*txn) error) error {
 	for attempt := 1; ; attempt++ {
-		retry, err := s.attempt(ctx, fn)
+		retry, err := s.attempt(ctx, iso, fn)
 		if !retry {
 			if errors.Is(err, store.ErrReadOnly) {
 				// A write transaction is read-only only on a
@@ -249,14 +255,14 @@ func (s *Store) inTx(ctx context.Context, fn func(*txn) error) error {
 	}
 }
 
-// attempt runs fn once in a new SERIALIZABLE transaction; retry reports a
-// serialization failure or deadlock (seen by any statement of fn, even one
-// whose error fn swallowed, or by COMMIT).
-func (s *Store) attempt(ctx context.Context, fn func(*txn) error) (retry bool, err error) {
+// attempt runs fn once in a new transaction of isolation level iso; retry
+// reports a serialization failure or deadlock (seen by any statement of fn,
+// even one whose error fn swallowed, or by COMMIT).
+func (s *Store) attempt(ctx context.Context, iso pgx.TxIsoLevel, fn func(*txn) error) (retry bool, err error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	tx, err := s.begin(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable})
+	tx, err := s.begin(ctx, pgx.TxOptions{IsoLevel: iso})
 	if err != nil {
 		return false, err
 	}

@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"time"
 
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/store/rowcodec"
@@ -26,10 +25,30 @@ func (t *txn) NodeStates(ctx context.Context) ([]store.NodeState, error) {
 	return out, nil
 }
 
-// TouchNode implements store.Tx.
-func (t *txn) TouchNode(ctx context.Context, id string, epoch int64, seen time.Time) (bool, error) {
-	n, err := t.execN(ctx, `UPDATE nodes SET last_seen = ? WHERE id = ? AND epoch = ?`, rowcodec.Micros(seen), id, epoch)
-	return n == 1, err
+// TouchNodes implements store.Store: one write transaction of an UPDATE
+// per touch.
+func (s *Store) TouchNodes(ctx context.Context, touches []store.NodeTouch) ([]string, error) {
+	if len(touches) == 0 {
+		return nil, nil
+	}
+	var stale []string
+	err := s.inTx(ctx, func(t *txn) error {
+		stale = nil
+		for _, n := range touches {
+			c, err := t.execN(ctx, `UPDATE nodes SET last_seen = ? WHERE id = ? AND epoch = ?`, rowcodec.Micros(n.Seen), n.ID, n.Epoch)
+			if err != nil {
+				return err
+			}
+			if c == 0 {
+				stale = append(stale, n.ID)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return stale, nil
 }
 
 // NodeEpoch implements store.Tx.

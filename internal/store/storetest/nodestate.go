@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -11,7 +12,7 @@ import (
 	"github.com/kibotos/kibotos/internal/store"
 )
 
-// nodeStateTests are the conformance tests of NodeStates, TouchNode, the
+// nodeStateTests are the conformance tests of NodeStates, TouchNodes, the
 // node epoch and revision, and GetLease.
 var nodeStateTests = []struct {
 	name string
@@ -23,8 +24,9 @@ var nodeStateTests = []struct {
 
 // testNodeStatesTouchEpoch: NodeStates reads every node's last_seen, epoch
 // and revision by ID; UpsertNode stores the epoch as given and increases
-// the revision; TouchNode writes last_seen only when the epoch matches,
-// and changes neither epoch nor revision.
+// the revision; TouchNodes writes last_seen only where the epoch matches,
+// returns the touches it did not write, and changes neither epoch nor
+// revision.
 func testNodeStatesTouchEpoch(t *testing.T, s store.Store) {
 	states := func() []store.NodeState {
 		t.Helper()
@@ -35,14 +37,20 @@ func testNodeStatesTouchEpoch(t *testing.T, s store.Store) {
 		})
 		return out
 	}
+	touchAll := func(touches ...store.NodeTouch) []string {
+		t.Helper()
+		stale, err := s.TouchNodes(context.Background(), touches)
+		if err != nil {
+			t.Fatalf("TouchNodes: %v", err)
+		}
+		return stale
+	}
 	touch := func(id string, epoch int64, at time.Time) bool {
 		t.Helper()
-		var ok bool
-		inTx(t, s, func(ctx context.Context, tx store.Tx) (err error) {
-			ok, err = tx.TouchNode(ctx, id, epoch, at)
-			return err
-		})
-		return ok
+		return len(touchAll(store.NodeTouch{ID: id, Epoch: epoch, Seen: at})) == 0
+	}
+	if stale := touchAll(); len(stale) != 0 {
+		t.Errorf("TouchNodes of nothing: stale %v", stale)
 	}
 	if got := states(); len(got) != 0 {
 		t.Fatalf("NodeStates of an empty store: %v", got)
@@ -62,17 +70,29 @@ func testNodeStatesTouchEpoch(t *testing.T, s store.Store) {
 	}
 	later := base.Add(time.Minute)
 	if !touch("b", 3, later) {
-		t.Error("TouchNode with the stored epoch: not written")
+		t.Error("TouchNodes with the stored epoch: not written")
 	}
 	if touch("b", 2, later.Add(time.Hour)) {
-		t.Error("TouchNode with an older epoch: written")
+		t.Error("TouchNodes with an older epoch: written")
 	}
 	if touch("missing", 0, later) {
-		t.Error("TouchNode of a missing node: written")
+		t.Error("TouchNodes of a missing node: written")
 	}
 	want[1].LastSeen = micro(later)
 	if diff := gocmp.Diff(want, states()); diff != "" {
-		t.Errorf("NodeStates after TouchNode (-want +got):\n%s", diff)
+		t.Errorf("NodeStates after TouchNodes (-want +got):\n%s", diff)
+	}
+	// Several at once: each is checked on its own.
+	stale := touchAll(store.NodeTouch{ID: "missing", Epoch: 0, Seen: later},
+		store.NodeTouch{ID: "a", Epoch: 1, Seen: later.Add(time.Second)},
+		store.NodeTouch{ID: "b", Epoch: 2, Seen: later.Add(time.Hour)})
+	slices.Sort(stale)
+	if !slices.Equal(stale, []string{"b", "missing"}) {
+		t.Errorf("TouchNodes of a, b (older epoch), missing: stale %v, want [b missing]", stale)
+	}
+	want[0].LastSeen = micro(later.Add(time.Second))
+	if diff := gocmp.Diff(want, states()); diff != "" {
+		t.Errorf("NodeStates after three TouchNodes (-want +got):\n%s", diff)
 	}
 	// Replacing a node: a new epoch, the next revision, the rest as given.
 	inTx(t, s, func(ctx context.Context, tx store.Tx) error {
@@ -81,7 +101,7 @@ func testNodeStatesTouchEpoch(t *testing.T, s store.Store) {
 			return err
 		}
 		if n.Epoch != 3 || n.Revision != 1 || !n.LastSeen.Equal(micro(later)) {
-			t.Errorf("GetNode after TouchNode = epoch %d revision %d last_seen %v", n.Epoch, n.Revision, n.LastSeen)
+			t.Errorf("GetNode after TouchNodes = epoch %d revision %d last_seen %v", n.Epoch, n.Revision, n.LastSeen)
 		}
 		n.Epoch++
 		return tx.UpsertNode(ctx, n)
@@ -91,7 +111,7 @@ func testNodeStatesTouchEpoch(t *testing.T, s store.Store) {
 		t.Errorf("NodeStates after UpsertNode (-want +got):\n%s", diff)
 	}
 	if touch("b", 3, later) {
-		t.Error("TouchNode with the superseded epoch: written")
+		t.Error("TouchNodes with the superseded epoch: written")
 	}
 	view(t, s, func(ctx context.Context, tx store.Tx) error {
 		if e, err := tx.NodeEpoch(ctx, "b"); err != nil || e != 4 {
@@ -104,10 +124,9 @@ func testNodeStatesTouchEpoch(t *testing.T, s store.Store) {
 	})
 	// A write in View is refused.
 	err := s.View(context.Background(), func(tx store.Tx) error {
-		_, err := tx.TouchNode(context.Background(), "b", 4, later)
-		return err
+		return tx.UpsertNode(context.Background(), &store.Node{ID: "c", CreatedAt: base, LastSeen: base})
 	})
-	wantErr(t, "TouchNode in View", err, store.ErrReadOnly)
+	wantErr(t, "UpsertNode in View", err, store.ErrReadOnly)
 }
 
 // testGetLease: a lease nobody tried is ErrNotFound; GetLease reads the
