@@ -4,12 +4,15 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -21,6 +24,7 @@ import (
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
+	"github.com/kibotos/kibotos/internal/node/agent"
 	"github.com/kibotos/kibotos/internal/node/netattach"
 	"github.com/kibotos/kibotos/internal/pki"
 )
@@ -47,7 +51,37 @@ func TestMain(m *testing.M) {
 type ctrlProc struct {
 	cmd    *exec.Cmd
 	url    string
-	stderr *bytes.Buffer
+	stderr *lockedBuffer
+}
+
+// ctrlWatchdog is how long a test may run after it started a kibotos-ctrl
+// (startCtrl) before that ctrl is made to print every goroutine's stack
+// (SIGQUIT, which also ends it) and the tail of its stderr is printed: a
+// test that waits on it for ever then fails, with the ctrl's side of the
+// wait in the log, instead of hanging until go test's timeout, whose dump
+// shows only the test's side. The longest of these tests takes about 40 s.
+const ctrlWatchdog = 8 * time.Minute
+
+// watchdog arms ctrlWatchdog for p, started by t.
+func (p *ctrlProc) watchdog(t *testing.T) {
+	printed := make(chan struct{})
+	timer := time.AfterFunc(ctrlWatchdog, func() {
+		defer close(printed)
+		fmt.Fprintf(os.Stderr, "e2e watchdog: %s still runs %v after it started kibotos-ctrl (pid %d); SIGQUIT to it\n",
+			t.Name(), ctrlWatchdog, p.cmd.Process.Pid)
+		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+		time.Sleep(3 * time.Second) // the dump is written
+		out := p.stderr.String()
+		if len(out) > 256<<10 {
+			out = out[len(out)-256<<10:]
+		}
+		fmt.Fprintf(os.Stderr, "e2e watchdog: the end of kibotos-ctrl's stderr (pid %d, %s):\n%s\n", p.cmd.Process.Pid, t.Name(), out)
+	})
+	t.Cleanup(func() {
+		if !timer.Stop() {
+			<-printed // fired: the test ends after the dump is out
+		}
+	})
 }
 
 func freePort(t *testing.T) string {
@@ -84,12 +118,13 @@ func startCtrl(t *testing.T, dataDir string, extra ...string) *ctrlProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &ctrlProc{cmd: cmd, stderr: &bytes.Buffer{}}
+	p := &ctrlProc{cmd: cmd, stderr: &lockedBuffer{}}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	p.watchdog(t)
 	found := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -217,4 +252,23 @@ func readAll(t *testing.T, p pki.DevPaths) []byte {
 		b = append(b, data...)
 	}
 	return b
+}
+
+// runAgent runs the in-process node agent a until t ends. Its end is
+// waited for 30 s at most; then t fails with every goroutine's stack: an
+// agent that does not end when told to is a bug to see, not a reason for
+// the tests to hang until go test's timeout.
+func runAgent(t *testing.T, a *agent.Agent) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			buf := make([]byte, 8<<20)
+			t.Errorf("the node agent did not end within 30 s of its cancellation; goroutines:\n%s", buf[:runtime.Stack(buf, true)])
+		}
+	})
 }

@@ -164,7 +164,20 @@ func TestNodeEnrollment(t *testing.T) {
 	// Restart the node without the token: it keeps its certificate and
 	// re-adopts the running workspace.
 	_ = node.Process.Signal(syscall.SIGTERM)
-	_ = node.Wait()
+	exited := make(chan struct{})
+	go func() { _ = node.Wait(); close(exited) }()
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		_ = node.Process.Signal(syscall.SIGQUIT) // every goroutine's stack into its log, and the end
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			_ = node.Process.Kill()
+			<-exited
+		}
+		t.Fatalf("kibotos-node did not end within 30 s of SIGTERM; its log:\n%s", nodeLog)
+	}
 	_, nodeLog = startNode()
 	waitCap()
 	if _, err := ws.DeleteWorkspace(ctx, connect.NewRequest(&ctrlv1.DeleteWorkspaceRequest{Metadata: md("enroll-ws-1-del"), WorkspaceId: id, ExpectedExpirationRevision: 1})); err != nil {

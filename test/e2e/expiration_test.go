@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -167,10 +166,7 @@ func (e *soakEnv) startFakeNode() {
 			return []*nodev1.TemplateInfo{{TemplateId: soakTemplate, Version: "soak-1"}}
 		},
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	runAgent(t, a)
 }
 
 // waitCapability waits until replica i serves capability c.

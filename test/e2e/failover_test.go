@@ -183,9 +183,6 @@ func (e *soakEnv) startDoubleNode(id string, replicas ...int) (*ctrlset.Set, *st
 			return []*nodev1.TemplateInfo{{TemplateId: soakTemplate, Version: "soak-1"}}
 		},
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	runAgent(t, a)
 	return set, logs
 }

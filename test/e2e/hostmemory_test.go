@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"fmt"
 	"net/http"
 	"os"
@@ -103,7 +102,7 @@ func TestHostMemoryStopsLargest(t *testing.T) {
 		if err != nil {
 			t.Fatalf("CreateWorkspace(%s, %d MiB): %v", name, mib, err)
 		}
-		return &dpEnv{t: t, dataDir: dataDir, nodeRoot: nodeRoot, p: &ctrlProc{url: url, stderr: &bytes.Buffer{}},
+		return &dpEnv{t: t, dataDir: dataDir, nodeRoot: nodeRoot, p: &ctrlProc{url: url, stderr: &lockedBuffer{}},
 			ws: ws, sessions: sessions, proc: proc, id: cr.Msg.GetWorkspace().GetWorkspaceId()}
 	}
 	big, small := create("big", 1536), create("small", 128)

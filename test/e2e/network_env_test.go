@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -205,7 +204,7 @@ func (e *netEnv) workspace(p *ctrlv1.NetworkPolicy) *netWS {
 	if err != nil {
 		e.t.Fatalf("CreateWorkspace: %v", err)
 	}
-	w := &netWS{env: e, dpEnv: &dpEnv{t: e.t, dataDir: e.dataDir, nodeRoot: e.nodeRoot, p: &ctrlProc{url: e.url, stderr: &bytes.Buffer{}},
+	w := &netWS{env: e, dpEnv: &dpEnv{t: e.t, dataDir: e.dataDir, nodeRoot: e.nodeRoot, p: &ctrlProc{url: e.url, stderr: &lockedBuffer{}},
 		ws: e.ws, sessions: e.sessions, proc: e.proc, id: cr.Msg.GetWorkspace().GetWorkspaceId()}}
 	w.waitReady()
 	w.tok = w.token()
