@@ -165,6 +165,7 @@ type pgStats struct {
 	connections                 int64 // backends on the database
 	workspaces, commands, nodes int64 // rows
 	tables                      string
+	settings                    string // the server settings that bear on contention
 }
 
 func (d *pgDB) stats(ctx context.Context) pgStats {
@@ -190,6 +191,8 @@ func (d *pgDB) stats(ctx context.Context) pgStats {
 		return s
 	}
 	_ = conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM workspaces), (SELECT count(*) FROM commands), (SELECT count(*) FROM nodes)`).Scan(&s.workspaces, &s.commands, &s.nodes)
+	_ = conn.QueryRow(ctx, `SELECT string_agg(name || ' ' || setting, ', ' ORDER BY name) FROM pg_settings
+		WHERE name IN ('max_pred_locks_per_transaction', 'max_pred_locks_per_page', 'max_pred_locks_per_relation', 'synchronous_commit')`).Scan(&s.settings)
 	rows, err := conn.Query(ctx, `SELECT relname, pg_total_relation_size(relid) FROM pg_stat_user_tables ORDER BY 2 DESC LIMIT 5`)
 	if err == nil {
 		var parts []string

@@ -68,6 +68,7 @@ func (r *report) markdown() string {
 		sec := idleWall.Seconds()
 		w("| PostgreSQL idle with the nodes | %.1f commits/s, %.1f rows updated/s, %.1f KiB/s of WAL (server-wide); %d backends |\n",
 			float64(r.pg0.commits-r.pgI.commits)/sec, float64(r.pg0.updated-r.pgI.updated)/sec, float64(r.pg0.walBytes-r.pgI.walBytes)/1024/sec, r.pg0.connections)
+		w("| PostgreSQL settings | %s |\n", r.pg0.settings)
 	}
 	w("| harness (hollow nodes) RSS / CPU idle | %.1f MiB / %.3f cores |\n", mib(r.idle1.selfRSS), (r.idle1.self-r.idle0.self).Seconds()/idleWall.Seconds())
 	w("\n### Commands (open loop, %g/s, spread over the replicas)\n\n| command | ok | errors | p50 ms | p99 ms | max ms | wall | pacer lag max |\n|---|---|---|---|---|---|---|---|\n", o.rate)

@@ -54,6 +54,28 @@ func registerStore(reg *prometheus.Registry, st any) {
 	}
 }
 
+// adviser is a store that can say which of its server's settings to
+// change (postgres.Store.SettingAdvice).
+type adviser interface {
+	SettingAdvice(ctx context.Context) ([]string, error)
+}
+
+// adviseStore logs, at start, what the store advises to set.
+func adviseStore(ctx context.Context, log *slog.Logger, st any) {
+	a, ok := st.(adviser)
+	if !ok {
+		return
+	}
+	lines, err := a.SettingAdvice(ctx)
+	if err != nil {
+		log.Warn("read the store's settings", "error", err.Error())
+		return
+	}
+	for _, l := range lines {
+		log.Warn(l)
+	}
+}
+
 // commandIDer is every write request.
 type commandIDer interface {
 	GetMetadata() *ctrlv1.CommandMetadata

@@ -160,6 +160,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 
 	s := &Server{cfg: cfg, log: log, metrics: newMetrics(cfg.Registry), tunnels: &tunnel.Registry{Log: log}, retain: retain}
 	registerStore(cfg.Registry, cfg.Store)
+	adviseStore(ctx, log, cfg.Store)
 	s.fleet = lease.New(lease.Config{Store: cfg.Store, Name: lease.Fleet, Log: log,
 		OnAcquire: func(int64) { s.recon.Kick() }}) // the work it gates starts at once
 	retain.Leader = s.fleet.IsHeld
