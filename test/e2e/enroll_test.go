@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -58,7 +59,9 @@ func TestNodeEnrollment(t *testing.T) {
 	p := startCtrl(t, dataDir, "--dev-no-node")
 	paths := pki.DevPathsIn(dataDir)
 	kibo := func(args ...string) (string, string, error) {
-		cmd := exec.Command(buildBinary(t, "kibo"), args...)
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute) // a hang fails the test
+		defer cancel()
+		cmd := exec.CommandContext(ctx, buildBinary(t, "kibo"), args...)
 		cmd.Env = append(os.Environ(), "KIBO_ENDPOINT="+p.url, "KIBO_CA="+paths.CA, "KIBO_CERT="+paths.Operator, "KIBO_KEY="+paths.OperatorKey)
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb

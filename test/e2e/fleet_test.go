@@ -3,9 +3,11 @@ package e2e
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -237,12 +239,18 @@ func tinyRootfs(t *testing.T, marker string) []byte {
 	return buf.Bytes()
 }
 
-// kibo runs the kibo binary against the fleet's ctrl.
+// kibo runs the kibo binary against the fleet's ctrl, for 2 minutes at
+// most (then it is killed, and the error says so).
 func (f *fleet) kibo(args ...string) (string, error) {
 	paths := pki.DevPathsIn(f.dataDir)
-	cmd := exec.Command(buildBinary(f.t, "kibo"), args...)
+	ctx, cancel := context.WithTimeout(f.t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, buildBinary(f.t, "kibo"), args...)
 	cmd.Env = append(os.Environ(), "KIBO_ENDPOINT="+f.ctrl.url, "KIBO_CA="+paths.CA, "KIBO_CERT="+paths.Operator, "KIBO_KEY="+paths.OperatorKey)
 	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		err = fmt.Errorf("kibo %q did not end within 2 minutes: %w", args, err)
+	}
 	return string(out), err
 }
 
