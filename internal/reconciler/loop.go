@@ -113,6 +113,7 @@ func (r *Reconciler) pass(ctx context.Context) error {
 			continue // a failed placement waits for a new command
 		}
 		if refused, err := r.refuseOversized(ctx, w); err != nil {
+			r.pushLogged(ctx, ready) // what is placed goes to its node anyway
 			return err
 		} else if refused {
 			continue // beyond its node: the start failed (resources.go)
@@ -121,6 +122,9 @@ func (r *Reconciler) pass(ctx context.Context) error {
 			ready = append(ready, w)
 		} else if batch = append(batch, w.ID); len(batch) == pushChunk {
 			if err := placeAll(); err != nil {
+				// The batches placed before this one are pushed now, not
+				// at the next pass.
+				r.pushLogged(ctx, ready)
 				return err
 			}
 		}
@@ -131,6 +135,7 @@ func (r *Reconciler) pass(ctx context.Context) error {
 	}
 	if len(batch) > 0 {
 		if err := placeAll(); err != nil {
+			r.pushLogged(ctx, ready)
 			return err
 		}
 	}

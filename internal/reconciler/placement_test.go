@@ -303,3 +303,39 @@ func TestPlaceBatch(t *testing.T) {
 		t.Errorf("placeEach = %+v, %v; want ws-good placed, no error", ps, err)
 	}
 }
+
+// TestPassPushesBeforeFailedBatch: when a pass's placement fails (here a
+// batch of rows that do not decode), the placed Workspaces the pass had
+// gathered to push are pushed to their node at once, not at the next
+// pass.
+func TestPassPushesBeforeFailedBatch(t *testing.T) {
+	r, st, _ := newTest(t, Config{})
+	nc := connectNode(t, r, hello("n1", 1<<20, 1<<20, "", workspace.DefaultTemplate))
+	for i := range 5 { // placed, not pushed yet
+		seed(t, st, t0, row{id: fmt.Sprintf("ws-a%d", i), node: "n1", power: running, generation: 1, state: wsCreate, memMiB: 1, command: fmt.Sprintf("c-a%d", i)})
+	}
+	for i := range pushChunk { // a batch that cannot be placed
+		id := fmt.Sprintf("ws-b%02d", i)
+		seed(t, st, t0, row{id: id, power: running, generation: 1, state: wsCreate, memMiB: 1, command: "c-" + id})
+		if err := st.InTx(t.Context(), func(tx store.Tx) error {
+			w, err := tx.GetWorkspace(t.Context(), id)
+			if err != nil {
+				return err
+			}
+			w.Doc = []byte("not a workspace")
+			return tx.UpdateWorkspace(t.Context(), w)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.pass(t.Context()); err == nil {
+		t.Fatal("pass with a batch that does not decode = nil, want its error")
+	}
+	pushed := 0
+	for len(nc.send) > 0 {
+		pushed += len((<-nc.send).GetDesired().GetWorkspaces())
+	}
+	if pushed != 5 {
+		t.Errorf("pushed %d Workspaces in the failed pass, want the 5 placed", pushed)
+	}
+}
