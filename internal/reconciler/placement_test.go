@@ -285,16 +285,7 @@ func TestPlaceBatch(t *testing.T) {
 	// A row that does not decode.
 	seed(t, st, t0, row{id: "ws-bad", power: running, generation: 1, state: wsCreate, memMiB: 1, command: "c-ws-bad"})
 	seed(t, st, t0, row{id: "ws-good", power: running, generation: 1, state: wsCreate, memMiB: 1, command: "c-ws-good"})
-	if err := st.InTx(t.Context(), func(tx store.Tx) error {
-		w, err := tx.GetWorkspace(t.Context(), "ws-bad")
-		if err != nil {
-			return err
-		}
-		w.Doc = []byte("not a workspace")
-		return tx.UpdateWorkspace(t.Context(), w)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	corrupt(t, st, "ws-bad")
 	if _, err := r.placeBatch(t.Context(), []string{"ws-bad", "ws-good"}); err == nil {
 		t.Fatalf("placeBatch with a row that does not decode = nil, want its error")
 	}
@@ -317,16 +308,7 @@ func TestPassPushesBeforeFailedBatch(t *testing.T) {
 	for i := range pushChunk { // a batch that cannot be placed
 		id := fmt.Sprintf("ws-b%02d", i)
 		seed(t, st, t0, row{id: id, power: running, generation: 1, state: wsCreate, memMiB: 1, command: "c-" + id})
-		if err := st.InTx(t.Context(), func(tx store.Tx) error {
-			w, err := tx.GetWorkspace(t.Context(), id)
-			if err != nil {
-				return err
-			}
-			w.Doc = []byte("not a workspace")
-			return tx.UpdateWorkspace(t.Context(), w)
-		}); err != nil {
-			t.Fatal(err)
-		}
+		corrupt(t, st, id)
 	}
 	if err := r.pass(t.Context()); err == nil {
 		t.Fatal("pass with a batch that does not decode = nil, want its error")
@@ -337,5 +319,20 @@ func TestPassPushesBeforeFailedBatch(t *testing.T) {
 	}
 	if pushed != 5 {
 		t.Errorf("pushed %d Workspaces in the failed pass, want the 5 placed", pushed)
+	}
+}
+
+// corrupt makes Workspace id's stored document one that does not decode.
+func corrupt(t *testing.T, st store.Store, id string) {
+	t.Helper()
+	if err := st.InTx(t.Context(), func(tx store.Tx) error {
+		w, err := tx.GetWorkspace(t.Context(), id)
+		if err != nil {
+			return err
+		}
+		w.Doc = []byte("not a workspace")
+		return tx.UpdateWorkspace(t.Context(), w)
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
