@@ -108,38 +108,41 @@ func (r *Reconciler) pass(ctx context.Context) error {
 		batch = batch[:0]
 		return err
 	}
-	for _, w := range pending {
-		if w.CommandID == "" && w.NodeID == "" {
-			continue // a failed placement waits for a new command
-		}
-		if refused, err := r.refuseOversized(ctx, w); err != nil {
-			r.pushLogged(ctx, ready) // what is placed goes to its node anyway
-			return err
-		} else if refused {
-			continue // beyond its node: the start failed (resources.go)
-		}
-		if w.NodeID != "" {
-			ready = append(ready, w)
-		} else if batch = append(batch, w.ID); len(batch) == pushChunk {
-			if err := placeAll(); err != nil {
-				// The batches placed before this one are pushed now, not
-				// at the next pass.
-				r.pushLogged(ctx, ready)
+	// placeAllPending places the pending Workspaces, pushing every
+	// pushChunk placed; what it placed before an error is pushed all the
+	// same, below, not at the next pass.
+	placeAllPending := func() error {
+		for _, w := range pending {
+			if w.CommandID == "" && w.NodeID == "" {
+				continue // a failed placement waits for a new command
+			}
+			if refused, err := r.refuseOversized(ctx, w); err != nil {
 				return err
+			} else if refused {
+				continue // beyond its node: the start failed (resources.go)
+			}
+			if w.NodeID != "" {
+				ready = append(ready, w)
+			} else if batch = append(batch, w.ID); len(batch) == pushChunk {
+				if err := placeAll(); err != nil {
+					return err
+				}
+			}
+			if len(ready) >= pushChunk {
+				r.pushLogged(ctx, ready)
+				ready = ready[:0]
 			}
 		}
-		if len(ready) >= pushChunk {
-			r.pushLogged(ctx, ready)
-			ready = ready[:0]
+		if len(batch) > 0 {
+			return placeAll()
 		}
+		return nil
 	}
-	if len(batch) > 0 {
-		if err := placeAll(); err != nil {
-			r.pushLogged(ctx, ready)
-			return err
-		}
-	}
+	err := placeAllPending()
 	r.pushLogged(ctx, ready)
+	if err != nil {
+		return err
+	}
 	if err := r.pushVolumes(ctx); err != nil && ctx.Err() == nil {
 		r.log.Warn("push desired volumes", "error", err.Error())
 	}
@@ -151,7 +154,7 @@ func (r *Reconciler) pass(ctx context.Context) error {
 		r.mu.Unlock()
 		return nil // the fleet lease's holder judges silence
 	}
-	_, err := r.markSilent(ctx)
+	_, err = r.markSilent(ctx)
 	return err
 }
 
