@@ -477,6 +477,13 @@ type usageCache struct {
 	loaded time.Time // by the monotonic wall clock, not Config.Now
 }
 
+// placementQueue is the store queue (store.Store.InTxQueued) of every
+// placement transaction: the replicas holding node streams all place the
+// same pending Workspaces, each on its own nodes, and in the queue their
+// transactions wait for each other instead of making PostgreSQL abort
+// them (the one that comes second finds the rows placed and skips them).
+const placementQueue = "placement"
+
 // placement is what placing one Workspace came to.
 type placement struct {
 	placed    *store.Workspace // the row placed, nil when not
@@ -503,7 +510,7 @@ type placement struct {
 func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bool, error) {
 	var p placement
 	var d *decider
-	err := r.store.InTx(ctx, func(tx store.Tx) error {
+	err := r.store.InTxQueued(ctx, placementQueue, func(tx store.Tx) error {
 		var err error
 		if d, err = r.newDecider(ctx, tx, r.connected()); err != nil {
 			return err
@@ -529,7 +536,7 @@ func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bo
 func (r *Reconciler) placeBatch(ctx context.Context, ids []string) ([]placement, error) {
 	var out []placement
 	var d *decider
-	err := r.store.InTx(ctx, func(tx store.Tx) error {
+	err := r.store.InTxQueued(ctx, placementQueue, func(tx store.Tx) error {
 		out = make([]placement, len(ids))
 		var err error
 		if d, err = r.newDecider(ctx, tx, r.connected()); err != nil {
