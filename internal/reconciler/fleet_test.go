@@ -542,8 +542,16 @@ func benchChoose(b *testing.B, r *Reconciler, st store.Store, expire bool) {
 		}
 		var got *candidate
 		if err := st.View(ctx, func(tx store.Tx) error {
-			var err error
-			got, _, err = r.choose(ctx, tx, pub)
+			d, err := r.newDecider(ctx, tx, r.connected())
+			if err != nil {
+				return err
+			}
+			got, _, _, err = d.decide(ctx, tx, pub)
+			if !expire {
+				// What placement's commit does: the cache holds what the
+				// decider read, every node's use once a second.
+				d.learn()
+			}
 			if err == nil && got != nil {
 				_, err = r.placeable(ctx, tx, got.id)
 			}
