@@ -29,6 +29,7 @@ package main
 
 import (
 	"context"
+	"debug/buildinfo"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -118,6 +119,8 @@ func run() error {
 	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
 		return fmt.Errorf("go build: %v\n%s", err, out)
 	}
+	built := builtFrom(bin)
+	logf("kibotos-ctrl: %s", built)
 	var env []string
 	if o.prof != "" {
 		abs, err := filepath.Abs(o.prof)
@@ -141,6 +144,7 @@ func run() error {
 		if err != nil {
 			return fmt.Errorf("%d replica(s): %w", k, err)
 		}
+		r.built = built
 		reports = append(reports, r)
 		fmt.Fprint(os.Stderr, r.markdown())
 	}
@@ -788,4 +792,34 @@ func (p phase) pct(q float64) time.Duration { return pctOf(p.lats, q) }
 func (p phase) summary() string {
 	return fmt.Sprintf("%d ok, %d errors, p50 %.1f ms, p99 %.1f ms, max %.1f ms, %v", len(p.lats), p.errs,
 		benchkit.MS(p.pct(0.5)), benchkit.MS(p.pct(0.99)), benchkit.MS(p.pct(1)), p.wall.Round(time.Millisecond))
+}
+
+// builtFrom says which source the kibotos-ctrl at bin was built from, by
+// the version control settings go build stamps into it: the harness builds
+// ctrl from the working directory, so a report of a tree with uncommitted
+// changes must say so.
+func builtFrom(bin string) string {
+	info, err := buildinfo.ReadFile(bin)
+	if err != nil {
+		return "unknown source (" + err.Error() + ")"
+	}
+	var rev, modified string
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value
+		}
+	}
+	if rev == "" {
+		return "unknown commit (no version control stamp)"
+	}
+	if len(rev) > 12 {
+		rev = rev[:12]
+	}
+	if modified == "true" {
+		return "commit " + rev + " with uncommitted changes"
+	}
+	return "commit " + rev
 }

@@ -15,6 +15,7 @@ type report struct {
 	replicas                                    int
 	store                                       string
 	load                                        []string // load averages at the ends of the phases
+	built                                       string   // the source ctrl was built from (builtFrom)
 	base, idle0, idle1, created, held0, held1   usage
 	restarted, end                              usage
 	connect, listed                             time.Duration
@@ -52,7 +53,8 @@ func (r *report) markdown() string {
 	if o.postgres != "" {
 		w(" -postgres URL")
 	}
-	w("`\n\n%s, %s CPUs (%s); GOMAXPROCS %d in the harness. The harness (all agents), ctrl and PostgreSQL share the machine with other work; load averages (1, 5, 15 min) at the end of each phase: %s.\n\n",
+	w("`\n\nkibotos-ctrl built from %s. ", r.built)
+	w("%s, %s CPUs (%s); GOMAXPROCS %d in the harness. The harness (all agents), ctrl and PostgreSQL share the machine with other work; load averages (1, 5, 15 min) at the end of each phase: %s.\n\n",
 		time.Now().UTC().Format("2006-01-02 15:04 UTC"), benchkit.NProc(), benchkit.CPUModel(), runtime.GOMAXPROCS(0), strings.Join(r.load, "; "))
 	w("### Nodes\n\n| measure | value |\n|---|---|\n")
 	w("| %d streams open (agent's \"ctrl stream open\", from the first agent started) | %v |\n", o.nodes, r.connect.Round(time.Millisecond))
