@@ -53,6 +53,7 @@ import (
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
 	nodev1 "github.com/kibotos/kibotos/gen/kibotos/node/v1"
+	kbuild "github.com/kibotos/kibotos/internal/buildinfo"
 	"github.com/kibotos/kibotos/internal/node/agent"
 	"github.com/kibotos/kibotos/internal/node/agent/agenttest"
 	"github.com/kibotos/kibotos/internal/node/ctrlset"
@@ -116,7 +117,7 @@ func run() error {
 	if o.prof != "" {
 		pkg = "./bench/ctrlprof"
 	}
-	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-buildvcs=auto", "-o", bin, pkg).CombinedOutput(); err != nil {
 		return fmt.Errorf("go build: %v\n%s", err, out)
 	}
 	built := builtFrom(bin)
@@ -795,31 +796,14 @@ func (p phase) summary() string {
 }
 
 // builtFrom says which source the kibotos-ctrl at bin was built from, by
-// the version control settings go build stamps into it: the harness builds
-// ctrl from the working directory, so a report of a tree with uncommitted
-// changes must say so.
+// the version control stamp go build puts into it ("-dirty": with
+// uncommitted changes; -buildvcs=auto, since GOFLAGS may turn it off):
+// the harness builds ctrl from the working directory, so a report of a
+// modified tree must say so.
 func builtFrom(bin string) string {
 	info, err := buildinfo.ReadFile(bin)
 	if err != nil {
 		return "unknown source (" + err.Error() + ")"
 	}
-	var rev, modified string
-	for _, s := range info.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			modified = s.Value
-		}
-	}
-	if rev == "" {
-		return "unknown commit (no version control stamp)"
-	}
-	if len(rev) > 12 {
-		rev = rev[:12]
-	}
-	if modified == "true" {
-		return "commit " + rev + " with uncommitted changes"
-	}
-	return "commit " + rev
+	return "commit " + kbuild.Of(info)
 }

@@ -18,6 +18,14 @@ func Revision() string {
 	if !ok {
 		return "unknown"
 	}
+	return Of(info)
+}
+
+// Of returns the VCS revision the Go toolchain stamped into the build
+// described by info, with "-dirty" when the tree had uncommitted changes,
+// or "unknown": for this binary (Revision) or another one
+// (debug/buildinfo.ReadFile).
+func Of(info *debug.BuildInfo) string {
 	var rev, dirty string
 	for _, s := range info.Settings {
 		switch s.Key {

@@ -157,13 +157,11 @@ func TestOpenURLSearchPath(t *testing.T) {
 // pgconnError is a serialization failure as PostgreSQL reports it.
 var pgconnError = pgconn.PgError{Code: codeSerializationFailure, Message: "test: could not serialize access"}
 
-// TestRetry checks that a serialization failure runs fn again and that the
-// attempts are bounded.
-func TestRetry(t *testing.T) {
-	s := openTest(t)
+// insertAB stores the Egresses "a" and "b", which the write skew of
+// TestRetry and TestQueueOrders reads and writes.
+func insertAB(t *testing.T, s *Store) {
+	t.Helper()
 	ctx := context.Background()
-	// Two transactions each read what the other writes (write skew):
-	// SERIALIZABLE fails one, which runs again and succeeds.
 	if err := s.InTx(ctx, func(tx store.Tx) error {
 		if err := tx.InsertResource(ctx, resource("a", nil)); err != nil {
 			return err
@@ -172,6 +170,16 @@ func TestRetry(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestRetry checks that a serialization failure runs fn again and that the
+// attempts are bounded.
+func TestRetry(t *testing.T) {
+	s := openTest(t)
+	ctx := context.Background()
+	// Two transactions each read what the other writes (write skew):
+	// SERIALIZABLE fails one, which runs again and succeeds.
+	insertAB(t, s)
 	var attempts atomic.Int32
 	var ready sync.WaitGroup
 	ready.Add(2)

@@ -18,14 +18,7 @@ import (
 func TestQueueOrders(t *testing.T) {
 	s := openTest(t)
 	ctx := context.Background()
-	if err := s.InTx(ctx, func(tx store.Tx) error {
-		if err := tx.InsertResource(ctx, resource("a", nil)); err != nil {
-			return err
-		}
-		return tx.InsertResource(ctx, resource("b", nil))
-	}); err != nil {
-		t.Fatal(err)
-	}
+	insertAB(t, s)
 	var attempts atomic.Int32
 	held := make(chan struct{})
 	var holding sync.Once
