@@ -86,8 +86,9 @@ func (s *Store) queued(ctx context.Context, queue string) (*pgxpool.Conn, error)
 	cancel()
 	if err != nil {
 		// A wait cut short by its context closed the connection (pgx
-		// does), and with it the lock had it been granted meanwhile: the
-		// pool drops it.
+		// does; the pool drops it). Its server process may still stand
+		// in the lock's line: it gets the lock in its turn, finds the
+		// connection closed and ends, which releases it.
 		conn.Release()
 		return nil, ctx.Err()
 	}
