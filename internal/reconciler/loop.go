@@ -93,52 +93,9 @@ func (r *Reconciler) pass(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	var batch []string           // unplaced: placed together (placeBatch)
-	var ready []*store.Workspace // placed: pushed together
-	placeAll := func() error {
-		ps, err := r.placeEach(ctx, batch)
-		for i, p := range ps {
-			if p.completed {
-				r.store.Notify(store.WorkspaceTopic(batch[i]))
-			}
-			if p.placed != nil {
-				ready = append(ready, p.placed)
-			}
-		}
-		batch = batch[:0]
-		return err
-	}
-	// placeAllPending places the pending Workspaces, pushing every
-	// pushChunk placed; what it placed before an error is pushed all the
-	// same, below, not at the next pass.
-	placeAllPending := func() error {
-		for _, w := range pending {
-			if w.CommandID == "" && w.NodeID == "" {
-				continue // a failed placement waits for a new command
-			}
-			if refused, err := r.refuseOversized(ctx, w); err != nil {
-				return err
-			} else if refused {
-				continue // beyond its node: the start failed (resources.go)
-			}
-			if w.NodeID != "" {
-				ready = append(ready, w)
-			} else if batch = append(batch, w.ID); len(batch) == pushChunk {
-				if err := placeAll(); err != nil {
-					return err
-				}
-			}
-			if len(ready) >= pushChunk {
-				r.pushLogged(ctx, ready)
-				ready = ready[:0]
-			}
-		}
-		if len(batch) > 0 {
-			return placeAll()
-		}
-		return nil
-	}
-	err := placeAllPending()
+	// What was placed before an error is pushed all the same, now, not at
+	// the next pass.
+	ready, err := r.placePending(ctx, pending)
 	r.pushLogged(ctx, ready)
 	if err != nil {
 		return err
@@ -156,6 +113,54 @@ func (r *Reconciler) pass(ctx context.Context) error {
 	}
 	_, err = r.markSilent(ctx)
 	return err
+}
+
+// placePending places the unplaced Workspaces of pending, pushChunk to a
+// transaction (placeEach), and pushes the placed ones, those pending
+// placed before and those it placed, pushChunk at a time. It returns the
+// placed ones it has not pushed yet, also when it fails: the caller
+// pushes them.
+func (r *Reconciler) placePending(ctx context.Context, pending []*store.Workspace) ([]*store.Workspace, error) {
+	var batch []string           // unplaced: placed together
+	var ready []*store.Workspace // placed: pushed together
+	placeAll := func() error {
+		ps, err := r.placeEach(ctx, batch)
+		for i, p := range ps {
+			if p.completed {
+				r.store.Notify(store.WorkspaceTopic(batch[i]))
+			}
+			if p.placed != nil {
+				ready = append(ready, p.placed)
+			}
+		}
+		batch = batch[:0]
+		return err
+	}
+	for _, w := range pending {
+		if w.CommandID == "" && w.NodeID == "" {
+			continue // a failed placement waits for a new command
+		}
+		if refused, err := r.refuseOversized(ctx, w); err != nil {
+			return ready, err
+		} else if refused {
+			continue // beyond its node: the start failed (resources.go)
+		}
+		if w.NodeID != "" {
+			ready = append(ready, w)
+		} else if batch = append(batch, w.ID); len(batch) == pushChunk {
+			if err := placeAll(); err != nil {
+				return ready, err
+			}
+		}
+		if len(ready) >= pushChunk {
+			r.pushLogged(ctx, ready)
+			ready = ready[:0]
+		}
+	}
+	if len(batch) > 0 {
+		return ready, placeAll()
+	}
+	return ready, nil
 }
 
 // pushChunk is how many Workspaces a pass places in one transaction
