@@ -10,11 +10,11 @@ import (
 )
 
 // TestFleetLease: a replica without the fleet lease (Config.Leader false)
-// does none of the fleet-wide work — it fails no placement at its timeout
-// and marks no silent node's Workspaces UNKNOWN — while it still places on
-// the node connected to it (stream-holder work, as pushing); once it holds
-// the lease, its next pass does that work, judging silence from when it
-// took the lease (or started).
+// does none of the fleet-wide work — it places nothing, fails no placement
+// at its timeout and marks no silent node's Workspaces UNKNOWN — while it
+// still pushes to the node connected to it (stream-holder work); once it
+// holds the lease, its next pass does that work, judging silence from when
+// it took the lease (or started).
 func TestFleetLease(t *testing.T) {
 	t.Run("placement timeout", func(t *testing.T) {
 		var leads atomic.Bool
@@ -95,15 +95,26 @@ func TestFleetLease(t *testing.T) {
 			t.Fatalf("the grace after the start: state = %v, want UNKNOWN", pub.GetState())
 		}
 	})
-	t.Run("placement on a connected node", func(t *testing.T) {
-		r, st, _ := newTest(t, Config{Leader: func() bool { return false }})
+	t.Run("placement", func(t *testing.T) {
+		// Placing is the holder's work, even on a node whose stream the
+		// replica holds; pushing a placed one is every stream holder's.
+		var leads atomic.Bool
+		r, st, _ := newTest(t, Config{Leader: leads.Load})
 		nc := connectNode(t, r, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
 		seed(t, st, t0, row{id: "ws-1", power: running, generation: 1, state: wsCreate, memMiB: 256, command: "c-1"})
+		seed(t, st, t0, row{id: "ws-2", node: "n1", power: running, generation: 1, state: wsCreate, memMiB: 256, command: "c-2"})
 		if err := r.pass(t.Context()); err != nil {
 			t.Fatalf("pass = %v", err)
 		}
-		if w, _ := load(t, st, "ws-1"); w.NodeID != "n1" || len(nc.send) != 1 {
-			t.Fatalf("NodeID = %q, %d sent; want n1, 1", w.NodeID, len(nc.send))
+		if w, _ := load(t, st, "ws-1"); w.NodeID != "" || len(nc.send) != 1 {
+			t.Fatalf("non-holder: ws-1 NodeID = %q, %d sent; want none placed, ws-2 sent", w.NodeID, len(nc.send))
+		}
+		leads.Store(true)
+		if err := r.pass(t.Context()); err != nil {
+			t.Fatalf("pass = %v", err)
+		}
+		if w, _ := load(t, st, "ws-1"); w.NodeID != "n1" || len(nc.send) != 2 {
+			t.Fatalf("holder: ws-1 NodeID = %q, %d sent; want n1, 2", w.NodeID, len(nc.send))
 		}
 	})
 }

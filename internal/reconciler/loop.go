@@ -64,11 +64,14 @@ func (r *Reconciler) Run(ctx context.Context) error {
 //
 // With several replicas, the fleet-wide work is done only by the holder
 // of the fleet lease (Config.Leader, asked before each unit of it): the
-// drain rule, failing a placement at its timeout, and silent-node
-// detection. Placing a Workspace on a node is done by the replicas that
-// hold a node's stream, as pushing is: a replica can place only on the
-// nodes connected to it, and placements are serializable transactions
-// (placeBatch) that re-read each row, so one placement wins.
+// drain rule, placing Workspaces on the nodes connected to any replica
+// (and failing a placement at its timeout), and silent-node detection.
+// Every replica pushes the desired state of the Workspaces placed on the
+// nodes whose streams it holds; after a placement on a node connected to
+// another replica, the holder notifies store.ReconcileTopic, and that
+// replica's next pass pushes it. (When every replica placed on its own
+// nodes, two replicas' placement transactions held the same pending rows
+// and PostgreSQL aborted one of them again and again: bench/results.)
 func (r *Reconciler) pass(ctx context.Context) error {
 	if err := r.refreshNodes(ctx, r.leads()); err != nil && ctx.Err() == nil {
 		// The records learnt so far stay; the next pass reloads.
@@ -116,22 +119,31 @@ func (r *Reconciler) pass(ctx context.Context) error {
 }
 
 // placePending places the unplaced Workspaces of pending, pushChunk to a
-// transaction (placeEach), and pushes the placed ones, those pending
-// placed before and those it placed, pushChunk at a time. It returns the
-// placed ones it has not pushed yet, also when it fails: the caller
-// pushes them.
+// transaction (placeEach), when this ctrl holds the fleet lease, and
+// pushes the placed ones, those pending placed before and those it
+// placed, pushChunk at a time. It returns the placed ones it has not
+// pushed yet, also when it fails: the caller pushes them. When it placed
+// one on a node whose stream another replica holds, it wakes the other
+// replicas (store.ReconcileTopic) to push it, as soon as that chunk
+// committed.
 func (r *Reconciler) placePending(ctx context.Context, pending []*store.Workspace) ([]*store.Workspace, error) {
 	var batch []string           // unplaced: placed together
 	var ready []*store.Workspace // placed: pushed together
+	places := r.leads()
 	placeAll := func() error {
 		ps, err := r.placeEach(ctx, batch)
+		elsewhere := false
 		for i, p := range ps {
 			if p.completed {
 				r.store.Notify(store.WorkspaceTopic(batch[i]))
 			}
 			if p.placed != nil {
 				ready = append(ready, p.placed)
+				elsewhere = elsewhere || !r.holds(p.placed.NodeID)
 			}
+		}
+		if elsewhere {
+			r.store.Notify(store.ReconcileTopic)
 		}
 		batch = batch[:0]
 		return err
@@ -139,6 +151,9 @@ func (r *Reconciler) placePending(ctx context.Context, pending []*store.Workspac
 	for _, w := range pending {
 		if w.CommandID == "" && w.NodeID == "" {
 			continue // a failed placement waits for a new command
+		}
+		if w.NodeID == "" && !places {
+			continue // the fleet lease's holder places it
 		}
 		if refused, err := r.refuseOversized(ctx, w); err != nil {
 			return ready, err
@@ -426,4 +441,11 @@ func (r *Reconciler) markSilent(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// holds reports whether this ctrl holds node's stream.
+func (r *Reconciler) holds(node string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.nodes[node] != nil
 }

@@ -261,10 +261,18 @@ func (r *Reconciler) Connected(node string) bool {
 	if r.nodes[node] != nil {
 		return true
 	}
+	return r.heardElsewhere(node, r.stored[node], now)
+}
+
+// heardElsewhere reports whether node, whose stream this ctrl does not
+// hold and whose stored record is k, holds one to another replica as far
+// as this ctrl can tell: it is not RETIRED, its latest stream was not to
+// this ctrl (ended since), and the store heard from it within the grace
+// at now. Callers hold r.mu.
+func (r *Reconciler) heardElsewhere(node string, k storedNode, now time.Time) bool {
 	if r.fleetView().State(node) == fleet.StateRetired {
 		return false
 	}
-	k := r.stored[node]
 	if k.ended != 0 && k.epoch <= k.ended {
 		return false // its latest stream was to this replica, and ended
 	}

@@ -223,15 +223,6 @@ func placementFailure(reason string) *fault.Error {
 	return &fault.Error{Kind: fault.KindResourceExhausted, Reason: fault.ReasonCapacityExhausted, Stage: "placement", Message: reason}
 }
 
-// placementStalled is the failure of a Workspace that node, connected to
-// another replica, could hold, but that no replica placed within bound
-// (placement timeout plus the node grace): retryable.
-func placementStalled(node string, bound time.Duration) *fault.Error {
-	return &fault.Error{Kind: fault.KindUnavailable, Reason: fault.ReasonNodeUnreachable, Retryable: true, Stage: "placement",
-		Message: "node " + strconv.Quote(node) + " could hold the workspace, but the ctrl replica holding its stream did not place it within " +
-			bound.String()}
-}
-
 // connected returns the connected nodes in ID order, without their usage,
 // with their fleet state and overcommit ratios from the cached view.
 func (r *Reconciler) connected() []candidate {
@@ -244,16 +235,18 @@ func (r *Reconciler) connected() []candidate {
 	return r.candidates(ids)
 }
 
-// fleetWide returns, in ID order and as connected does, the nodes
-// connected to any replica: those connected to this ctrl, and the others
-// heard from within the grace at now by the store's last_seen (as of the
-// last reload of the node records).
-func (r *Reconciler) fleetWide(now time.Time) []candidate {
+// reachable returns, in ID order and as connected does, the nodes that
+// hold a stream to some ctrl replica (Connected): those connected to this
+// ctrl, and the others heard from within the grace at now by the store's
+// last_seen (as of the last reload of the node records), except those
+// whose latest stream was to this ctrl and ended. The fleet lease's holder
+// places on them all; another replica pushes to the nodes it holds.
+func (r *Reconciler) reachable(now time.Time) []candidate {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var ids []string
-	for id := range r.stored {
-		if _, here := r.nodes[id]; !here && now.Sub(r.storeSeen(id)) <= r.nodeGrace {
+	for id, k := range r.stored {
+		if _, here := r.nodes[id]; !here && r.heardElsewhere(id, k, now) {
 			ids = append(ids, id)
 		}
 	}
@@ -478,41 +471,40 @@ type usageCache struct {
 }
 
 // placementQueue is the store queue (store.Store.InTxQueued) of every
-// placement transaction: the replicas holding node streams all place the
-// same pending Workspaces, each on its own nodes, and in the queue their
-// transactions wait for each other instead of making PostgreSQL abort
-// them (the one that comes second finds the rows placed and skips them).
+// placement transaction. Placing is the fleet lease's holder's work, but
+// for a moment around a handover two replicas may both believe they hold
+// the lease: in the queue their transactions wait for each other instead
+// of making PostgreSQL abort them (the one that comes second finds the
+// rows placed and skips them).
 const placementQueue = "placement"
 
 // placement is what placing one Workspace came to.
 type placement struct {
 	placed    *store.Workspace // the row placed, nil when not
 	completed bool             // its command completed (deleted before placement, or failed)
-	// late: it waited past the placement timeout without a node here, and
-	// this ctrl holds the fleet lease: place decides on it alone, in a
+	// late: it waited past the placement timeout without a node, and this
+	// ctrl holds the fleet lease: place decides on it alone, in a
 	// transaction fenced by the lease.
 	late bool
 }
 
 // place chooses a node for an unplaced Workspace among the nodes connected
-// to this ctrl, or fails its command when none can hold it after the
-// placement timeout. Only the holder of the fleet lease fails it
-// (Config.Leader), and it judges the failure over the whole fleet
-// (fleetWide: the nodes any replica heard from within the grace, their
-// capacity, templates, features, fleet state and usage): when a node
-// connected to another replica could hold it, that replica places it, and
-// the holder waits up to the placement timeout plus the node grace before
-// it fails it as retryable (placementStalled); otherwise the reason is
-// that of the fleet (capacity, templates, states), NODE_UNREACHABLE only
-// when no node anywhere was heard from within the grace. The failure's
-// transaction checks the fleet lease first (Config.Fence). It returns the
-// placed row (nil when not placed) and whether a command completed.
+// to any replica (reachable: their capacity, templates, features, fleet
+// state and usage), or fails its command when none can hold it after the
+// placement timeout, for the fleet's reason (capacity, templates, states;
+// NODE_UNREACHABLE only when no node anywhere was heard from within the
+// grace). Placing is the work of the fleet lease's holder (pass), which
+// alone fails a placement: the failure's transaction checks the lease
+// first (Config.Fence). A placement itself needs no fence: the
+// transaction re-reads the row, so a replica that lost the lease and
+// places all the same places a Workspace nobody placed, once. It returns
+// the placed row (nil when not placed) and whether a command completed.
 func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bool, error) {
 	var p placement
 	var d *decider
 	err := r.store.InTxQueued(ctx, placementQueue, func(tx store.Tx) error {
 		var err error
-		if d, err = r.newDecider(ctx, tx, r.connected()); err != nil {
+		if d, err = r.newDecider(ctx, tx, r.reachable(r.now())); err != nil {
 			return err
 		}
 		p, err = r.placeIn(ctx, tx, d, id, true)
@@ -539,7 +531,7 @@ func (r *Reconciler) placeBatch(ctx context.Context, ids []string) ([]placement,
 	err := r.store.InTxQueued(ctx, placementQueue, func(tx store.Tx) error {
 		out = make([]placement, len(ids))
 		var err error
-		if d, err = r.newDecider(ctx, tx, r.connected()); err != nil {
+		if d, err = r.newDecider(ctx, tx, r.reachable(r.now())); err != nil {
 			return err
 		}
 		for i, id := range ids {
@@ -641,28 +633,10 @@ func (r *Reconciler) placeIn(ctx context.Context, tx store.Tx, d *decider, id st
 	if !fail {
 		return placement{late: true}, nil
 	}
-	// Timed out on this ctrl's nodes: judge it over the whole fleet,
-	// the nodes connected to other replicas included.
-	fd, err := r.newDecider(ctx, tx, r.fleetWide(now))
-	if err != nil {
-		return placement{}, err
-	}
-	other, _, reason, err := fd.decide(ctx, tx, pub)
-	if err != nil {
-		return placement{}, err
-	}
-	if other != nil && now.Sub(w.UpdatedAt) < r.placementTimeout+r.nodeGrace {
-		// A node connected to another replica can hold it: that
-		// replica places it at its next pass.
-		return placement{}, nil
-	}
 	if err := r.fenced(ctx, tx); err != nil {
 		return placement{}, err
 	}
 	fe := placementFailure(reason)
-	if other != nil {
-		fe = placementStalled(other.id, r.placementTimeout+r.nodeGrace)
-	}
 	pub.State, pub.HoldsExecution = ctrlv1.WorkspaceState_WORKSPACE_STATE_FAILED, false
 	pub.Failure = fe.Detail()
 	w.ObservedGeneration = w.Generation

@@ -169,51 +169,67 @@ func TestSilentNodeOfAnotherReplica(t *testing.T) {
 	}
 }
 
-// TestPlacementTimeoutFleetWide: the fleet lease's holder b has no stream;
-// n1 (1024 MiB) is connected to a. A Workspace too large for n1 fails at
-// the timeout for capacity, not NODE_UNREACHABLE; one n1 could hold (a did
-// not place it) waits past the timeout, and fails retryable at the
-// timeout plus the grace.
-func TestPlacementTimeoutFleetWide(t *testing.T) {
+// TestHolderPlacesFleetWide: the fleet lease's holder b has no stream;
+// n1 (1024 MiB) is connected to a, which does not hold the lease. b places
+// on n1 at once what n1 can hold, and a's pass, woken by b's notification,
+// pushes it to n1; what no node can hold fails at the timeout for
+// capacity, not NODE_UNREACHABLE. Once n1's stream to b ended, b places
+// nothing on it, though the store heard n1 within the grace.
+func TestHolderPlacesFleetWide(t *testing.T) {
 	const timeout = time.Minute
 	a, st, clock := newTest(t, Config{Leader: never, PlacementTimeout: timeout})
 	b := newReplica(st, clock, Config{PlacementTimeout: timeout})
-	connectNode(t, a, hello("n1", 1024, 4000, "", workspace.DefaultTemplate))
+	nc := connectNode(t, a, hello("n1", 1024, 4000, "", workspace.DefaultTemplate))
 	seed(t, st, t0, row{id: "big", power: running, generation: 1, state: wsCreate, memMiB: 2048, command: "c-big"})
 	seed(t, st, t0, row{id: "fits", power: running, generation: 1, state: wsCreate, memMiB: 256, command: "c-fits"})
-	at := func(d time.Duration) {
-		clock.Set(t0.Add(d))
-		hear(t, a, "n1") // a hears n1 all along
-		if err := b.loadNodes(t.Context()); err != nil {
-			t.Fatal(err)
-		}
+	hear(t, a, "n1")
+	if err := b.loadNodes(t.Context()); err != nil {
+		t.Fatal(err)
 	}
-	at(timeout)
-	for _, id := range []string{"big", "fits"} {
-		if _, _, err := b.place(t.Context(), id); err != nil {
-			t.Fatal(err)
-		}
+	woken, release := st.Subscribe(store.ReconcileTopic)
+	defer release()
+	if err := b.pass(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if w, _ := load(t, st, "fits"); w.NodeID != "n1" {
+		t.Fatalf("fits: NodeID %q, want n1 (connected to a)", w.NodeID)
+	}
+	select {
+	case <-woken:
+	default:
+		t.Fatal("b placed on a node of a without notifying store.ReconcileTopic")
+	}
+	if err := a.pass(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if len(nc.send) != 1 {
+		t.Fatalf("a sent %d desired states to n1, want 1 (fits)", len(nc.send))
+	}
+	if _, pub := load(t, st, "big"); pub.GetState() != wsCreate {
+		t.Fatalf("big before the timeout: state %v", pub.GetState())
+	}
+	clock.Set(t0.Add(timeout))
+	hear(t, a, "n1")
+	if err := b.loadNodes(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.pass(t.Context()); err != nil {
+		t.Fatal(err)
 	}
 	if _, pub := load(t, st, "big"); pub.GetFailure().GetReason() != ctrlv1.FailureReason_FAILURE_REASON_CAPACITY_EXHAUSTED {
 		t.Errorf("big at the timeout: state %v failure %v, want CAPACITY_EXHAUSTED", pub.GetState(), pub.GetFailure())
 	}
-	if _, pub := load(t, st, "fits"); pub.GetState() != wsCreate {
-		t.Errorf("fits at the timeout: state %v failure %v, want still CREATING (n1, on a, can hold it)", pub.GetState(), pub.GetFailure())
-	}
-	at(timeout + 15*time.Second - time.Second)
-	if _, _, err := b.place(t.Context(), "fits"); err != nil {
+
+	// n1 moves to b, then its stream there ends: b does not place on it.
+	n2 := connectNode(t, b, hello("n1", 1024, 4000, "", workspace.DefaultTemplate))
+	hear(t, b, "n1")
+	b.detach(n2)
+	seed(t, st, t0.Add(timeout), row{id: "later", power: running, generation: 1, state: wsCreate, memMiB: 256, command: "c-later"})
+	if err := b.pass(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if _, pub := load(t, st, "fits"); pub.GetState() != wsCreate {
-		t.Errorf("fits before the timeout plus the grace: state %v", pub.GetState())
-	}
-	at(timeout + 15*time.Second)
-	if _, _, err := b.place(t.Context(), "fits"); err != nil {
-		t.Fatal(err)
-	}
-	_, pub := load(t, st, "fits")
-	if f := pub.GetFailure(); f.GetReason() != ctrlv1.FailureReason_FAILURE_REASON_NODE_UNREACHABLE || !f.GetRetryable() {
-		t.Errorf("fits at the timeout plus the grace: failure %v, want retryable NODE_UNREACHABLE", f)
+	if w, _ := load(t, st, "later"); w.NodeID != "" {
+		t.Errorf("later: placed on %q, whose stream to b ended", w.NodeID)
 	}
 }
 
