@@ -316,14 +316,14 @@ func TestPlaceRechecksState(t *testing.T) {
 	}
 	setRecord(t, st, "n1", func(rec *fleet.Record) { rec.State = fleet.StateDraining }) // the cache does not know
 	seed(t, st, t0, row{id: "ws-1", power: running, generation: 1, state: wsCreate, command: "c-1"})
-	placed, _, err := r.place(t.Context(), "ws-1")
+	placed, _, err := r.place(t.Context(), nil, "ws-1")
 	if err != nil || placed != nil {
 		t.Fatalf("place with a stale view = %v, %v; want not placed", placed, err)
 	}
 	if err := r.refreshFleet(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	placed, _, err = r.place(t.Context(), "ws-1")
+	placed, _, err = r.place(t.Context(), nil, "ws-1")
 	if err != nil || placed == nil || placed.NodeID != "n2" {
 		t.Fatalf("place after the reload = %v, %v; want n2", placed, err)
 	}
@@ -340,7 +340,7 @@ func TestPlaceKeepsPublishedVersion(t *testing.T) {
 	editRow(t, st, "ws-1", func(_ *store.Workspace, pub *ctrlv1.Workspace) {
 		pub.Template = &ctrlv1.TemplateRef{TemplateId: "debian", Version: "7"}
 	})
-	if placed, _, err := r.place(t.Context(), "ws-1"); err != nil || placed == nil {
+	if placed, _, err := r.place(t.Context(), nil, "ws-1"); err != nil || placed == nil {
 		t.Fatalf("place = %v, %v", placed, err)
 	}
 	if _, pub := load(t, st, "ws-1"); pub.GetTemplate().GetVersion() != "7" {
@@ -659,7 +659,7 @@ func TestPlaceCountsItsOwn(t *testing.T) {
 	for i := range 4 {
 		id := fmt.Sprintf("ws-%d", i)
 		seed(t, st, t0, row{id: id, power: running, generation: 1, state: wsCreate, command: "c-" + id, memMiB: 1024})
-		placed, _, err := r.place(t.Context(), id)
+		placed, _, err := r.place(t.Context(), nil, id)
 		if err != nil || placed == nil {
 			t.Fatalf("place(%s) = %v, %v", id, placed, err)
 		}

@@ -68,7 +68,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 // (and failing a placement at its timeout), and silent-node detection.
 // Every replica pushes the desired state of the Workspaces placed on the
 // nodes whose streams it holds; after a placement on a node connected to
-// another replica, the holder notifies store.ReconcileTopic, and that
+// another replica, the holder notifies store.PushTopic, and that
 // replica's next pass pushes it. (When every replica placed on its own
 // nodes, two replicas' placement transactions held the same pending rows
 // and PostgreSQL aborted one of them again and again: bench/results.)
@@ -124,14 +124,17 @@ func (r *Reconciler) pass(ctx context.Context) error {
 // placed, pushChunk at a time. It returns the placed ones it has not
 // pushed yet, also when it fails: the caller pushes them. When it placed
 // one on a node whose stream another replica holds, it wakes the other
-// replicas (store.ReconcileTopic) to push it, as soon as that chunk
-// committed.
+// replicas (store.PushTopic) to push it, as soon as that chunk committed.
 func (r *Reconciler) placePending(ctx context.Context, pending []*store.Workspace) ([]*store.Workspace, error) {
 	var batch []string           // unplaced: placed together
 	var ready []*store.Workspace // placed: pushed together
 	places := r.leads()
+	var nodes []candidate // reachable, read once for the pass's batches
 	placeAll := func() error {
-		ps, err := r.placeEach(ctx, batch)
+		if nodes == nil {
+			nodes = r.reachable(r.now())
+		}
+		ps, err := r.placeEach(ctx, nodes, batch)
 		elsewhere := false
 		for i, p := range ps {
 			if p.completed {
@@ -143,7 +146,7 @@ func (r *Reconciler) placePending(ctx context.Context, pending []*store.Workspac
 			}
 		}
 		if elsewhere {
-			r.store.Notify(store.ReconcileTopic)
+			r.store.Notify(store.PushTopic)
 		}
 		batch = batch[:0]
 		return err
@@ -190,15 +193,15 @@ const pushChunk = 32
 // one Workspace that cannot be placed (a row that does not decode) does
 // not hold back the others: each failure is logged, and the pass fails
 // only when every one of them did.
-func (r *Reconciler) placeEach(ctx context.Context, ids []string) ([]placement, error) {
-	out, err := r.placeBatch(ctx, ids)
+func (r *Reconciler) placeEach(ctx context.Context, nodes []candidate, ids []string) ([]placement, error) {
+	out, err := r.placeBatch(ctx, nodes, ids)
 	if err == nil || len(ids) == 1 || ctx.Err() != nil || fault.KindOf(err) == fault.KindUnavailable {
 		return out, err
 	}
 	out = make([]placement, len(ids))
 	failed := 0
 	for i, id := range ids {
-		placed, completed, perr := r.place(ctx, id)
+		placed, completed, perr := r.place(ctx, nodes, id)
 		switch {
 		case errors.Is(perr, lease.ErrNotHeld):
 			// The fleet lease moved on: its holder fails it.

@@ -499,12 +499,15 @@ type placement struct {
 // transaction re-reads the row, so a replica that lost the lease and
 // places all the same places a Workspace nobody placed, once. It returns
 // the placed row (nil when not placed) and whether a command completed.
-func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bool, error) {
+func (r *Reconciler) place(ctx context.Context, nodes []candidate, id string) (*store.Workspace, bool, error) {
+	if nodes == nil {
+		nodes = r.reachable(r.now())
+	}
 	var p placement
 	var d *decider
 	err := r.store.InTxQueued(ctx, placementQueue, func(tx store.Tx) error {
 		var err error
-		if d, err = r.newDecider(ctx, tx, r.reachable(r.now())); err != nil {
+		if d, err = r.newDecider(ctx, tx, slices.Clone(nodes)); err != nil {
 			return err
 		}
 		p, err = r.placeIn(ctx, tx, d, id, true)
@@ -525,13 +528,16 @@ func (r *Reconciler) place(ctx context.Context, id string) (*store.Workspace, bo
 // alone by place, whose failure is fenced by the fleet lease: a lease
 // lost, or any error there, leaves that one to the next pass and undoes
 // nothing of the batch.
-func (r *Reconciler) placeBatch(ctx context.Context, ids []string) ([]placement, error) {
+func (r *Reconciler) placeBatch(ctx context.Context, nodes []candidate, ids []string) ([]placement, error) {
+	if nodes == nil {
+		nodes = r.reachable(r.now())
+	}
 	var out []placement
 	var d *decider
 	err := r.store.InTxQueued(ctx, placementQueue, func(tx store.Tx) error {
 		out = make([]placement, len(ids))
 		var err error
-		if d, err = r.newDecider(ctx, tx, r.reachable(r.now())); err != nil {
+		if d, err = r.newDecider(ctx, tx, slices.Clone(nodes)); err != nil {
 			return err
 		}
 		for i, id := range ids {
@@ -549,7 +555,7 @@ func (r *Reconciler) placeBatch(ctx context.Context, ids []string) ([]placement,
 		if !p.late {
 			continue
 		}
-		placed, completed, err := r.place(ctx, ids[i])
+		placed, completed, err := r.place(ctx, nodes, ids[i])
 		switch {
 		case errors.Is(err, lease.ErrNotHeld):
 			out[i] = placement{} // the fleet lease moved on: its holder fails it

@@ -47,7 +47,7 @@ func benchPlace(b *testing.B, r *Reconciler, st store.Store) {
 			b.StopTimer()
 			id := unplaced(1)[0]
 			b.StartTimer()
-			if placed, _, err := r.place(b.Context(), id); err != nil || placed == nil {
+			if placed, _, err := r.place(b.Context(), nil, id); err != nil || placed == nil {
 				b.Fatalf("place(%s) = %v, %v", id, placed, err)
 			}
 		}
@@ -57,7 +57,7 @@ func benchPlace(b *testing.B, r *Reconciler, st store.Store) {
 			b.StopTimer()
 			ids := unplaced(pushChunk)
 			b.StartTimer()
-			ps, err := r.placeBatch(b.Context(), ids)
+			ps, err := r.placeBatch(b.Context(), nil, ids)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -283,19 +283,42 @@ func (r *Reconciler) KickAll() {
 	r.store.Notify(store.ReconcileTopic)
 }
 
-// wakeOnNotify kicks this reconciler at each notification of
-// store.ReconcileTopic (another replica's KickAll, or this one's) until
-// ctx ends.
+// KickPlacer wakes the reconciler that places new Workspaces (this one
+// or another replica's: the fleet lease's holder) through the store's
+// notifications (store.PlaceTopic): what a create's admission calls, the
+// Workspace having no node yet. The other replicas sleep on.
+func (r *Reconciler) KickPlacer() { r.store.Notify(store.PlaceTopic) }
+
+// wakeOnNotify wakes this reconciler until ctx ends: Kick at each
+// notification of store.ReconcileTopic (another replica's KickAll, or
+// this one's); wake at each of store.PlaceTopic when this replica places
+// (leads), and at each of store.PushTopic when it does not (the placer
+// pushed to its own nodes already).
 func (r *Reconciler) wakeOnNotify(ctx context.Context) {
+	go r.wakeOn(ctx, store.PlaceTopic, func() {
+		if r.leads() {
+			r.wake()
+		}
+	})
+	go r.wakeOn(ctx, store.PushTopic, func() {
+		if !r.leads() {
+			r.wake()
+		}
+	})
+	r.wakeOn(ctx, store.ReconcileTopic, r.Kick)
+}
+
+// wakeOn calls wake at each notification of topic until ctx ends.
+func (r *Reconciler) wakeOn(ctx context.Context, topic string, wake func()) {
 	for {
-		changed, release := r.store.Subscribe(store.ReconcileTopic)
+		changed, release := r.store.Subscribe(topic)
 		select {
 		case <-ctx.Done():
 			release()
 			return
 		case <-changed:
 			release()
-			r.Kick()
+			wake()
 		}
 	}
 }

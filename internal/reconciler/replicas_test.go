@@ -186,7 +186,7 @@ func TestHolderPlacesFleetWide(t *testing.T) {
 	if err := b.loadNodes(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	woken, release := st.Subscribe(store.ReconcileTopic)
+	woken, release := st.Subscribe(store.PushTopic)
 	defer release()
 	if err := b.pass(t.Context()); err != nil {
 		t.Fatal(err)
@@ -197,7 +197,7 @@ func TestHolderPlacesFleetWide(t *testing.T) {
 	select {
 	case <-woken:
 	default:
-		t.Fatal("b placed on a node of a without notifying store.ReconcileTopic")
+		t.Fatal("b placed on a node of a without notifying store.PushTopic")
 	}
 	if err := a.pass(t.Context()); err != nil {
 		t.Fatal(err)

@@ -42,6 +42,16 @@ const RecheckInterval = time.Second
 // acts at once rather than at its next tick.
 const ReconcileTopic = "reconcile"
 
+// PlaceTopic is the topic notified when an admission gave the reconcilers
+// a Workspace to place (a create): only the replica that places (the
+// fleet lease's holder) wakes.
+const PlaceTopic = "place"
+
+// PushTopic is the topic notified when the replica that places placed a
+// Workspace on a node whose stream another replica holds: the replicas
+// that do not place wake, and the one holding the stream pushes it.
+const PushTopic = "push"
+
 // NodesTopic is the topic notified after a commit that changed a node's
 // record other than its last_seen: a registration (a Hello, with its new
 // connection epoch) or an Inventory. Every replica's reconciler re-reads

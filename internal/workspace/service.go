@@ -70,6 +70,10 @@ type Service struct {
 	MaxCapacity func() Capacity
 	// Kick wakes the reconciler after an admission.
 	Kick func()
+	// KickPlacer wakes the reconciler that places new Workspaces after a
+	// create's admission (with several replicas, only the one that places
+	// needs to wake); nil: Kick.
+	KickPlacer func()
 	// WaitBound bounds how long stop and delete wait (one minute by default).
 	WaitBound time.Duration
 	// Recheck is how often a wait re-reads the store without a notification
@@ -100,6 +104,14 @@ func (s *Service) kick() {
 	if s.Kick != nil {
 		s.Kick()
 	}
+}
+
+func (s *Service) kickPlacer() {
+	if s.KickPlacer == nil {
+		s.kick()
+		return
+	}
+	s.KickPlacer()
 }
 
 // Decode returns the public Workspace of a row.
@@ -234,7 +246,7 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 		return nil, err
 	}
 	normalize := func(r *ctrlv1.CreateWorkspaceRequest) { normalizePolicyInput(r.GetNetworkPolicy()) }
-	defer s.kick()
+	defer s.kickPlacer()
 	if req.GetExpiration() != nil {
 		defer s.Store.Notify(ExpirationTopic) // wakes the expiration engine
 	}
