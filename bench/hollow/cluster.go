@@ -28,7 +28,8 @@ type cluster struct {
 // startCluster starts n replicas on dir's data directory and store (a
 // PostgreSQL URL, or "" for SQLite in the data directory, n = 1). The
 // first one creates the PKI; the others start once it is ready. env is
-// the first replica's environment (a CPU profile).
+// every replica's environment (a CPU profile: the first replica's file,
+// FILE.i for replica i).
 func startCluster(ctx context.Context, bin, dir, store, logLevel string, n int, env []string) (*cluster, error) {
 	c := &cluster{}
 	for i := range n {
@@ -41,8 +42,11 @@ func startCluster(ctx context.Context, bin, dir, store, logLevel string, n int, 
 		if store != "" {
 			o.Args = append(o.Args, "--store", store)
 		}
-		if i == 0 {
-			o.Env = env
+		for _, kv := range env {
+			if i > 0 && strings.HasPrefix(kv, "CTRLBENCH_CPUPROFILE=") {
+				kv += "." + strconv.Itoa(i) // replica i profiles to FILE.i
+			}
+			o.Env = append(o.Env, kv)
 		}
 		c.opts = append(c.opts, o)
 		c.urls = append(c.urls, "https://"+o.Listen)

@@ -92,7 +92,7 @@ func run() error {
 	flag.StringVar(&o.out, "out", "", "also write the report to this file")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory")
 	flag.StringVar(&o.logLevel, "log-level", "warn", "ctrl's --log-level (logs are ctrl-<i>.log in the temporary directory, see -keep)")
-	flag.StringVar(&o.prof, "ctrl-cpuprofile", "", "write a CPU profile of the first replica's first process to this file, and of its restarted process to this file plus .restart (builds bench/ctrlprof)")
+	flag.StringVar(&o.prof, "ctrl-cpuprofile", "", "write a CPU profile of the first configuration's replicas: the first replica's first process to this file, its restarted process to this file plus .restart, replica i's to this file plus .i (builds bench/ctrlprof)")
 	flag.Parse()
 	if o.replicas < 1 || (o.replicas > 1 && o.postgres == "") {
 		return errors.New("-replicas: more than one replica needs -postgres")
