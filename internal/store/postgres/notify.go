@@ -48,7 +48,6 @@ const (
 // subscribers are those of the store's LocalNotifier.
 type notifier struct {
 	local   *store.LocalNotifier
-	pool    *pgxpool.Pool
 	connCfg *pgx.ConnConfig
 	channel string // the NOTIFY channel of the store's schema
 	origin  string // this store's ID, the first word of its payloads
@@ -66,6 +65,7 @@ type notifier struct {
 	once   sync.Once
 
 	listenerPID atomic.Uint32 // backend PID of the listening connection, 0 when none
+	senderPID   atomic.Uint32 // backend PID of the sending connection, 0 when none
 	connects    atomic.Int64  // successful LISTENs
 	sent        atomic.Int64  // topics sent
 	dropped     atomic.Int64  // topics not sent: too long, queue full, send failed
@@ -124,7 +124,6 @@ func newNotifier(ctx context.Context, local *store.LocalNotifier, pool *pgxpool.
 	}
 	n := &notifier{
 		local:   local,
-		pool:    pool,
 		connCfg: connCfg,
 		channel: channelName(schema),
 		origin:  hex.EncodeToString(id[:]),
@@ -185,9 +184,18 @@ func (n *notifier) publish(topic string) {
 }
 
 // send sends the pending topics, at most maxBatch per statement, until
-// stop.
+// stop, on a connection of its own (opened at the first batch, and again
+// after one failed): with the pool's connections all taken by
+// transactions, a notification waited behind them, and with it every
+// replica's waiter and reconciler it wakes.
 func (n *notifier) send() {
 	defer n.wg.Done()
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			closeConn(conn)
+		}
+	}()
 	for {
 		select {
 		case <-n.ctx.Done():
@@ -211,10 +219,23 @@ func (n *notifier) send() {
 				break
 			}
 			ctx, cancel := context.WithTimeout(n.ctx, sendTimeout)
-			_, err := n.pool.Exec(ctx, `SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`, n.channel, batch)
+			var err error
+			if conn == nil {
+				if conn, err = pgx.ConnectConfig(ctx, n.connCfg.Copy()); err == nil {
+					n.senderPID.Store(conn.PgConn().PID())
+				}
+			}
+			if err == nil {
+				_, err = conn.Exec(ctx, `SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`, n.channel, batch)
+			}
 			cancel()
 			if err != nil {
 				n.dropped.Add(int64(k))
+				if conn != nil {
+					closeConn(conn)
+					conn = nil // the next batch connects again
+					n.senderPID.Store(0)
+				}
 			} else {
 				n.sent.Add(int64(k))
 			}
@@ -223,6 +244,13 @@ func (n *notifier) send() {
 			}
 		}
 	}
+}
+
+// closeConn closes conn, waiting at most a second for the server.
+func closeConn(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = conn.Close(ctx)
+	cancel()
 }
 
 // connect opens the listening connection and LISTENs.
@@ -249,9 +277,7 @@ func (n *notifier) listen(conn *pgx.Conn) {
 	for {
 		n.receive(conn)
 		n.listenerPID.Store(0)
-		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = conn.Close(closeCtx)
-		cancel()
+		closeConn(conn)
 		conn = nil
 		for attempt := 1; conn == nil; attempt++ {
 			if sleep(n.ctx, reconnectBackoff(attempt)) != nil {

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/kibotos/kibotos/internal/command"
 	"github.com/kibotos/kibotos/internal/store"
 	"github.com/kibotos/kibotos/internal/store/postgres/pgtest"
@@ -245,6 +247,57 @@ func TestNotifyReconnect(t *testing.T) {
 	a.Notify("workspace/after")
 	if !woken(ch, 5*time.Second) {
 		t.Fatal("B does not hear A after reconnecting")
+	}
+}
+
+// TestNotifySenderOwnConnection: A sends its notifications on a
+// connection outside its pool, so that they cross while every pool
+// connection is taken; when that connection is terminated, the batch on it
+// is dropped and the next one connects again and crosses.
+func TestNotifySenderOwnConnection(t *testing.T) {
+	a, b := openPair(t)
+	ch, release := b.Subscribe("first")
+	defer release()
+	a.Notify("first")
+	if !woken(ch, 5*time.Second) {
+		t.Fatal("a notification did not reach B")
+	}
+	// Every pool connection of A taken: a notification still crosses.
+	var held []*pgxpool.Conn
+	for range a.pool.Config().MaxConns {
+		c, err := a.pool.Acquire(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	ch, release2 := b.Subscribe("busy")
+	defer release2()
+	a.Notify("busy")
+	if !woken(ch, 5*time.Second) {
+		t.Fatal("a notification waited for a pool connection")
+	}
+	for _, c := range held {
+		c.Release()
+	}
+	pid := a.notify.senderPID.Load()
+	if pid == 0 {
+		t.Fatal("A has no sending connection")
+	}
+	var ok bool
+	if err := b.pool.QueryRow(context.Background(), `SELECT pg_terminate_backend($1)`, int32(pid)).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend(%d) = %v, %v", pid, ok, err)
+	}
+	ch, release3 := b.Subscribe("again")
+	defer release3()
+	deadline := time.Now().Add(10 * time.Second)
+	for a.Notify("again"); !woken(ch, 200*time.Millisecond); a.Notify("again") {
+		if time.Now().After(deadline) {
+			t.Fatal("no notification crossed after the sending connection was terminated")
+		}
+	}
+	if got := a.notify.senderPID.Load(); got == 0 || got == pid {
+		t.Errorf("sender PID %d after the reconnection (was %d)", got, pid)
 	}
 }
 

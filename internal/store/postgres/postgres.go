@@ -64,11 +64,13 @@
 // once (a store.LocalNotifier) and queues the topic for a goroutine that
 // sends it, batched, with pg_notify on the channel "kibotos/<schema>" (the
 // schema the tables live in, so deployments in other schemas of the
-// database are not woken); the payload is the store's random ID and the
-// topic. Every caller of Notify calls it after the commit (the Notifier
-// contract), so the NOTIFY runs in a transaction of its own, after the
-// change is visible. Each store holds one connection of its own, outside
-// the pool, that LISTENs on the channel and wakes the local waiters of each
+// database are not woken), on a connection of its own, outside the pool,
+// so that a notification never waits for a pool connection behind
+// transactions; the payload is the store's random ID and the topic. Every
+// caller of Notify calls it after the commit (the Notifier contract), so
+// the NOTIFY runs in a transaction of its own, after the change is
+// visible. Each store holds another connection of its own, outside the
+// pool, that LISTENs on the channel and wakes the local waiters of each
 // topic it hears, skipping the store's own notifications: a waiter is woken
 // once per Notify, whichever replica calls it.
 //
