@@ -71,7 +71,8 @@ func (r *Reconciler) Run(ctx context.Context) error {
 // another replica, the holder notifies store.PushTopic, and that
 // replica's next pass pushes it. (When every replica placed on its own
 // nodes, two replicas' placement transactions held the same pending rows
-// and PostgreSQL aborted one of them again and again: bench/results.)
+// and PostgreSQL aborted one of them again and again:
+// bench/results/2026-12-02-hollow-queue.md.)
 func (r *Reconciler) pass(ctx context.Context) error {
 	if err := r.refreshNodes(ctx, r.leads()); err != nil && ctx.Err() == nil {
 		// The records learnt so far stay; the next pass reloads.
