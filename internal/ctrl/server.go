@@ -226,7 +226,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		ResolveTemplate: func(ctx context.Context, tx store.Tx, id, version string) (string, error) {
 			return artifact.ResolveTemplate(ctx, tx, id, version, s.recon.Template)
 		},
-		MaxCapacity: s.recon.MaxCapacity, Kick: s.recon.KickAll, KickPlacer: s.recon.KickPlacer, WaitBound: cfg.WaitBound,
+		MaxCapacity: s.recon.MaxCapacity, Kick: s.recon.KickAll, Admitted: s.recon.Admitted, WaitBound: cfg.WaitBound,
 		PoolFree: volume.PoolFree,
 	}
 	// The expiration engine runs on every replica, not under the fleet

@@ -29,14 +29,15 @@ func TestKickAllWakesOtherReconcilers(t *testing.T) {
 	}
 }
 
-// TestTargetedWakes: a create's KickPlacer wakes only the replica that
-// places (the fleet lease's holder), and the placer's store.PushTopic only
-// the replicas that do not place; neither wakes the other.
+// TestTargetedWakes: an admission's Admitted wakes only the replica that
+// admitted it (it places the Workspace), a placement's store.PushTopic
+// every replica (the one holding the node's stream pushes), as does
+// KickAll.
 func TestTargetedWakes(t *testing.T) {
-	placer, st, clock := newTest(t, Config{})
-	other := newReplica(st, clock, Config{Leader: never})
-	go placer.wakeOnNotify(t.Context())
-	go other.wakeOnNotify(t.Context())
+	a, st, clock := newTest(t, Config{})
+	b := newReplica(st, clock, Config{Leader: never})
+	go a.wakeOnNotify(t.Context())
+	go b.wakeOnNotify(t.Context())
 	woke := func(r *Reconciler) bool {
 		select {
 		case <-r.kick:
@@ -46,44 +47,30 @@ func TestTargetedWakes(t *testing.T) {
 		}
 	}
 	cases := []struct {
-		name          string
-		notify        func()
-		placer, other bool
+		name   string
+		notify func()
+		a, b   bool // woken
 	}{
-		{"KickPlacer", other.KickPlacer, true, false},
-		{"PushTopic", func() { placer.store.Notify(store.PushTopic) }, false, true},
-		{"KickAll", other.KickAll, true, true},
+		{"Admitted", func() { b.Admitted("ws-1") }, false, true},
+		{"PushTopic", func() { a.store.Notify(store.PushTopic) }, true, true},
+		{"KickAll", b.KickAll, true, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			// Let both subscribe before the notification (a real loop
-			// subscribes at start): notify until the expected one wakes,
-			// after the wakes of the cases before are drained.
-			for woke(placer) || woke(other) {
-			}
-			want := placer
-			if !c.placer {
-				want = other
+			// subscribes at start): notify until b wakes, after the wakes
+			// of the cases before are drained.
+			for woke(a) || woke(b) {
 			}
 			deadline := time.Now().Add(5 * time.Second)
-			for c.notify(); !woke(want); c.notify() {
+			for c.notify(); !woke(b); c.notify() {
 				if time.Now().After(deadline) {
-					t.Fatal("never woke")
+					t.Fatal("b never woke")
 				}
 			}
-			time.Sleep(50 * time.Millisecond) // the other's wake, if any, is in
-			if c.placer && c.other {
-				if !woke(other) {
-					t.Error("the replica that does not place did not wake")
-				}
-				return
-			}
-			unwanted := other
-			if !c.placer {
-				unwanted = placer
-			}
-			if woke(unwanted) {
-				t.Error("woke a replica it is not for")
+			time.Sleep(50 * time.Millisecond) // a's wake, if any, is in
+			if got := woke(a); got != c.a {
+				t.Errorf("a woken: %v, want %v", got, c.a)
 			}
 		})
 	}

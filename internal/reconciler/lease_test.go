@@ -96,25 +96,39 @@ func TestFleetLease(t *testing.T) {
 		}
 	})
 	t.Run("placement", func(t *testing.T) {
-		// Placing is the holder's work, even on a node whose stream the
-		// replica holds; pushing a placed one is every stream holder's.
+		// A replica places, at once, what it admitted; what another
+		// replica admitted is the holder's once handoff has passed.
+		// Pushing a placed one is every stream holder's work.
 		var leads atomic.Bool
-		r, st, _ := newTest(t, Config{Leader: leads.Load})
+		r, st, clock := newTest(t, Config{Leader: leads.Load})
 		nc := connectNode(t, r, hello("n1", 4096, 4000, "", workspace.DefaultTemplate))
 		seed(t, st, t0, row{id: "ws-1", power: running, generation: 1, state: wsCreate, memMiB: 256, command: "c-1"})
 		seed(t, st, t0, row{id: "ws-2", node: "n1", power: running, generation: 1, state: wsCreate, memMiB: 256, command: "c-2"})
-		if err := r.pass(t.Context()); err != nil {
-			t.Fatalf("pass = %v", err)
+		seed(t, st, t0, row{id: "ws-3", power: running, generation: 1, state: wsCreate, memMiB: 256, command: "c-3"})
+		r.Admitted("ws-3")
+		pass := func() {
+			t.Helper()
+			if err := r.pass(t.Context()); err != nil {
+				t.Fatalf("pass = %v", err)
+			}
 		}
-		if w, _ := load(t, st, "ws-1"); w.NodeID != "" || len(nc.send) != 1 {
-			t.Fatalf("non-holder: ws-1 NodeID = %q, %d sent; want none placed, ws-2 sent", w.NodeID, len(nc.send))
+		pass()
+		if w, _ := load(t, st, "ws-1"); w.NodeID != "" {
+			t.Fatalf("non-holder placed ws-1, admitted elsewhere, on %q", w.NodeID)
+		}
+		if w, _ := load(t, st, "ws-3"); w.NodeID != "n1" || len(nc.send) != 2 {
+			t.Fatalf("non-holder: ws-3 (admitted here) NodeID = %q, %d sent; want n1, 2 (ws-2, ws-3)", w.NodeID, len(nc.send))
 		}
 		leads.Store(true)
-		if err := r.pass(t.Context()); err != nil {
-			t.Fatalf("pass = %v", err)
+		clock.Set(t0.Add(handoff - time.Millisecond))
+		pass()
+		if w, _ := load(t, st, "ws-1"); w.NodeID != "" {
+			t.Fatalf("holder placed ws-1 before handoff, on %q", w.NodeID)
 		}
-		if w, _ := load(t, st, "ws-1"); w.NodeID != "n1" || len(nc.send) != 2 {
-			t.Fatalf("holder: ws-1 NodeID = %q, %d sent; want n1, 2", w.NodeID, len(nc.send))
+		clock.Set(t0.Add(handoff))
+		pass()
+		if w, _ := load(t, st, "ws-1"); w.NodeID != "n1" || len(nc.send) != 3 {
+			t.Fatalf("holder after handoff: ws-1 NodeID = %q, %d sent; want n1, 3", w.NodeID, len(nc.send))
 		}
 	})
 }

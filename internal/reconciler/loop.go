@@ -64,14 +64,16 @@ func (r *Reconciler) Run(ctx context.Context) error {
 //
 // With several replicas, the fleet-wide work is done only by the holder
 // of the fleet lease (Config.Leader, asked before each unit of it): the
-// drain rule, placing Workspaces on the nodes connected to any replica
-// (and failing a placement at its timeout), and silent-node detection.
-// Every replica pushes the desired state of the Workspaces placed on the
-// nodes whose streams it holds; after a placement on a node connected to
-// another replica, the holder notifies store.PushTopic, and that
-// replica's next pass pushes it. (When every replica placed on its own
-// nodes, two replicas' placement transactions held the same pending rows
-// and PostgreSQL aborted one of them again and again:
+// drain rule, failing a placement at its timeout, and silent-node
+// detection. Placing a Workspace is, for handoff after its admission, the
+// work of the replica that admitted it (Admitted), then the lease
+// holder's; either places it on the nodes connected to any replica. Every
+// replica pushes the desired state of the Workspaces placed on the nodes
+// whose streams it holds; after a placement on a node connected to
+// another replica, the placer notifies store.PushTopic, and that
+// replica's next pass pushes it. (When every replica placed every pending
+// Workspace on its own nodes, two replicas' placement transactions held
+// the same rows and PostgreSQL aborted one of them again and again:
 // bench/results/2026-12-02-hollow-queue.md.)
 func (r *Reconciler) pass(ctx context.Context) error {
 	if err := r.refreshNodes(ctx, r.leads()); err != nil && ctx.Err() == nil {
@@ -119,8 +121,8 @@ func (r *Reconciler) pass(ctx context.Context) error {
 	return err
 }
 
-// placePending places the unplaced Workspaces of pending, pushChunk to a
-// transaction (placeEach), when this ctrl holds the fleet lease, and
+// placePending places the unplaced Workspaces of pending that are this
+// replica's to place (placer), pushChunk to a transaction (placeEach), and
 // pushes the placed ones, those pending placed before and those it
 // placed, pushChunk at a time. It returns the placed ones it has not
 // pushed yet, also when it fails: the caller pushes them. When it placed
@@ -129,7 +131,7 @@ func (r *Reconciler) pass(ctx context.Context) error {
 func (r *Reconciler) placePending(ctx context.Context, pending []*store.Workspace) ([]*store.Workspace, error) {
 	var batch []string           // unplaced: placed together
 	var ready []*store.Workspace // placed: pushed together
-	places := r.leads()
+	mine := r.placer()
 	var nodes []candidate // reachable, read once for the pass's batches
 	placeAll := func() error {
 		if nodes == nil {
@@ -156,8 +158,8 @@ func (r *Reconciler) placePending(ctx context.Context, pending []*store.Workspac
 		if w.CommandID == "" && w.NodeID == "" {
 			continue // a failed placement waits for a new command
 		}
-		if w.NodeID == "" && !places {
-			continue // the fleet lease's holder places it
+		if w.NodeID == "" && !mine(w) {
+			continue // the replica that admitted it places it, for now
 		}
 		if refused, err := r.refuseOversized(ctx, w); err != nil {
 			return ready, err
@@ -445,6 +447,31 @@ func (r *Reconciler) markSilent(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// placer returns which unplaced Workspaces this replica places now: those
+// it admitted within handoff (Admitted), and, when it holds the fleet
+// lease, those admitted handoff or more ago, by any replica; every one
+// without Config.Leader (one ctrl). It forgets the Workspaces it admitted
+// handoff or more ago.
+func (r *Reconciler) placer() func(w *store.Workspace) bool {
+	if r.leader == nil {
+		return func(*store.Workspace) bool { return true }
+	}
+	leads, now := r.leads(), r.now()
+	r.mu.Lock()
+	mine := make(map[string]bool, len(r.admitted))
+	for id, at := range r.admitted {
+		if time.Since(at) >= handoff {
+			delete(r.admitted, id)
+		} else {
+			mine[id] = true
+		}
+	}
+	r.mu.Unlock()
+	return func(w *store.Workspace) bool {
+		return mine[w.ID] || (leads && now.Sub(w.UpdatedAt) >= handoff)
+	}
 }
 
 // holds reports whether this ctrl holds node's stream.

@@ -239,8 +239,8 @@ func (r *Reconciler) connected() []candidate {
 // hold a stream to some ctrl replica (Connected): those connected to this
 // ctrl, and the others heard from within the grace at now by the store's
 // last_seen (as of the last reload of the node records), except those
-// whose latest stream was to this ctrl and ended. The fleet lease's holder
-// places on them all; another replica pushes to the nodes it holds.
+// whose latest stream was to this ctrl and ended: placement weighs them
+// all.
 func (r *Reconciler) reachable(now time.Time) []candidate {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -471,11 +471,11 @@ type usageCache struct {
 }
 
 // placementQueue is the store queue (store.Store.InTxQueued) of every
-// placement transaction. Placing is the fleet lease's holder's work, but
-// for a moment around a handover two replicas may both believe they hold
-// the lease: in the queue their transactions wait for each other instead
-// of making PostgreSQL abort them (the one that comes second finds the
-// rows placed and skips them).
+// placement transaction: replicas place at once (each the Workspaces it
+// admitted, and the lease holder those past handoff), on the same nodes,
+// and in the queue their transactions wait for each other instead of
+// making PostgreSQL abort them over the nodes' usage (one that finds a row
+// placed skips it).
 const placementQueue = "placement"
 
 // placement is what placing one Workspace came to.
@@ -493,9 +493,10 @@ type placement struct {
 // state and usage), or fails its command when none can hold it after the
 // placement timeout, for the fleet's reason (capacity, templates, states;
 // NODE_UNREACHABLE only when no node anywhere was heard from within the
-// grace). Placing is the work of the fleet lease's holder (pass), which
-// alone fails a placement: the failure's transaction checks the lease
-// first (Config.Fence). A placement itself needs no fence: the
+// grace). Placing is the work of the replica that admitted the command,
+// then of the fleet lease's holder (placePending), which alone fails a
+// placement: the failure's transaction checks the lease first
+// (Config.Fence). A placement itself needs no fence: the
 // transaction re-reads the row, so a replica that lost the lease and
 // places all the same places a Workspace nobody placed, once. It returns
 // the placed row (nil when not placed) and whether a command completed.

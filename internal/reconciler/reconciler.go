@@ -122,6 +122,10 @@ type Reconciler struct {
 	// volPending are Volumes this reconciler changed whose node has not
 	// been sent the change yet (volume.go).
 	volPending map[string]time.Time
+	// admitted are the Workspaces this replica admitted a command of
+	// within handoff, by when (by the monotonic wall clock): it places
+	// them (Admitted).
+	admitted map[string]time.Time
 	// mem is the host-memory policy's state (hostmemory.go).
 	mem hostMemory
 	// stored is every node's stored record as last read (nodes.go), and
@@ -207,6 +211,7 @@ func New(cfg Config) *Reconciler {
 		agentRatio:       map[string]float64{},
 		quiet:            map[string]bool{},
 		volPending:       map[string]time.Time{},
+		admitted:         map[string]time.Time{},
 	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
@@ -283,28 +288,34 @@ func (r *Reconciler) KickAll() {
 	r.store.Notify(store.ReconcileTopic)
 }
 
-// KickPlacer wakes the reconciler that places new Workspaces (this one
-// or another replica's: the fleet lease's holder) through the store's
-// notifications (store.PlaceTopic): what a create's admission calls, the
-// Workspace having no node yet. The other replicas sleep on.
-func (r *Reconciler) KickPlacer() { r.store.Notify(store.PlaceTopic) }
+// Admitted records that this replica admitted a command of Workspace id
+// (a create, or a command on a Workspace that may have no node yet) and
+// wakes the loop: for handoff from now, placing it is this replica's work,
+// and only then the fleet lease holder's (placePending). The other
+// replicas are not woken: a Workspace without a node needs no push.
+func (r *Reconciler) Admitted(id string) {
+	r.mu.Lock()
+	if len(r.admitted) < maxAdmitted {
+		r.admitted[id] = time.Now()
+	} // else the lease holder places it after handoff
+	r.mu.Unlock()
+	r.wake()
+}
+
+// handoff is how long the replica that admitted a Workspace is the only
+// one to place it; then the fleet lease's holder places it (the admitting
+// replica died, or fell behind). maxAdmitted bounds the Workspaces a
+// replica remembers having admitted within handoff.
+const (
+	handoff     = time.Second
+	maxAdmitted = 10000
+)
 
 // wakeOnNotify wakes this reconciler until ctx ends: Kick at each
 // notification of store.ReconcileTopic (another replica's KickAll, or
-// this one's); wake at each of store.PlaceTopic when this replica places
-// (leads), and at each of store.PushTopic when it does not (the placer
-// pushed to its own nodes already).
+// this one's), wake at each of store.PushTopic.
 func (r *Reconciler) wakeOnNotify(ctx context.Context) {
-	go r.wakeOn(ctx, store.PlaceTopic, func() {
-		if r.leads() {
-			r.wake()
-		}
-	})
-	go r.wakeOn(ctx, store.PushTopic, func() {
-		if !r.leads() {
-			r.wake()
-		}
-	})
+	go r.wakeOn(ctx, store.PushTopic, r.wake)
 	r.wakeOn(ctx, store.ReconcileTopic, r.Kick)
 }
 

@@ -170,8 +170,9 @@ func TestSilentNodeOfAnotherReplica(t *testing.T) {
 }
 
 // TestHolderPlacesFleetWide: the fleet lease's holder b has no stream;
-// n1 (1024 MiB) is connected to a, which does not hold the lease. b places
-// on n1 at once what n1 can hold, and a's pass, woken by b's notification,
+// n1 (1024 MiB) is connected to a, which does not hold the lease. Once
+// handoff has passed (a replica that admitted them did not place them), b
+// places on n1 what n1 can hold, and a's pass, woken by b's notification,
 // pushes it to n1; what no node can hold fails at the timeout for
 // capacity, not NODE_UNREACHABLE. Once n1's stream to b ended, b places
 // nothing on it, though the store heard n1 within the grace.
@@ -182,6 +183,7 @@ func TestHolderPlacesFleetWide(t *testing.T) {
 	nc := connectNode(t, a, hello("n1", 1024, 4000, "", workspace.DefaultTemplate))
 	seed(t, st, t0, row{id: "big", power: running, generation: 1, state: wsCreate, memMiB: 2048, command: "c-big"})
 	seed(t, st, t0, row{id: "fits", power: running, generation: 1, state: wsCreate, memMiB: 256, command: "c-fits"})
+	clock.Set(t0.Add(handoff))
 	hear(t, a, "n1")
 	if err := b.loadNodes(t.Context()); err != nil {
 		t.Fatal(err)
@@ -225,6 +227,7 @@ func TestHolderPlacesFleetWide(t *testing.T) {
 	hear(t, b, "n1")
 	b.detach(n2)
 	seed(t, st, t0.Add(timeout), row{id: "later", power: running, generation: 1, state: wsCreate, memMiB: 256, command: "c-later"})
+	b.Admitted("later") // b's to place, at once
 	if err := b.pass(t.Context()); err != nil {
 		t.Fatal(err)
 	}

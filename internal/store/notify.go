@@ -42,14 +42,9 @@ const RecheckInterval = time.Second
 // acts at once rather than at its next tick.
 const ReconcileTopic = "reconcile"
 
-// PlaceTopic is the topic notified when an admission gave the reconcilers
-// a Workspace to place (a create): only the replica that places (the
-// fleet lease's holder) wakes.
-const PlaceTopic = "place"
-
-// PushTopic is the topic notified when the replica that places placed a
-// Workspace on a node whose stream another replica holds: the replicas
-// that do not place wake, and the one holding the stream pushes it.
+// PushTopic is the topic notified when a replica placed a Workspace on a
+// node whose stream another replica holds: every replica wakes, and the
+// one holding the stream pushes it.
 const PushTopic = "push"
 
 // NodesTopic is the topic notified after a commit that changed a node's

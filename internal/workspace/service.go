@@ -70,10 +70,11 @@ type Service struct {
 	MaxCapacity func() Capacity
 	// Kick wakes the reconciler after an admission.
 	Kick func()
-	// KickPlacer wakes the reconciler that places new Workspaces after a
-	// create's admission (with several replicas, only the one that places
-	// needs to wake); nil: Kick.
-	KickPlacer func()
+	// Admitted, when set, is called with the Workspace of each admission,
+	// after its commit: this replica's reconciler places it when it has no
+	// node yet (reconciler.Reconciler.Admitted). A create calls only
+	// Admitted; other commands call Kick too.
+	Admitted func(id string)
 	// WaitBound bounds how long stop and delete wait (one minute by default).
 	WaitBound time.Duration
 	// Recheck is how often a wait re-reads the store without a notification
@@ -106,12 +107,10 @@ func (s *Service) kick() {
 	}
 }
 
-func (s *Service) kickPlacer() {
-	if s.KickPlacer == nil {
-		s.kick()
-		return
+func (s *Service) admitted(id string) {
+	if s.Admitted != nil {
+		s.Admitted(id)
 	}
-	s.KickPlacer()
 }
 
 // Decode returns the public Workspace of a row.
@@ -246,11 +245,10 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 		return nil, err
 	}
 	normalize := func(r *ctrlv1.CreateWorkspaceRequest) { normalizePolicyInput(r.GetNetworkPolicy()) }
-	defer s.kickPlacer()
 	if req.GetExpiration() != nil {
 		defer s.Store.Notify(ExpirationTopic) // wakes the expiration engine
 	}
-	return command.Execute(ctx, s.Engine, command.Spec[*ctrlv1.CreateWorkspaceRequest, *ctrlv1.CreateWorkspaceResponse]{
+	resp, err := command.Execute(ctx, s.Engine, command.Spec[*ctrlv1.CreateWorkspaceRequest, *ctrlv1.CreateWorkspaceResponse]{
 		Method: createMethod, ObjectKind: ObjectKind,
 		CommandKind: int(ctrlv1.WorkspaceCommandKind_WORKSPACE_COMMAND_KIND_CREATE), Request: req, Normalize: normalize,
 		NewResponse: func() *ctrlv1.CreateWorkspaceResponse { return &ctrlv1.CreateWorkspaceResponse{} },
@@ -329,6 +327,14 @@ func (s *Service) Create(ctx context.Context, req *ctrlv1.CreateWorkspaceRequest
 			return &ctrlv1.CreateWorkspaceResponse{Workspace: pub, Command: acceptance(rec)}, nil
 		},
 	})
+	switch {
+	case err != nil:
+	case s.Admitted != nil:
+		s.Admitted(resp.GetWorkspace().GetWorkspaceId())
+	default:
+		s.kick()
+	}
+	return resp, err
 }
 
 func acceptance(rec *store.Command) *ctrlv1.WorkspaceCommand {
@@ -527,6 +533,7 @@ func run[Req command.Input, Resp proto.Message](ctx context.Context, s *Service,
 		return zero, err
 	}
 	defer s.kick()
+	defer s.admitted(t.id) // it may have no node: a start after a failed placement, a delete
 	// The admission may have superseded (completed) the Workspace's
 	// previous command: wake its waiters.
 	defer s.Store.Notify(store.WorkspaceTopic(t.id))
