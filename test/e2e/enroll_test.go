@@ -101,6 +101,9 @@ func TestNodeEnrollment(t *testing.T) {
 		cmd := exec.Command(nodeBinary(t), args...)
 		var logs bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &logs, &logs
+		// A workspace process that outlives the killed node may hold its
+		// output pipe: Wait must not wait for it (it hung CI for 15 min).
+		cmd.WaitDelay = 5 * time.Second
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
