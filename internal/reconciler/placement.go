@@ -223,19 +223,8 @@ func placementFailure(reason string) *fault.Error {
 	return &fault.Error{Kind: fault.KindResourceExhausted, Reason: fault.ReasonCapacityExhausted, Stage: "placement", Message: reason}
 }
 
-// connected returns the connected nodes in ID order, without their usage,
-// with their fleet state and overcommit ratios from the cached view.
-func (r *Reconciler) connected() []candidate {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	ids := make([]string, 0, len(r.nodes))
-	for id := range r.nodes {
-		ids = append(ids, id)
-	}
-	return r.candidates(ids)
-}
-
-// reachable returns, in ID order and as connected does, the nodes that
+// reachable returns, in ID order, without their usage, with their fleet
+// state and overcommit ratios from the cached view, the nodes that
 // hold a stream to some ctrl replica (Connected): those connected to this
 // ctrl, and the others heard from within the grace at now by the store's
 // last_seen (as of the last reload of the node records), except those
@@ -276,17 +265,6 @@ func (r *Reconciler) candidates(ids []string) []candidate {
 			state: v.State(id), ratios: ratios}
 	}
 	return out
-}
-
-// choose picks a node for pub among the connected ones (see pick); it is
-// one decision of a decider (newDecider).
-func (r *Reconciler) choose(ctx context.Context, tx store.Tx, pub *ctrlv1.Workspace) (*candidate, string, error) {
-	d, err := r.newDecider(ctx, tx, r.connected())
-	if err != nil {
-		return nil, "", err
-	}
-	c, _, reason, err := d.decide(ctx, tx, pub)
-	return c, reason, err
 }
 
 // decider makes the placement decisions of one transaction among nodes,
