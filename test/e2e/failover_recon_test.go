@@ -32,7 +32,7 @@ func TestReplicaLearnsNodeOfAnother(t *testing.T) {
 
 	_, logs := e.startDoubleNode("recon", 1)
 
-	opened := logs.waitOpen(t, e.url(1), time.Time{}, 30*time.Second)
+	opened := logs.waitOpen(t, e.url(1), time.Time{}, 30*time.Second).at
 	for !serves() {
 		if time.Since(opened) > 2*time.Second {
 			t.Fatal("replica 0 does not advertise workspace.create 2 s after the node's stream to replica 1 opened")
