@@ -195,6 +195,7 @@ func runConfig(ctx context.Context, o options, k int, bin, dir string, env []str
 	// Nodes.
 	rec := &recorder{opened: make([]atomic.Int64, o.nodes), on: make([]atomic.Int32, o.nodes), urls: cl.urls}
 	var starts sync.Map // workspace ID → time.Time of its first Start on a node
+	var stops sync.Map  // workspace ID → time.Time of its first Stop on a node
 	certDir := filepath.Join(dir, "nodes")
 	if err := os.MkdirAll(certDir, 0o700); err != nil {
 		return nil, err
@@ -227,7 +228,7 @@ func runConfig(ctx context.Context, o options, k int, bin, dir string, env []str
 			return nil, err
 		}
 		a := agent.New(agent.Config{
-			NodeID: id, Ctrl: set, Runtime: timedRuntime{agenttest.New(), &starts},
+			NodeID: id, Ctrl: set, Runtime: timedRuntime{agenttest.New(), &starts, &stops},
 			Capacity: &nodev1.Capacity{MemoryMib: 1 << 20, CpuMillis: 1 << 20, StorageBytes: 1 << 50, StoragePool: "default"},
 			Log:      slog.New(&nodeLog{i: i, rec: rec}),
 			Templates: func() []*nodev1.TemplateInfo {
@@ -333,7 +334,16 @@ func runConfig(ctx context.Context, o options, k int, bin, dir string, env []str
 	sub := ws[o.workspaces-o.measure:]
 	logf("stopping %d at %.0f/s", len(sub), o.rate)
 	r.stop = paced(len(sub), o.rate, o.inflight, func(i int) (time.Duration, error) { return c.stop(ctx, i, &sub[i]) })
+	r.stopSplit = splitStops(sub, &stops)
 	logf("stops: %s", r.stop.summary())
+	logf("stops split p50/p99 ms: called→Stop %.1f/%.1f, Stop→answered %.1f/%.1f",
+		benchkit.MS(pctOf(r.stopSplit.toStop, .5)), benchkit.MS(pctOf(r.stopSplit.toStop, .99)),
+		benchkit.MS(pctOf(r.stopSplit.stopToAnswer, .5)), benchkit.MS(pctOf(r.stopSplit.stopToAnswer, .99)))
+	if o.keep {
+		if err := writeStopTimeline(filepath.Join(dir, "stops.csv"), sub, r.stopSplit.stops, kill); err != nil {
+			return nil, err
+		}
+	}
 	logf("deleting %d at %.0f/s", len(sub), o.rate)
 	r.del = paced(len(sub), o.rate, o.inflight, func(i int) (time.Duration, error) { return c.remove(ctx, i, &sub[i]) })
 	logf("deletes: %s", r.del.summary())
@@ -489,18 +499,25 @@ type wsState struct {
 	// and completed_at (ctrl's clock, the same host's), seen COMPLETED
 	// (client).
 	answered, createdAt, completedAt, seen time.Time
+	// The stop's call and its answer (client).
+	stopCalled, stopAnswered time.Time
 }
 
 // timedRuntime records when each workspace first reaches its node's
-// runtime (Start).
+// runtime (Start), and when its first Stop does.
 type timedRuntime struct {
 	*agenttest.Runtime
-	starts *sync.Map
+	starts, stops *sync.Map
 }
 
 func (t timedRuntime) Start(ctx context.Context, s agent.Spec) error {
 	t.starts.LoadOrStore(s.WorkspaceID, time.Now())
 	return t.Runtime.Start(ctx, s)
+}
+
+func (t timedRuntime) Stop(ctx context.Context, id string, force bool) error {
+	t.stops.LoadOrStore(id, time.Now())
+	return t.Runtime.Stop(ctx, id, force)
 }
 
 // split is where a create's time goes, each a sorted list of durations.
@@ -529,6 +546,46 @@ func splitCreates(ws []wsState, starts *sync.Map) split {
 		slices.Sort(l)
 	}
 	return sp
+}
+
+// stopSplit is where a stop's time goes, each a sorted list of durations.
+type stopSplit struct {
+	toStop, stopToAnswer []time.Duration
+	stops                []time.Time // by workspace index (zero: not seen)
+}
+
+func splitStops(ws []wsState, stops *sync.Map) stopSplit {
+	sp := stopSplit{stops: make([]time.Time, len(ws))}
+	for i, w := range ws {
+		v, ok := stops.Load(w.id)
+		if !ok || w.stopAnswered.IsZero() {
+			continue
+		}
+		st := v.(time.Time)
+		sp.stops[i] = st
+		sp.toStop = append(sp.toStop, st.Sub(w.stopCalled))
+		sp.stopToAnswer = append(sp.stopToAnswer, w.stopAnswered.Sub(st))
+	}
+	slices.Sort(sp.toStop)
+	slices.Sort(sp.stopToAnswer)
+	return sp
+}
+
+// writeStopTimeline writes each stop's moments, in ms from t0 (the
+// restart's SIGTERM): called, Stop on the node, answered.
+func writeStopTimeline(path string, ws []wsState, stops []time.Time, t0 time.Time) error {
+	var b strings.Builder
+	b.WriteString("i,called_ms,stop_ms,answered_ms\n")
+	ms := func(t time.Time) float64 {
+		if t.IsZero() {
+			return 0
+		}
+		return benchkit.MS(t.Sub(t0))
+	}
+	for i, w := range ws {
+		fmt.Fprintf(&b, "%d,%.1f,%.1f,%.1f\n", i, ms(w.stopCalled), ms(stops[i]), ms(w.stopAnswered))
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
 // writeTimeline writes each create's moments, in ms from the first
@@ -623,11 +680,13 @@ func (c *client) stop(ctx context.Context, i int, w *wsState) (time.Duration, er
 	ws := c.ws[i%len(c.ws)]
 	cmd := c.cmdID("stop")
 	t0 := time.Now()
+	w.stopCalled = t0
 	resp, err := retry(func() (*connect.Response[ctrlv1.StopWorkspaceResponse], error) {
 		return ws.StopWorkspace(ctx, connect.NewRequest(&ctrlv1.StopWorkspaceRequest{
 			Metadata: &ctrlv1.CommandMetadata{CommandId: cmd}, WorkspaceId: w.id, ExpectedExpirationRevision: w.rev}))
 	})
 	d := time.Since(t0)
+	w.stopAnswered = t0.Add(d)
 	if err != nil {
 		w.ok = false
 		return d, fmt.Errorf("StopWorkspace: %w", err)

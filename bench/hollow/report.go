@@ -27,6 +27,7 @@ type report struct {
 	restartErr                                  []string
 	create, stop, del                           phase
 	split                                       split
+	stopSplit                                   stopSplit
 	pgI, pg0, pg1, pg2                          pgStats
 	sqliteBytes                                 int64
 }
@@ -81,14 +82,11 @@ func (r *report) markdown() string {
 		w("| %s | %d | %d | %.1f | %.1f | %.1f | %v | %v |\n", row.name, len(row.p.lats), row.p.errs,
 			benchkit.MS(row.p.pct(0.5)), benchkit.MS(row.p.pct(0.99)), benchkit.MS(row.p.pct(1)), row.p.wall.Round(time.Millisecond), row.p.maxLag.Round(time.Millisecond))
 	}
-	w("\nWhere a create's time goes (the command's created_at and completed_at are ctrl's clock, the runtime's Start the hollow node's; one host):\n\n| span | p50 ms | p99 ms | max ms |\n|---|---|---|---|\n")
-	for _, row := range []struct {
-		name string
-		l    []time.Duration
-	}{{"accepted (created_at) → Start on the node", r.split.toStart}, {"Start → completed_at", r.split.startToDone},
-		{"completed_at → client sees COMPLETED", r.split.doneToSeen}, {"**created_at → completed_at** (acceptance to COMPLETED)", r.split.acceptToDone}} {
-		w("| %s | %.1f | %.1f | %.1f |\n", row.name, benchkit.MS(pctOf(row.l, 0.5)), benchkit.MS(pctOf(row.l, 0.99)), benchkit.MS(pctOf(row.l, 1)))
-	}
+	spans(w, "Where a create's time goes (the command's created_at and completed_at are ctrl's clock, the runtime's Start the hollow node's; one host)", []span{
+		{"accepted (created_at) → Start on the node", r.split.toStart}, {"Start → completed_at", r.split.startToDone},
+		{"completed_at → client sees COMPLETED", r.split.doneToSeen}, {"**created_at → completed_at** (acceptance to COMPLETED)", r.split.acceptToDone}})
+	spans(w, "Where a stop's time goes (the runtime's Stop on the hollow node; the stops begin right after the restart)", []span{
+		{"called → Stop on the node", r.stopSplit.toStop}, {"Stop on the node → answered", r.stopSplit.stopToAnswer}})
 	for _, row := range []struct {
 		name string
 		p    phase
@@ -173,4 +171,18 @@ func ratios(a, b *report) string {
 	row("restart: the restarted replica's nodes all streaming again", a.reconnect, b.reconnect)
 	s.WriteString("\nGoal (issue 15): p99 acceptance → COMPLETED with two replicas ≤ 1.25× one replica's at the same load.\n")
 	return s.String()
+}
+
+// span is one row of a table of where a command's time goes: a sorted
+// list of durations.
+type span struct {
+	name string
+	l    []time.Duration
+}
+
+func spans(w func(string, ...any), title string, rows []span) {
+	w("\n%s:\n\n| span | p50 ms | p99 ms | max ms |\n|---|---|---|---|\n", title)
+	for _, row := range rows {
+		w("| %s | %.1f | %.1f | %.1f |\n", row.name, benchkit.MS(pctOf(row.l, 0.5)), benchkit.MS(pctOf(row.l, 0.99)), benchkit.MS(pctOf(row.l, 1)))
+	}
 }
