@@ -26,6 +26,7 @@ import (
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
 	"github.com/kibotos/kibotos/internal/node/agent"
 	"github.com/kibotos/kibotos/internal/node/netattach"
+	"github.com/kibotos/kibotos/internal/node/sandbox"
 	"github.com/kibotos/kibotos/internal/pki"
 )
 
@@ -110,7 +111,16 @@ func removeBackstop(t *testing.T, stateDir string) {
 func startCtrl(t *testing.T, dataDir string, extra ...string) *ctrlProc {
 	t.Helper()
 	if !slices.Contains(extra, "--dev-no-node") {
-		removeBackstop(t, filepath.Join(dataDir, "node"))
+		nodeRoot := filepath.Join(dataDir, "node")
+		removeBackstop(t, nodeRoot)
+		// After ctrl is killed (cleanups run last first): a workspace
+		// outlives its node by design, and a test that leaves one running
+		// must not leave its guest on the host.
+		t.Cleanup(func() {
+			if err := sandbox.Cleanup(nodeRoot); err != nil {
+				t.Logf("sandbox.Cleanup: %v", err)
+			}
+		})
 	}
 	args := append([]string{"--dev", "--data-dir", dataDir, "--listen", "127.0.0.1:0"}, extra...)
 	cmd := exec.Command(filepath.Join(binDir, "kibotos-ctrl"), args...)
