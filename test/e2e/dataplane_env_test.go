@@ -19,7 +19,6 @@ import (
 
 	ctrlv1 "github.com/kibotos/kibotos/gen/kibotos/ctrl/v1"
 	"github.com/kibotos/kibotos/gen/kibotos/ctrl/v1/ctrlv1connect"
-	"github.com/kibotos/kibotos/internal/node/sandbox"
 	"github.com/kibotos/kibotos/internal/pki"
 )
 
@@ -40,19 +39,12 @@ type dpEnv struct {
 
 // newDPEnv starts ctrl --dev and creates workspace name (its command ID).
 // The executions the embedded node leaves behind are cleaned up after
-// ctrl is killed.
+// ctrl is killed (startCtrl).
 func newDPEnv(t *testing.T, name string) *dpEnv {
 	t.Helper()
 	requireRoot(t)
 	e := &dpEnv{t: t, dataDir: t.TempDir()}
 	e.nodeRoot = filepath.Join(e.dataDir, "node")
-	t.Cleanup(func() {
-		if _, err := os.Stat(e.nodeRoot); err == nil {
-			if err := sandbox.Cleanup(e.nodeRoot); err != nil {
-				t.Logf("sandbox.Cleanup: %v", err)
-			}
-		}
-	})
 	e.p = startCtrl(t, e.dataDir, "--guest-binary", filepath.Join(binDir, "kibotos-guest"))
 	hc := operatorClient(t, e.dataDir)
 	e.ws = ctrlv1connect.NewWorkspaceServiceClient(hc, e.p.url)

@@ -30,7 +30,7 @@ func TestReplicaLearnsNodeOfAnother(t *testing.T) {
 		t.Fatal("replica 0 advertises workspace.create before any node registered")
 	}
 
-	_, logs := e.startDoubleNode("recon", 1)
+	logs := e.startDoubleNode("recon", 1)
 
 	opened := logs.waitOpen(t, e.url(1), time.Time{}, 30*time.Second).at
 	for !serves() {

@@ -101,7 +101,7 @@ func TestNodeFailsOverBetweenReplicas(t *testing.T) {
 	url := pgSchema(t)
 	e := newSoakEnv(t, 2, "--dev-no-node", "--store", url, "--log-level", "info")
 
-	_, logs := e.startDoubleNode("failover", 0, 1)
+	logs := e.startDoubleNode("failover", 0, 1)
 
 	// The replica holding the stream is the one the node's first stream
 	// opened to: the set's current endpoint, read before that, may still
@@ -160,8 +160,8 @@ func (e *soakEnv) createOne(i int, name string) time.Duration {
 
 // startDoubleNode runs a node agent named id with the runtime double (a
 // large capacity, the soak template) in the test process, given the URLs
-// of the replicas listed; it returns its endpoint set and its log.
-func (e *soakEnv) startDoubleNode(id string, replicas ...int) (*ctrlset.Set, *streamLog) {
+// of the replicas listed; it returns its log.
+func (e *soakEnv) startDoubleNode(id string, replicas ...int) *streamLog {
 	t := e.t
 	var list []string
 	for _, i := range replicas {
@@ -195,5 +195,5 @@ func (e *soakEnv) startDoubleNode(id string, replicas ...int) (*ctrlset.Set, *st
 		},
 	})
 	runAgent(t, a)
-	return set, logs
+	return logs
 }
