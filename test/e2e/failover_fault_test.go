@@ -711,7 +711,9 @@ func TestFailoverFaultSameID(t *testing.T) {
 	}
 	nodeStarts := e.nodeStarts()
 	for _, id := range ids {
-		if n := sampler.executions(id); n != 1 {
+		// The samples may miss an execution that lived less than a
+		// sampling interval; the node's log counts every start.
+		if n := sampler.executions(id); n > 1 {
 			t.Errorf("workspace %s had %d executions over its life (one create, no start), want 1", id, n)
 		}
 		if gens := nodeStarts[id]; len(gens) != 1 {
