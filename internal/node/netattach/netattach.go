@@ -294,7 +294,7 @@ func (g *guarded) SupportedGSO() stack.SupportedGSO { return g.gso.SupportedGSO(
 // starts nothing.
 func (g *guarded) Attach(d stack.NetworkDispatcher) {
 	if d == nil {
-		// Stopping waits for the reader, which may be writing: no lock.
+		// Stopping only tells the reader to stop (Wait waits for it).
 		g.LinkEndpoint.Attach(nil)
 		return
 	}

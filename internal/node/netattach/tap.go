@@ -164,27 +164,21 @@ func (e *tapEndpoint) Close() {}
 // SetOnCloseAction implements stack.LinkEndpoint.
 func (e *tapEndpoint) SetOnCloseAction(func()) {}
 
-// Attach implements stack.LinkEndpoint: it starts the reader, or (nil) stops it and
-// waits for it.
+// Attach implements stack.LinkEndpoint: it starts the reader, or (nil) tells it to
+// stop without waiting for it: gVisor detaches a NIC holding the stack's lock, which
+// the reader may need to deliver its last frame (a reply to it is routed), so the
+// wait is Wait's, which gVisor and Link.Close call without that lock.
 func (e *tapEndpoint) Attach(d stack.NetworkDispatcher) {
 	e.mu.Lock()
+	defer e.mu.Unlock()
 	if d == nil {
-		if e.dispatcher == nil {
-			e.mu.Unlock()
-			return
+		if e.dispatcher != nil && !e.stopping {
+			e.stopping = true
+			// A read waiting in the poller returns at once.
+			_ = e.f.SetReadDeadline(time.Unix(1, 0))
 		}
-		e.stopping = true
-		e.mu.Unlock()
-		// A read waiting in the poller returns at once.
-		_ = e.f.SetReadDeadline(time.Unix(1, 0))
-		e.reading.Wait()
-		e.mu.Lock()
-		e.dispatcher, e.stopping = nil, false
-		e.mu.Unlock()
-		_ = e.f.SetReadDeadline(time.Time{})
 		return
 	}
-	defer e.mu.Unlock()
 	if e.dispatcher != nil || e.stopping {
 		return
 	}
@@ -197,16 +191,17 @@ func (e *tapEndpoint) Attach(d stack.NetworkDispatcher) {
 func (e *tapEndpoint) IsAttached() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.dispatcher != nil
+	return e.dispatcher != nil && !e.stopping
 }
 
 // Wait implements stack.LinkEndpoint: it returns once the reader has ended.
 func (e *tapEndpoint) Wait() { e.reading.Wait() }
 
 // read hands the TAP's frames to d until the reader is stopped or the TAP fails (the
-// workspace deleted it): any error but EAGAIN ends it.
+// workspace deleted it): any error but EAGAIN ends it, and the endpoint is detached.
 func (e *tapEndpoint) read(d stack.NetworkDispatcher) {
 	defer e.reading.Done()
+	defer e.detached()
 	var b frameBuffer
 	b.init()
 	defer b.release()
@@ -238,6 +233,17 @@ func (e *tapEndpoint) read(d stack.NetworkDispatcher) {
 		}
 		pkt.DecRef()
 	}
+}
+
+// detached records that the reader has ended: nothing is attached, and a stop's read
+// deadline is lifted for the next reader.
+func (e *tapEndpoint) detached() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.stopping {
+		_ = e.f.SetReadDeadline(time.Time{})
+	}
+	e.dispatcher, e.stopping = nil, false
 }
 
 // accept parses pkt's Ethernet header: a frame to the node's address or to a group

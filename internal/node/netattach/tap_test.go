@@ -10,9 +10,11 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
+	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 
 	"github.com/kibotos/kibotos/internal/node/netstack"
@@ -79,5 +81,80 @@ func TestTAPBulkBothWays(t *testing.T) {
 				t.Fatal("the echo differs from what was sent")
 			}
 		})
+	}
+}
+
+// lockedDispatcher takes a lock to deliver a frame, as gVisor's stack takes its own to
+// route a reply.
+type lockedDispatcher struct {
+	mu        *sync.Mutex
+	delivered chan struct{}
+}
+
+func (d lockedDispatcher) DeliverNetworkPacket(tcpip.NetworkProtocolNumber, *stack.PacketBuffer) {
+	select {
+	case d.delivered <- struct{}{}:
+	default:
+	}
+	d.mu.Lock()
+	d.mu.Unlock()
+}
+
+func (d lockedDispatcher) DeliverLinkPacket(tcpip.NetworkProtocolNumber, *stack.PacketBuffer) {}
+
+// TestDetachWhileDelivering: detaching the endpoint (gVisor's RemoveNIC, which holds
+// the stack's lock) returns while the reader waits for that lock to deliver a frame;
+// Wait, called without the lock, returns once the reader is gone.
+func TestDetachWhileDelivering(t *testing.T) {
+	requireRoot(t)
+	ws := newNetns(t)
+	link, err := AttachNetns(ws, testOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer link.Close()
+	var stackMu sync.Mutex
+	d := lockedDispatcher{mu: &stackMu, delivered: make(chan struct{}, 1)}
+	stackMu.Lock()
+	link.Endpoint.Attach(d)
+	// A datagram to the outside makes the workspace's kernel ask for the gateway's
+	// address: a broadcast frame the endpoint takes.
+	c, err := dialIn(t, ws, nil, "udp", "198.51.100.7:9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-d.delivered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no frame reached the dispatcher")
+	}
+	detached := make(chan struct{})
+	go func() {
+		link.Endpoint.Attach(nil)
+		close(detached)
+	}()
+	select {
+	case <-detached:
+	case <-time.After(5 * time.Second):
+		stackMu.Unlock()
+		t.Fatal("detaching waited for the reader, which waits for the lock the detacher holds")
+	}
+	if link.Endpoint.IsAttached() {
+		t.Error("still attached after Attach(nil)")
+	}
+	stackMu.Unlock()
+	waited := make(chan struct{})
+	go func() {
+		link.Endpoint.Wait()
+		close(waited)
+	}()
+	select {
+	case <-waited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the reader did not end after detaching")
 	}
 }
