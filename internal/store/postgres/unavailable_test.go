@@ -154,13 +154,16 @@ func TestUnreachableDatabase(t *testing.T) {
 		}
 	}()
 	const secret = "s3cr3t-pw"
+	// A refusal comes at once, but a loaded machine can take longer than 300ms
+	// to schedule the dial: its bound is wider, so that the cause is the refusal.
 	for _, c := range []struct {
 		name, addr, msg string
+		bound           time.Duration
 	}{
-		{"refused", closed, "connection refused"},
-		{"silent", silent.Addr().String(), "within 300ms"},
+		{"refused", closed, "connection refused", 2 * time.Second},
+		{"silent", silent.Addr().String(), "within 300ms", 300 * time.Millisecond},
 	} {
-		s := lazyStore(t, "postgres://kibotos:"+secret+"@"+c.addr+"/db?sslmode=disable&pool_acquire_timeout=300ms")
+		s := lazyStore(t, "postgres://kibotos:"+secret+"@"+c.addr+"/db?sslmode=disable&pool_acquire_timeout="+c.bound.String())
 		ops := map[string]func(ctx context.Context) error{
 			"View": func(ctx context.Context) error {
 				return s.View(ctx, func(tx store.Tx) error { _, err := tx.GetCommand(ctx, "c"); return err })
@@ -182,8 +185,8 @@ func TestUnreachableDatabase(t *testing.T) {
 			if strings.Contains(err.Error(), secret) {
 				t.Errorf("%s %s: %q contains the password", c.name, op, err)
 			}
-			if took > 2*time.Second {
-				t.Errorf("%s %s took %v, want about the 300ms bound", c.name, op, took)
+			if took > c.bound+2*time.Second {
+				t.Errorf("%s %s took %v, want at most about the %v bound", c.name, op, took, c.bound)
 			}
 			// The caller's own deadline stays the caller's.
 			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
