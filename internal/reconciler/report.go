@@ -170,6 +170,30 @@ func (r *Reconciler) applyReports(ctx context.Context, nodeID string, epoch int6
 	return done, err
 }
 
+// changing returns those of reps (reports of nodeID) that would change
+// the store, found by folding them in a read-only transaction: one that
+// changes nothing writes nothing there, one that would write fails (View
+// refuses writes) and is kept, and so are those after it, since the failed
+// write may have ended the transaction. When the View itself fails, all
+// are kept, for the write to meet the store's error.
+func (r *Reconciler) changing(ctx context.Context, nodeID string, reps []*nodev1.ExecutionReport) []*nodev1.ExecutionReport {
+	var out []*nodev1.ExecutionReport
+	err := r.store.View(ctx, func(tx store.Tx) error {
+		out = out[:0]
+		for i, rep := range reps {
+			if completed, err := r.foldReport(ctx, tx, nodeID, bounded(rep)); err != nil || completed {
+				out = append(out, reps[i:]...)
+				return nil
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return reps
+	}
+	return out
+}
+
 // foldReport folds one report (bounded) of nodeID into tx, and reports
 // whether a command completed. A report that changes nothing of the
 // Workspace — the execution as last reported, as a Hello after a restart

@@ -2,7 +2,9 @@ package reconciler
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -466,6 +468,68 @@ func TestReportUnchangedWritesNothing(t *testing.T) {
 	for _, rep := range reps {
 		if c := loadCommand(t, st, "c-"+rep.GetWorkspaceId()); c.Status != store.CommandCompleted {
 			t.Fatalf("%s: command %v after the Hello, want completed", rep.GetWorkspaceId(), c.Status)
+		}
+	}
+}
+
+// writeCounter counts the store's write transactions.
+type writeCounter struct {
+	store.Store
+	writes atomic.Int64
+}
+
+func (c *writeCounter) InTx(ctx context.Context, fn func(store.Tx) error) error {
+	c.writes.Add(1)
+	return c.Store.InTx(ctx, fn)
+}
+
+// TestHelloUnchangedOpensNoWrite: a Hello whose executions are as last
+// reported (every node's after a restart of ctrl) opens no write
+// transaction; one whose chunk holds a changed execution writes that one,
+// and only it.
+func TestHelloUnchangedOpensNoWrite(t *testing.T) {
+	_, st, clock := newTest(t, Config{})
+	wc := &writeCounter{Store: st}
+	r := New(Config{Store: wc, Now: clock.Now})
+	nc := connectNode(t, r, hello("n1", 65536, 32000, "pool-a", workspace.DefaultTemplate))
+	var reps []*nodev1.ExecutionReport
+	for i := range 150 {
+		id := fmt.Sprintf("ws-%03d", i)
+		seed(t, st, t0, row{id: id, node: "n1", power: running, generation: 1, observed: 1, exec: 1, state: wsAvail})
+		reps = append(reps, &nodev1.ExecutionReport{WorkspaceId: id, Generation: 1, State: nodev1.ExecState_EXEC_STATE_RUNNING,
+			HoldsExecution: true, LayerExists: true})
+	}
+	// The executions reported once: the rows are as last reported.
+	if err := r.helloReports(t.Context(), nc, reps); err != nil {
+		t.Fatal(err)
+	}
+	before := map[string]*store.Workspace{}
+	for _, rep := range reps {
+		before[rep.GetWorkspaceId()], _ = load(t, st, rep.GetWorkspaceId())
+	}
+	clock.Set(t0.Add(time.Minute))
+	wc.writes.Store(0)
+	if err := r.helloReports(t.Context(), nc, reps); err != nil {
+		t.Fatal(err)
+	}
+	if n := wc.writes.Load(); n != 0 {
+		t.Errorf("an unchanged Hello of %d executions opened %d write transactions, want 0", len(reps), n)
+	}
+	reps[70] = proto.CloneOf(reps[70])
+	reps[70].GuestCondition, reps[70].ObservedAt = int32(ctrlv1.GuestCondition_GUEST_CONDITION_DISK_PRESSURE), timestamppb.New(clock.Now())
+	if err := r.helloReports(t.Context(), nc, reps); err != nil {
+		t.Fatal(err)
+	}
+	if n := wc.writes.Load(); n != 1 {
+		t.Errorf("a Hello with one changed execution opened %d write transactions, want 1", n)
+	}
+	for i, rep := range reps {
+		w, pub := load(t, st, rep.GetWorkspaceId())
+		switch wrote := !w.UpdatedAt.Equal(before[w.ID].UpdatedAt); {
+		case i == 70 && (!wrote || pub.GetGuestObservation() == nil):
+			t.Errorf("%s, changed: updated at %v, guest observation %v", w.ID, w.UpdatedAt, pub.GetGuestObservation())
+		case i != 70 && wrote:
+			t.Errorf("%s, unchanged, was written at %v", w.ID, w.UpdatedAt)
 		}
 	}
 }

@@ -309,9 +309,15 @@ func (r *Reconciler) report(ctx context.Context, nc *nodeConn, rep *nodev1.Execu
 const helloChunk = 64
 
 // helloReports applies the executions a Hello carries, helloChunk to a
-// transaction (reports).
+// transaction (reports), those that change nothing left out (changing):
+// after a restart of ctrl every node's Hello carries every execution as
+// last reported, and writing nothing for them keeps the store's writer (the
+// one SQLite has) for the reports that do, stops' among them.
 func (r *Reconciler) helloReports(ctx context.Context, nc *nodeConn, reps []*nodev1.ExecutionReport) error {
 	for chunk := range slices.Chunk(reps, helloChunk) {
+		if chunk = r.changing(ctx, nc.id, chunk); len(chunk) == 0 {
+			continue
+		}
 		if err := r.reports(ctx, nc, chunk); err != nil {
 			return err
 		}
