@@ -36,6 +36,7 @@ package reconciler
 import (
 	"context"
 	"log/slog"
+	"runtime"
 	"sync"
 	"time"
 
@@ -99,6 +100,9 @@ type Reconciler struct {
 	fence            func(ctx context.Context, tx store.Tx) error
 
 	kick chan struct{}
+	// resyncs holds a token for each stream applying its Hello and building
+	// its full state (resync).
+	resyncs chan struct{}
 
 	mu        sync.Mutex
 	nodes     map[string]*nodeConn          // connected nodes
@@ -204,6 +208,7 @@ func New(cfg Config) *Reconciler {
 		stored:           map[string]storedNode{},
 		registered:       map[string]int64{},
 		kick:             make(chan struct{}, 1),
+		resyncs:          make(chan struct{}, max(1, runtime.GOMAXPROCS(0)/2)),
 		nodes:            map[string]*nodeConn{},
 		caps:             map[string]workspace.Capacity{},
 		templates:        map[string]map[string]string{},

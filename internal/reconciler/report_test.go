@@ -533,3 +533,53 @@ func TestHelloUnchangedOpensNoWrite(t *testing.T) {
 		}
 	}
 }
+
+// TestResyncTakesTurns: a node's resync (its Hello applied, its full state
+// built) waits for a token while every one is taken, counting as heard
+// meanwhile (the wait is ctrl's, not the node's silence), and goes on once
+// one is free.
+func TestResyncTakesTurns(t *testing.T) {
+	r, _, clock := newTest(t, Config{})
+	h := hello("n1", 65536, 32000, "pool-a", workspace.DefaultTemplate)
+	nc := connectNode(t, r, h)
+	for range cap(r.resyncs) {
+		r.resyncs <- struct{}{}
+	}
+	type result struct {
+		full *nodev1.ConnectResponse
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		full, err := r.resync(t.Context(), nc, h)
+		done <- result{full, err}
+	}()
+	clock.Set(t0.Add(time.Minute))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r.mu.Lock()
+		seen := nc.lastSeen
+		r.mu.Unlock()
+		if seen.Equal(t0.Add(time.Minute)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a node waiting for its resync was last heard at %v, want %v", seen, t0.Add(time.Minute))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case res := <-done:
+		t.Fatalf("the resync ran with every token taken: %v", res.err)
+	default:
+	}
+	<-r.resyncs
+	select {
+	case res := <-done:
+		if res.err != nil || !res.full.GetDesired().GetFull() {
+			t.Fatalf("resync = %v, %v; want the full state", res.full, res.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the resync did not go on once a token was free")
+	}
+}

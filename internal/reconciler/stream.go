@@ -65,14 +65,11 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 		r.log.Info("node disconnected", "node_id", id)
 	}()
 
-	if err := r.helloReports(ctx, nc, hello.GetExecutions()); err != nil {
-		return connect.NewError(connect.CodeUnavailable, errors.New("a report could not be stored; connect again and send the full state"))
-	}
-	// Full desired state, then changes.
-	full, err := r.fullState(ctx, nc)
+	full, err := r.resync(ctx, nc, hello)
 	if err != nil {
 		return err
 	}
+	// Full desired state, then changes.
 	if err := stream.Send(full); err != nil {
 		return err
 	}
@@ -302,6 +299,33 @@ var errSuperseded = errors.New("reconciler: a newer connection of the node super
 // report applies an execution report of nc (reports).
 func (r *Reconciler) report(ctx context.Context, nc *nodeConn, rep *nodev1.ExecutionReport) error {
 	return r.reports(ctx, nc, []*nodev1.ExecutionReport{rep})
+}
+
+// resync applies the executions of nc's Hello and returns its full desired
+// state, holding one of the resync tokens (half the CPUs, at least one):
+// after a restart every node connects at once, and without the tokens
+// a thousand resyncs share the CPUs with the few live commands (a stop
+// then waited seconds for its node's report to be applied). A node waiting
+// for a token is not silent (its stream is open, the wait is ctrl's): it
+// counts as heard every second meanwhile.
+func (r *Reconciler) resync(ctx context.Context, nc *nodeConn, hello *nodev1.Hello) (*nodev1.ConnectResponse, error) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for taken := false; !taken; {
+		select {
+		case r.resyncs <- struct{}{}:
+			taken = true
+		case <-tick.C:
+			r.seen(nc)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	defer func() { <-r.resyncs }()
+	if err := r.helloReports(ctx, nc, hello.GetExecutions()); err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("a report could not be stored; connect again and send the full state"))
+	}
+	return r.fullState(ctx, nc)
 }
 
 // helloChunk is how many of the executions a Hello carries one
