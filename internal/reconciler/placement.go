@@ -39,6 +39,9 @@ type candidate struct {
 	// (fleet.View.PoolCapacity), when storageKnown.
 	freeBytes    uint64
 	storageKnown bool
+	// local: its stream is to this replica, which pushes it the placement
+	// itself (the others' nodes hear of it through their replica).
+	local bool
 }
 
 // memoryLimit is the memory (MiB) the Workspaces desired RUNNING on c may
@@ -123,14 +126,17 @@ func (c *candidate) serves(d demand) bool {
 // holds the template (or fetches it: a published version), serves networks
 // when the Workspace's policy is PUBLIC_INTERNET, has room in its storage
 // pool, fits the demand (candidate.fits) and has the most free memory;
-// ties go to the first in nodes. It returns nil with the reason when nodes
-// exist but none fits — naming the nodes' states when only nodes that are
-// not ACTIVE could take it — nil and "" when nodes is empty.
+// ties go to the first in nodes. A node whose stream is to this replica
+// (local) is preferred to the others while it has at least half the free
+// memory of the one with the most (localShare): its placement then reaches
+// it without crossing to another replica. It returns nil with the reason
+// when nodes exist but none fits — naming the nodes' states when only
+// nodes that are not ACTIVE could take it — nil and "" when nodes is empty.
 func pick(nodes []candidate, d demand) (*candidate, string) {
 	if len(nodes) == 0 {
 		return nil, ""
 	}
-	var best *candidate
+	var best, bestLocal *candidate
 	var blocked, inactive []*candidate // not ACTIVE: could take it / any
 	active, holders, networked, stored := 0, 0, 0, 0
 	if d.node != "" && !slices.ContainsFunc(nodes, func(c candidate) bool { return c.id == d.node }) {
@@ -167,8 +173,13 @@ func pick(nodes []candidate, d demand) (*candidate, string) {
 		if best == nil || c.freeMiB() > best.freeMiB() {
 			best = c
 		}
+		if c.local && (bestLocal == nil || c.freeMiB() > bestLocal.freeMiB()) {
+			bestLocal = c
+		}
 	}
 	switch {
+	case bestLocal != nil && bestLocal.freeMiB() >= best.freeMiB()/localShare:
+		return bestLocal, ""
 	case best != nil:
 		return best, ""
 	case len(blocked) > 0:
@@ -193,6 +204,14 @@ func pick(nodes []candidate, d demand) (*candidate, string) {
 	}
 	return nil, "no connected node has the memory and CPU this workspace requests"
 }
+
+// localShare bounds how much emptier than every node of this replica
+// another replica's node may be and still lose to one of them (pick): a
+// factor of the free memory. With clients spread over the replicas their
+// nodes fill alike; with every client on one replica, its nodes fill to
+// where they have half the free memory of the others, and the others take
+// their share from then on.
+const localShare = 2
 
 // states lists nodes with their states: `node "a" is draining, node "b"
 // is isolated`, at most five, then how many more.
@@ -262,7 +281,7 @@ func (r *Reconciler) candidates(ids []string) []candidate {
 		}
 		out[i] = candidate{id: id, capacity: r.caps[id], templates: r.templates[id], pool: pool,
 			network: f[nodewire.FeatureNetwork], artifacts: f[nodewire.FeatureArtifacts],
-			state: v.State(id), ratios: ratios}
+			state: v.State(id), ratios: ratios, local: r.nodes[id] != nil}
 	}
 	return out
 }

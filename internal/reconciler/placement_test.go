@@ -34,6 +34,7 @@ func TestPick(t *testing.T) {
 		return demand{template: "default", memoryMiB: memMiB, cpuMillis: cpuMillis}
 	}
 	networked := func(c candidate) candidate { c.network = true; return c }
+	local := func(c candidate) candidate { c.local = true; return c }
 	withNetwork := func(d demand) demand { d.network = true; return d }
 	const noNetwork = `no connected node that holds template "default" serves workspace networks, which this workspace's PUBLIC_INTERNET policy needs`
 	for _, tc := range []struct {
@@ -75,6 +76,18 @@ func TestPick(t *testing.T) {
 		{"network: serving nodes, none fits", []candidate{networked(node("a", 512, 4000, 0, "default")), node("b", 8192, 4000, 0, "default")},
 			withNetwork(ask(1024, 500)), "", noFit},
 		{"no network asked: any node", []candidate{networked(node("a", 1024, 4000, 0, "default")), node("b", 8192, 4000, 0, "default")},
+			ask(256, 500), "b", ""},
+		// With several replicas, a node of this replica while it has half
+		// the free memory of the emptiest.
+		{"local: preferred with half the free memory", []candidate{node("a", 4096, 4000, 0, "default"), local(node("b", 4096, 4000, 2048, "default"))},
+			ask(256, 500), "b", ""},
+		{"local: the emptiest of this replica's", []candidate{local(node("a", 4096, 4000, 1024, "default")), node("b", 4096, 4000, 0, "default"),
+			local(node("c", 4096, 4000, 512, "default"))}, ask(256, 500), "c", ""},
+		{"local: not below half", []candidate{node("a", 4096, 4000, 0, "default"), local(node("b", 4096, 4000, 2049, "default"))},
+			ask(256, 500), "a", ""},
+		{"local: only if it passes the rules", []candidate{node("a", 4096, 4000, 0, "default"), local(node("b", 8192, 4000, 0, "python"))},
+			ask(256, 500), "a", ""},
+		{"local: the emptiest anyway when it is local", []candidate{node("a", 4096, 4000, 1024, "default"), local(node("b", 4096, 4000, 0, "default"))},
 			ask(256, 500), "b", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
