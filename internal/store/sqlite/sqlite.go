@@ -293,11 +293,14 @@ func (s *Store) writeLoop() {
 	}
 }
 
-// runBatch runs batch in one transaction and delivers every result. When the
-// transaction is lost midway (SQLite rolls it back by itself after an I/O
-// error, a full disk and the like), the requests that have not run yet are
-// returned to be run in the next transaction; the request that hit the error
-// and those before it fail with it.
+// runBatch runs batch in one transaction and delivers every result once the
+// transaction has committed, a failed request's too: its fn may have failed
+// on what an earlier request of the batch wrote (a duplicate command ID),
+// and its caller, answered before the commit, could not read that write
+// yet. When the transaction is lost midway (SQLite rolls it back by itself
+// after an I/O error, a full disk and the like), the requests that have not
+// run yet are returned to be run in the next transaction; the request that
+// hit the error and those before it fail with it.
 func (s *Store) runBatch(batch []*request) (leftover []*request) {
 	if s.testHookBatch != nil {
 		s.testHookBatch(len(batch))
@@ -312,9 +315,13 @@ func (s *Store) runBatch(batch []*request) (leftover []*request) {
 		return nil
 	}
 	var succeeded []*request
+	var failed []failure
 	abort := func(err error) {
 		for _, r := range succeeded {
 			r.res <- err
+		}
+		for _, f := range failed {
+			f.r.res <- err
 		}
 		_, _ = w.exec(bg, "ROLLBACK")
 	}
@@ -335,7 +342,7 @@ func (s *Store) runBatch(batch []*request) (leftover []*request) {
 		if fnErr != nil {
 			_, e1 := w.exec(bg, "ROLLBACK TO req")
 			_, e2 := w.exec(bg, "RELEASE req")
-			r.res <- fnErr
+			failed = append(failed, failure{r, fnErr})
 			if e := errors.Join(e1, e2); e != nil {
 				abort(fmt.Errorf("store/sqlite: transaction lost: %w", e))
 				return batch[i+1:]
@@ -357,12 +364,24 @@ func (s *Store) runBatch(batch []*request) (leftover []*request) {
 		for _, r := range succeeded {
 			r.res <- err
 		}
+		for _, f := range failed {
+			f.r.res <- err
+		}
 		return nil
 	}
 	for _, r := range succeeded {
 		r.res <- nil
 	}
+	for _, f := range failed {
+		f.r.res <- f.err
+	}
 	return nil
+}
+
+// failure is a request of a batch whose fn failed, and its error.
+type failure struct {
+	r   *request
+	err error
 }
 
 // call runs fn, turning a panic into an error.

@@ -768,3 +768,64 @@ func reportCPU(b *testing.B) func() {
 func BenchmarkListSelector1k(b *testing.B) { benchmarkList(b, 1_000) }
 
 func BenchmarkListSelector100k(b *testing.B) { benchmarkList(b, 100_000) }
+
+// TestGroupCommitFailureAfterCommit: a request whose fn fails on what an
+// earlier request of its batch wrote (a duplicate) is answered only once
+// that write has committed, so its caller can read it (a command ID sent
+// twice at once: the second reads the first's record).
+func TestGroupCommitFailureAfterCommit(t *testing.T) {
+	s := openTest(t)
+	ctx := context.Background()
+	release := blockWriter(t, s)
+	waitHanding := func(n int32) {
+		for deadline := time.Now().Add(30 * time.Second); s.handing.Load() < n; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d requests waiting for the writer", s.handing.Load(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(20 * time.Millisecond) // from the counter to the select
+	}
+	first := make(chan error, 1)
+	go func() { first <- s.InTx(ctx, func(tx store.Tx) error { return tx.InsertResource(ctx, resource("dup", nil)) }) }()
+	waitHanding(1)
+	type answer struct {
+		err     error
+		visible bool
+	}
+	second := make(chan answer, 1)
+	checked := make(chan struct{})
+	go func() {
+		err := s.InTx(ctx, func(tx store.Tx) error { return tx.InsertResource(ctx, resource("dup", nil)) })
+		second <- answer{err, exists(t, s, "dup")}
+		close(checked)
+	}()
+	waitHanding(2)
+	// A third request, later in the batch, holds the commit back a while:
+	// the second must not be answered before it.
+	third := make(chan error, 1)
+	go func() {
+		third <- s.InTx(ctx, func(store.Tx) error {
+			select {
+			case <-checked:
+			case <-time.After(200 * time.Millisecond):
+			}
+			return nil
+		})
+	}()
+	waitHanding(3)
+	release()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	a := <-second
+	if !errors.Is(a.err, store.ErrDuplicate) {
+		t.Fatalf("second insert: %v, want ErrDuplicate", a.err)
+	}
+	if !a.visible {
+		t.Error("the second request was answered before the first's write committed: its caller could not read it")
+	}
+	if err := <-third; err != nil {
+		t.Fatal(err)
+	}
+}
