@@ -316,7 +316,7 @@ func TestConcurrentSameCommandID(t *testing.T) {
 			wg.Wait()
 			for i := range n {
 				if errs[i] != nil {
-					t.Fatalf("request %d: %v", i, errs[i])
+					t.Fatalf("request %d: %v\n%s", i, errs[i], e.Log.String())
 				}
 				if !proto.Equal(res[i], res[0]) {
 					t.Fatalf("request %d got %v, request 0 got %v", i, res[i], res[0])
