@@ -194,8 +194,9 @@ func runConfig(ctx context.Context, o options, k int, bin, dir string, env []str
 
 	// Nodes.
 	rec := &recorder{opened: make([]atomic.Int64, o.nodes), on: make([]atomic.Int32, o.nodes), urls: cl.urls}
-	var starts sync.Map // workspace ID → time.Time of its first Start on a node
-	var stops sync.Map  // workspace ID → time.Time of its first Stop on a node
+	var starts sync.Map  // workspace ID → time.Time of its first Start on a node
+	var stops sync.Map   // workspace ID → time.Time of its first Stop on a node
+	var deletes sync.Map // workspace ID → time.Time of its first Delete on a node
 	certDir := filepath.Join(dir, "nodes")
 	if err := os.MkdirAll(certDir, 0o700); err != nil {
 		return nil, err
@@ -228,7 +229,7 @@ func runConfig(ctx context.Context, o options, k int, bin, dir string, env []str
 			return nil, err
 		}
 		a := agent.New(agent.Config{
-			NodeID: id, Ctrl: set, Runtime: timedRuntime{agenttest.New(), &starts, &stops},
+			NodeID: id, Ctrl: set, Runtime: timedRuntime{agenttest.New(), &starts, &stops, &deletes},
 			Capacity: &nodev1.Capacity{MemoryMib: 1 << 20, CpuMillis: 1 << 20, StorageBytes: 1 << 50, StoragePool: "default"},
 			Log:      slog.New(&nodeLog{i: i, rec: rec}),
 			Templates: func() []*nodev1.TemplateInfo {
@@ -334,19 +335,26 @@ func runConfig(ctx context.Context, o options, k int, bin, dir string, env []str
 	sub := ws[o.workspaces-o.measure:]
 	logf("stopping %d at %.0f/s", len(sub), o.rate)
 	r.stop = paced(len(sub), o.rate, o.inflight, func(i int) (time.Duration, error) { return c.stop(ctx, i, &sub[i]) })
-	r.stopSplit = splitStops(sub, &stops)
+	stopAt := func(w *wsState) callMoments { return w.stopAt }
+	r.stopSplit = splitCalls(sub, &stops, stopAt)
 	logf("stops: %s", r.stop.summary())
-	logf("stops split p50/p99 ms: called→Stop %.1f/%.1f, Stop→answered %.1f/%.1f",
-		benchkit.MS(pctOf(r.stopSplit.toStop, .5)), benchkit.MS(pctOf(r.stopSplit.toStop, .99)),
-		benchkit.MS(pctOf(r.stopSplit.stopToAnswer, .5)), benchkit.MS(pctOf(r.stopSplit.stopToAnswer, .99)))
+	logf("stops split p50/p99 ms: %s", r.stopSplit.summary("Stop"))
 	if o.keep {
-		if err := writeStopTimeline(filepath.Join(dir, "stops.csv"), sub, r.stopSplit.stops, kill); err != nil {
+		if err := writeCallTimeline(filepath.Join(dir, "stops.csv"), "stop", sub, r.stopSplit, kill, stopAt); err != nil {
 			return nil, err
 		}
 	}
 	logf("deleting %d at %.0f/s", len(sub), o.rate)
 	r.del = paced(len(sub), o.rate, o.inflight, func(i int) (time.Duration, error) { return c.remove(ctx, i, &sub[i]) })
+	deleteAt := func(w *wsState) callMoments { return w.deleteAt }
+	r.deleteSplit = splitCalls(sub, &deletes, deleteAt)
 	logf("deletes: %s", r.del.summary())
+	logf("deletes split p50/p99 ms: %s", r.deleteSplit.summary("Delete"))
+	if o.keep {
+		if err := writeCallTimeline(filepath.Join(dir, "deletes.csv"), "delete", sub, r.deleteSplit, kill, deleteAt); err != nil {
+			return nil, err
+		}
+	}
 	r.end = cl.sample()
 	r.load = append(r.load, "end "+benchkit.LoadAvg())
 	r.pg2 = db.stats(ctx)
@@ -499,15 +507,19 @@ type wsState struct {
 	// and completed_at (ctrl's clock, the same host's), seen COMPLETED
 	// (client).
 	answered, createdAt, completedAt, seen time.Time
-	// The stop's call and its answer (client).
-	stopCalled, stopAnswered time.Time
+	// The stop's and the delete's calls and answers (client).
+	stopAt, deleteAt callMoments
 }
 
+// callMoments are when the client called a command and when the call
+// answered.
+type callMoments struct{ called, answered time.Time }
+
 // timedRuntime records when each workspace first reaches its node's
-// runtime (Start), and when its first Stop does.
+// runtime (Start), and when its first Stop and Delete do.
 type timedRuntime struct {
 	*agenttest.Runtime
-	starts, stops *sync.Map
+	starts, stops, deletes *sync.Map
 }
 
 func (t timedRuntime) Start(ctx context.Context, s agent.Spec) error {
@@ -518,6 +530,11 @@ func (t timedRuntime) Start(ctx context.Context, s agent.Spec) error {
 func (t timedRuntime) Stop(ctx context.Context, id string, force bool) error {
 	t.stops.LoadOrStore(id, time.Now())
 	return t.Runtime.Stop(ctx, id, force)
+}
+
+func (t timedRuntime) Delete(ctx context.Context, id string) error {
+	t.deletes.LoadOrStore(id, time.Now())
+	return t.Runtime.Delete(ctx, id)
 }
 
 // split is where a create's time goes, each a sorted list of durations.
@@ -548,42 +565,55 @@ func splitCreates(ws []wsState, starts *sync.Map) split {
 	return sp
 }
 
-// stopSplit is where a stop's time goes, each a sorted list of durations.
-type stopSplit struct {
-	toStop, stopToAnswer []time.Duration
-	stops                []time.Time // by workspace index (zero: not seen)
+// callSplit is where a call's time goes (a stop's, a delete's), each a
+// sorted list of durations: the call to the runtime's method on the node,
+// and from there to the call's answer.
+type callSplit struct {
+	toNode, nodeToAnswer []time.Duration
+	atNode               []time.Time // by workspace index (zero: not seen)
 }
 
-func splitStops(ws []wsState, stops *sync.Map) stopSplit {
-	sp := stopSplit{stops: make([]time.Time, len(ws))}
-	for i, w := range ws {
-		v, ok := stops.Load(w.id)
-		if !ok || w.stopAnswered.IsZero() {
+// splitCalls splits the calls at(w) of ws by when they reached the node
+// (atNode: workspace ID → time.Time).
+func splitCalls(ws []wsState, atNode *sync.Map, at func(*wsState) callMoments) callSplit {
+	sp := callSplit{atNode: make([]time.Time, len(ws))}
+	for i := range ws {
+		m := at(&ws[i])
+		v, ok := atNode.Load(ws[i].id)
+		if !ok || m.answered.IsZero() {
 			continue
 		}
-		st := v.(time.Time)
-		sp.stops[i] = st
-		sp.toStop = append(sp.toStop, st.Sub(w.stopCalled))
-		sp.stopToAnswer = append(sp.stopToAnswer, w.stopAnswered.Sub(st))
+		t := v.(time.Time)
+		sp.atNode[i] = t
+		sp.toNode = append(sp.toNode, t.Sub(m.called))
+		sp.nodeToAnswer = append(sp.nodeToAnswer, m.answered.Sub(t))
 	}
-	slices.Sort(sp.toStop)
-	slices.Sort(sp.stopToAnswer)
+	slices.Sort(sp.toNode)
+	slices.Sort(sp.nodeToAnswer)
 	return sp
 }
 
-// writeStopTimeline writes each stop's moments, in ms from t0 (the
-// restart's SIGTERM): called, Stop on the node, answered.
-func writeStopTimeline(path string, ws []wsState, stops []time.Time, t0 time.Time) error {
+// summary is the split's p50/p99 for the log, method naming the runtime's.
+func (sp callSplit) summary(method string) string {
+	return fmt.Sprintf("called→%s %.1f/%.1f, %s→answered %.1f/%.1f", method,
+		benchkit.MS(pctOf(sp.toNode, .5)), benchkit.MS(pctOf(sp.toNode, .99)), method,
+		benchkit.MS(pctOf(sp.nodeToAnswer, .5)), benchkit.MS(pctOf(sp.nodeToAnswer, .99)))
+}
+
+// writeCallTimeline writes each call's moments, in ms from t0 (the
+// restart's SIGTERM): called, on the node, answered.
+func writeCallTimeline(path, what string, ws []wsState, sp callSplit, t0 time.Time, at func(*wsState) callMoments) error {
 	var b strings.Builder
-	b.WriteString("i,called_ms,stop_ms,answered_ms\n")
+	fmt.Fprintf(&b, "i,called_ms,%s_ms,answered_ms\n", what)
 	ms := func(t time.Time) float64 {
 		if t.IsZero() {
 			return 0
 		}
 		return benchkit.MS(t.Sub(t0))
 	}
-	for i, w := range ws {
-		fmt.Fprintf(&b, "%d,%.1f,%.1f,%.1f\n", i, ms(w.stopCalled), ms(stops[i]), ms(w.stopAnswered))
+	for i := range ws {
+		m := at(&ws[i])
+		fmt.Fprintf(&b, "%d,%.1f,%.1f,%.1f\n", i, ms(m.called), ms(sp.atNode[i]), ms(m.answered))
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
@@ -680,13 +710,13 @@ func (c *client) stop(ctx context.Context, i int, w *wsState) (time.Duration, er
 	ws := c.ws[i%len(c.ws)]
 	cmd := c.cmdID("stop")
 	t0 := time.Now()
-	w.stopCalled = t0
+	w.stopAt.called = t0
 	resp, err := retry(func() (*connect.Response[ctrlv1.StopWorkspaceResponse], error) {
 		return ws.StopWorkspace(ctx, connect.NewRequest(&ctrlv1.StopWorkspaceRequest{
 			Metadata: &ctrlv1.CommandMetadata{CommandId: cmd}, WorkspaceId: w.id, ExpectedExpirationRevision: w.rev}))
 	})
 	d := time.Since(t0)
-	w.stopAnswered = t0.Add(d)
+	w.stopAt.answered = t0.Add(d)
 	if err != nil {
 		w.ok = false
 		return d, fmt.Errorf("StopWorkspace: %w", err)
@@ -705,11 +735,13 @@ func (c *client) remove(ctx context.Context, i int, w *wsState) (time.Duration, 
 	ws := c.ws[i%len(c.ws)]
 	cmd := c.cmdID("delete")
 	t0 := time.Now()
+	w.deleteAt.called = t0
 	resp, err := retry(func() (*connect.Response[ctrlv1.DeleteWorkspaceResponse], error) {
 		return ws.DeleteWorkspace(ctx, connect.NewRequest(&ctrlv1.DeleteWorkspaceRequest{
 			Metadata: &ctrlv1.CommandMetadata{CommandId: cmd}, WorkspaceId: w.id, ExpectedExpirationRevision: w.rev}))
 	})
 	d := time.Since(t0)
+	w.deleteAt.answered = t0.Add(d)
 	if err != nil {
 		return d, fmt.Errorf("DeleteWorkspace: %w", err)
 	}

@@ -27,7 +27,7 @@ type report struct {
 	restartErr                                  []string
 	create, stop, del                           phase
 	split                                       split
-	stopSplit                                   stopSplit
+	stopSplit, deleteSplit                      callSplit
 	pgI, pg0, pg1, pg2                          pgStats
 	sqliteBytes                                 int64
 }
@@ -86,7 +86,9 @@ func (r *report) markdown() string {
 		{"accepted (created_at) → Start on the node", r.split.toStart}, {"Start → completed_at", r.split.startToDone},
 		{"completed_at → client sees COMPLETED", r.split.doneToSeen}, {"**created_at → completed_at** (acceptance to COMPLETED)", r.split.acceptToDone}})
 	spans(w, "Where a stop's time goes (the runtime's Stop on the hollow node; the stops begin right after the restart)", []span{
-		{"called → Stop on the node", r.stopSplit.toStop}, {"Stop on the node → answered", r.stopSplit.stopToAnswer}})
+		{"called → Stop on the node", r.stopSplit.toNode}, {"Stop on the node → answered", r.stopSplit.nodeToAnswer}})
+	spans(w, "Where a delete's time goes (the runtime's Delete on the hollow node; the deletes follow the stops)", []span{
+		{"called → Delete on the node", r.deleteSplit.toNode}, {"Delete on the node → answered", r.deleteSplit.nodeToAnswer}})
 	for _, row := range []struct {
 		name string
 		p    phase
