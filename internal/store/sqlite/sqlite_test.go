@@ -787,7 +787,9 @@ func TestGroupCommitFailureAfterCommit(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // from the counter to the select
 	}
 	first := make(chan error, 1)
-	go func() { first <- s.InTx(ctx, func(tx store.Tx) error { return tx.InsertResource(ctx, resource("dup", nil)) }) }()
+	go func() {
+		first <- s.InTx(ctx, func(tx store.Tx) error { return tx.InsertResource(ctx, resource("dup", nil)) })
+	}()
 	waitHanding(1)
 	type answer struct {
 		err     error
