@@ -95,7 +95,7 @@ func TestNodeEnrollment(t *testing.T) {
 		}
 	})
 	removeBackstop(t, stateDir)
-	startNode := func(extra ...string) (*exec.Cmd, *bytes.Buffer) {
+	startNode := func(extra ...string) (*exited, *bytes.Buffer) {
 		args := append([]string{"--ctrl", p.url, "--ca", paths.CA, "--state-dir", stateDir,
 			"--guest-binary", filepath.Join(binDir, "kibotos-guest")}, extra...)
 		cmd := exec.Command(nodeBinary(t), args...)
@@ -107,8 +107,9 @@ func TestNodeEnrollment(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		return cmd, &logs
+		e := waitExit(cmd)
+		t.Cleanup(func() { _ = cmd.Process.Kill(); <-e.done })
+		return e, &logs
 	}
 	node, nodeLog := startNode("--enroll-token-file", tokenFile)
 
@@ -169,18 +170,16 @@ func TestNodeEnrollment(t *testing.T) {
 
 	// Restart the node without the token: it keeps its certificate and
 	// re-adopts the running workspace.
-	_ = node.Process.Signal(syscall.SIGTERM)
-	exited := make(chan struct{})
-	go func() { _ = node.Wait(); close(exited) }()
+	_ = node.cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-exited:
+	case <-node.done:
 	case <-time.After(30 * time.Second):
-		_ = node.Process.Signal(syscall.SIGQUIT) // every goroutine's stack into its log, and the end
+		_ = node.cmd.Process.Signal(syscall.SIGQUIT) // every goroutine's stack into its log, and the end
 		select {
-		case <-exited:
+		case <-node.done:
 		case <-time.After(5 * time.Second):
-			_ = node.Process.Kill()
-			<-exited
+			_ = node.cmd.Process.Kill()
+			<-node.done
 		}
 		t.Fatalf("kibotos-node did not end within 30 s of SIGTERM; its log:\n%s", nodeLog)
 	}

@@ -35,9 +35,9 @@ type fleet struct {
 	nodes     ctrlv1connect.NodeServiceClient
 	artifacts ctrlv1connect.ArtifactServiceClient
 	ws        ctrlv1connect.WorkspaceServiceClient
-	second    *exec.Cmd
+	second    *exited
 	secondLog *bytes.Buffer
-	startNode func(extra ...string) (*exec.Cmd, *bytes.Buffer)
+	startNode func(extra ...string) (*exited, *bytes.Buffer)
 }
 
 func startFleet(t *testing.T) *fleet {
@@ -69,7 +69,7 @@ func startFleet(t *testing.T) *fleet {
 	})
 	removeBackstop(t, stateDir)
 	paths := pki.DevPathsIn(dataDir)
-	f.startNode = func(extra ...string) (*exec.Cmd, *bytes.Buffer) {
+	f.startNode = func(extra ...string) (*exited, *bytes.Buffer) {
 		args := append([]string{"--ctrl", p.url, "--ca", paths.CA, "--state-dir", stateDir,
 			"--guest-binary", filepath.Join(binDir, "kibotos-guest"), "--memory-mib", "2048", "--cpu-millis", "2000"}, extra...)
 		cmd := exec.Command(nodeBinary(t), args...)
@@ -81,8 +81,9 @@ func startFleet(t *testing.T) *fleet {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		return cmd, &logs
+		e := waitExit(cmd)
+		t.Cleanup(func() { _ = cmd.Process.Kill(); <-e.done })
+		return e, &logs
 	}
 	f.second, f.secondLog = f.startNode("--enroll-token-file", tokenFile)
 	f.waitConnected("local", "second")
@@ -370,21 +371,17 @@ func TestFleetOperations(t *testing.T) {
 		NodeId: "second", ExpectedRegistrationVersion: f.node("second").GetRegistrationVersion()})); err != nil {
 		t.Fatalf("RetireNode: %v", err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- f.second.Wait() }()
-	_ = f.second.Process.Signal(os.Interrupt)
+	_ = f.second.cmd.Process.Signal(os.Interrupt)
 	select {
-	case <-done:
+	case <-f.second.done:
 	case <-time.After(20 * time.Second):
-		_ = f.second.Process.Kill()
+		_ = f.second.cmd.Process.Kill()
 	}
 	again, log := f.startNode()
-	waitErr := make(chan error, 1)
-	go func() { waitErr <- again.Wait() }()
 	select {
-	case err := <-waitErr:
+	case <-again.done:
 		var ee *exec.ExitError
-		if !errors.As(err, &ee) {
+		if err := again.err; !errors.As(err, &ee) {
 			t.Fatalf("the retired node exited with %v; log:\n%s", err, log)
 		}
 	case <-time.After(10 * time.Second):
@@ -395,4 +392,23 @@ func TestFleetOperations(t *testing.T) {
 	if s := f.node("second").GetState(); s != ctrlv1.NodeState_NODE_STATE_RETIRED {
 		t.Fatalf("second after RetireNode: %v", s)
 	}
+}
+
+// exited is a started process's end: one goroutine calls its Wait, once, for
+// every caller (two Waits of one exec.Cmd at once race, and one can block
+// forever: a test's and its clean-up's hung CI).
+type exited struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed when Wait returned
+	err  error         // Wait's error, once done is closed
+}
+
+// waitExit starts the one Wait of cmd, which has started.
+func waitExit(cmd *exec.Cmd) *exited {
+	e := &exited{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		e.err = cmd.Wait()
+		close(e.done)
+	}()
+	return e
 }
