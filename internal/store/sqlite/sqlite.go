@@ -358,15 +358,9 @@ func (s *Store) runBatch(batch []*request) (leftover []*request) {
 		succeeded = append(succeeded, r)
 	}
 	if _, err := w.exec(bg, "COMMIT"); err != nil {
-		// A COMMIT that failed may leave the transaction open.
-		_, _ = w.exec(bg, "ROLLBACK")
-		err = fmt.Errorf("store/sqlite: commit: %w", classify(err))
-		for _, r := range succeeded {
-			r.res <- err
-		}
-		for _, f := range failed {
-			f.r.res <- err
-		}
+		// A COMMIT that failed may leave the transaction open: abort rolls
+		// it back.
+		abort(fmt.Errorf("store/sqlite: commit: %w", classify(err)))
 		return nil
 	}
 	for _, r := range succeeded {
