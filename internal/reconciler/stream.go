@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"errors"
+	"io"
 	"slices"
 	"time"
 
@@ -38,7 +39,7 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 	}
 	first, err := stream.Receive()
 	if err != nil {
-		return err
+		return streamEnded(err)
 	}
 	hello := first.GetHello()
 	if hello == nil || hello.GetNodeId() == "" {
@@ -126,11 +127,22 @@ func (r *Reconciler) Connect(ctx context.Context, stream *connect.BidiStream[nod
 				return err
 			}
 		case err := <-errc:
-			return err
+			return streamEnded(err)
 		case <-ctx.Done():
 			return nil
 		}
 	}
+}
+
+// streamEnded is what Connect answers when receiving from its node failed
+// with err: nothing when the node ended the stream or its connection (an
+// EOF, which connect-go may wrap as CodeUnknown): that is a node going
+// away, not a fault of ctrl's to log as internal.
+func streamEnded(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil
+	}
+	return err
 }
 
 // FetchArtifact streams a published artifact's bytes to a node: the caller
