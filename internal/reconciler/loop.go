@@ -76,6 +76,8 @@ func (r *Reconciler) Run(ctx context.Context) error {
 // the same rows and PostgreSQL aborted one of them again and again:
 // bench/results/2026-12-02-hollow-queue.md.)
 func (r *Reconciler) pass(ctx context.Context) error {
+	tr := newPassTrace(ctx, r.log)
+	defer tr.log(ctx, r.log)
 	if err := r.refreshNodes(ctx, r.leads()); err != nil && ctx.Err() == nil {
 		// The records learnt so far stay; the next pass reloads.
 		r.log.Warn("reload node records", "error", err.Error())
@@ -84,12 +86,14 @@ func (r *Reconciler) pass(ctx context.Context) error {
 		// Placement goes on with the view it has; the next pass reloads.
 		r.log.Warn("reload fleet records", "error", err.Error())
 	}
+	tr.mark("refresh")
 	// Before the pending Workspaces are read: the stops it starts are sent
 	// in this pass.
 	if r.leads() { // else the fleet lease's holder applies the rules
 		if err := r.drainRules(ctx); err != nil && ctx.Err() == nil {
 			r.log.Warn("apply the stop_workspaces rule of draining nodes", "error", err.Error())
 		}
+		tr.mark("drain")
 	}
 	var pending []*store.Workspace
 	if err := r.store.View(ctx, func(tx store.Tx) error {
@@ -99,10 +103,12 @@ func (r *Reconciler) pass(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	tr.mark("pending")
 	// What was placed before an error is pushed all the same, now, not at
 	// the next pass.
-	ready, err := r.placePending(ctx, pending)
+	ready, err := r.placePending(ctx, pending, tr)
 	r.pushLogged(ctx, ready)
+	tr.mark("place_push")
 	if err != nil {
 		return err
 	}
@@ -110,6 +116,7 @@ func (r *Reconciler) pass(ctx context.Context) error {
 		r.log.Warn("push desired volumes", "error", err.Error())
 	}
 	r.flushPending()
+	tr.mark("volumes")
 	// Turning UNKNOWN completes no command: nobody to wake.
 	if !r.leads() {
 		r.mu.Lock()
@@ -118,6 +125,7 @@ func (r *Reconciler) pass(ctx context.Context) error {
 		return nil // the fleet lease's holder judges silence
 	}
 	_, err = r.markSilent(ctx)
+	tr.mark("silent")
 	return err
 }
 
@@ -128,7 +136,7 @@ func (r *Reconciler) pass(ctx context.Context) error {
 // pushed yet, also when it fails: the caller pushes them. When it placed
 // one on a node whose stream another replica holds, it wakes the other
 // replicas (store.PushTopic) to push it, as soon as that chunk committed.
-func (r *Reconciler) placePending(ctx context.Context, pending []*store.Workspace) ([]*store.Workspace, error) {
+func (r *Reconciler) placePending(ctx context.Context, pending []*store.Workspace, tr *passTrace) ([]*store.Workspace, error) {
 	var batch []string           // unplaced: placed together
 	var ready []*store.Workspace // placed: pushed together
 	mine := r.placer()
@@ -137,7 +145,7 @@ func (r *Reconciler) placePending(ctx context.Context, pending []*store.Workspac
 		if nodes == nil {
 			nodes = r.reachable(r.now())
 		}
-		ps, err := r.placeEach(ctx, nodes, batch)
+		ps, err := r.placeEach(ctx, nodes, batch, tr)
 		elsewhere := false
 		for i, p := range ps {
 			if p.completed {
@@ -196,8 +204,8 @@ const pushChunk = 32
 // one Workspace that cannot be placed (a row that does not decode) does
 // not hold back the others: each failure is logged, and the pass fails
 // only when every one of them did.
-func (r *Reconciler) placeEach(ctx context.Context, nodes []candidate, ids []string) ([]placement, error) {
-	out, err := r.placeBatch(ctx, nodes, ids)
+func (r *Reconciler) placeEach(ctx context.Context, nodes []candidate, ids []string, tr *passTrace) ([]placement, error) {
+	out, err := r.placeBatch(ctx, nodes, ids, tr)
 	if err == nil || len(ids) == 1 || ctx.Err() != nil || fault.KindOf(err) == fault.KindUnavailable {
 		return out, err
 	}

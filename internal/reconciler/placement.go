@@ -526,13 +526,18 @@ func (r *Reconciler) place(ctx context.Context, nodes []candidate, id string) (*
 // alone by place, whose failure is fenced by the fleet lease: a lease
 // lost, or any error there, leaves that one to the next pass and undoes
 // nothing of the batch.
-func (r *Reconciler) placeBatch(ctx context.Context, nodes []candidate, ids []string) ([]placement, error) {
+func (r *Reconciler) placeBatch(ctx context.Context, nodes []candidate, ids []string, tr *passTrace) ([]placement, error) {
 	if nodes == nil {
 		nodes = r.reachable(r.now())
 	}
 	var out []placement
 	var d *decider
+	called, attempts := time.Now(), 0
+	var first time.Time
 	err := r.store.InTxQueued(ctx, placementQueue, func(tx store.Tx) error {
+		if attempts++; attempts == 1 {
+			first = time.Now()
+		}
 		out = make([]placement, len(ids))
 		var err error
 		if d, err = r.newDecider(ctx, tx, slices.Clone(nodes)); err != nil {
@@ -545,6 +550,7 @@ func (r *Reconciler) placeBatch(ctx context.Context, nodes []candidate, ids []st
 		}
 		return nil
 	})
+	tr.batch(len(ids), attempts, called, first)
 	if err != nil {
 		return nil, err
 	}

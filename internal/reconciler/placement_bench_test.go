@@ -57,7 +57,7 @@ func benchPlace(b *testing.B, r *Reconciler, st store.Store) {
 			b.StopTimer()
 			ids := unplaced(pushChunk)
 			b.StartTimer()
-			ps, err := r.placeBatch(b.Context(), nil, ids)
+			ps, err := r.placeBatch(b.Context(), nil, ids, nil)
 			if err != nil {
 				b.Fatal(err)
 			}

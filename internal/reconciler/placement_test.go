@@ -255,7 +255,7 @@ func TestPlaceBatch(t *testing.T) {
 		seed(t, st, t0, row{id: id, power: running, generation: 1, state: wsCreate, memMiB: 256, command: "c-" + id})
 		ids = append(ids, id)
 	}
-	ps, err := r.placeBatch(t.Context(), nil, ids)
+	ps, err := r.placeBatch(t.Context(), nil, ids, nil)
 	if err != nil {
 		t.Fatalf("placeBatch = %v", err)
 	}
@@ -276,7 +276,7 @@ func TestPlaceBatch(t *testing.T) {
 	clock.Set(t0.Add(timeout))
 	seed(t, st, t0, row{id: "ws-fits", power: running, generation: 1, state: wsCreate, memMiB: 1, command: "c-ws-fits"})
 	lost = true
-	ps, err = r.placeBatch(t.Context(), nil, []string{"ws-08", "ws-fits", "ws-09"})
+	ps, err = r.placeBatch(t.Context(), nil, []string{"ws-08", "ws-fits", "ws-09"}, nil)
 	if err != nil {
 		t.Fatalf("placeBatch, lease lost = %v", err)
 	}
@@ -287,7 +287,7 @@ func TestPlaceBatch(t *testing.T) {
 		t.Errorf("ws-fits not placed")
 	}
 	lost = false
-	ps, err = r.placeBatch(t.Context(), nil, []string{"ws-08", "ws-09"})
+	ps, err = r.placeBatch(t.Context(), nil, []string{"ws-08", "ws-09"}, nil)
 	if err != nil || !ps[0].completed || !ps[1].completed {
 		t.Fatalf("placeBatch, lease held = %+v, %v; want both failed", ps, err)
 	}
@@ -299,10 +299,10 @@ func TestPlaceBatch(t *testing.T) {
 	seed(t, st, t0, row{id: "ws-bad", power: running, generation: 1, state: wsCreate, memMiB: 1, command: "c-ws-bad"})
 	seed(t, st, t0, row{id: "ws-good", power: running, generation: 1, state: wsCreate, memMiB: 1, command: "c-ws-good"})
 	corrupt(t, st, "ws-bad")
-	if _, err := r.placeBatch(t.Context(), nil, []string{"ws-bad", "ws-good"}); err == nil {
+	if _, err := r.placeBatch(t.Context(), nil, []string{"ws-bad", "ws-good"}, nil); err == nil {
 		t.Fatalf("placeBatch with a row that does not decode = nil, want its error")
 	}
-	ps, err = r.placeEach(t.Context(), nil, []string{"ws-bad", "ws-good"})
+	ps, err = r.placeEach(t.Context(), nil, []string{"ws-bad", "ws-good"}, nil)
 	if err != nil || ps[0].placed != nil || ps[1].placed == nil {
 		t.Errorf("placeEach = %+v, %v; want ws-good placed, no error", ps, err)
 	}
