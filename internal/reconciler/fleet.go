@@ -36,6 +36,8 @@ func emptyView() *fleet.View {
 
 // loadFleet reads the fleet's records into the cache.
 func (r *Reconciler) loadFleet(ctx context.Context) error {
+	r.loads.Lock()
+	defer r.loads.Unlock()
 	var v *fleet.View
 	if err := r.store.View(ctx, func(tx store.Tx) error {
 		var err error
@@ -53,11 +55,11 @@ func (r *Reconciler) loadFleet(ctx context.Context) error {
 	return nil
 }
 
-// refreshFleet reloads the cache when it was marked stale or is older
-// than fleetReload; the loop calls it before each pass.
-func (r *Reconciler) refreshFleet(ctx context.Context) error {
+// refreshFleet reloads the cache when it was marked stale, never loaded
+// or, when aged, older than fleetReload.
+func (r *Reconciler) refreshFleet(ctx context.Context, aged bool) error {
 	r.mu.Lock()
-	due := r.fleet.view == nil || r.fleet.stale || time.Since(r.fleet.loaded) >= fleetReload
+	due := r.fleet.view == nil || r.fleet.stale || (aged && time.Since(r.fleet.loaded) >= fleetReload)
 	r.mu.Unlock()
 	if !due {
 		return nil

@@ -320,7 +320,7 @@ func TestPlaceRechecksState(t *testing.T) {
 	if err != nil || placed != nil {
 		t.Fatalf("place with a stale view = %v, %v; want not placed", placed, err)
 	}
-	if err := r.refreshFleet(t.Context()); err != nil {
+	if err := r.refreshFleet(t.Context(), true); err != nil {
 		t.Fatal(err)
 	}
 	placed, _, err = r.place(t.Context(), nil, "ws-1")

@@ -25,10 +25,10 @@ import (
 //     which the PostgreSQL store carries to the other replicas; each marks
 //     its node records stale, and its next pass reloads them (coalesced:
 //     one reload a pass however many notifications came);
-//   - a pass reloads them anyway when they are older than nodeReload (the
-//     fallback for a lost notification), and on the fleet lease's holder
-//     when older than silenceReload, since it judges silence by the
-//     store's last_seen;
+//   - they are reloaded anyway when older than nodeReload (the fallback
+//     for a lost notification), and on the fleet lease's holder when
+//     older than silenceReload, since it judges silence by the store's
+//     last_seen: by reloadEvery, off the passes;
 //   - a reload is one query of every node's ID, last_seen, epoch and
 //     revision (store.Tx.NodeStates, no document), then the documents of
 //     only the nodes whose revision changed (a heartbeat changes
@@ -102,15 +102,16 @@ func (r *Reconciler) wakeOnNodes(ctx context.Context, changed <-chan struct{}, r
 // node's record changed (after its commit).
 func (r *Reconciler) nodesChangedHere() { r.store.Notify(store.NodesTopic) }
 
-// refreshNodes reloads the node records when stale or older than their
-// bound (nodeReload; silenceReload on the lease's holder).
-func (r *Reconciler) refreshNodes(ctx context.Context, leads bool) error {
+// refreshNodes reloads the node records when stale, never loaded or, when
+// aged, older than their bound (nodeReload; silenceReload on the lease's
+// holder).
+func (r *Reconciler) refreshNodes(ctx context.Context, aged, leads bool) error {
 	bound := nodeReload
 	if leads {
 		bound = silenceReload
 	}
 	r.mu.Lock()
-	due := r.nodeCache.stale || r.nodeCache.loaded.IsZero() || time.Since(r.nodeCache.loaded) >= bound
+	due := r.nodeCache.stale || r.nodeCache.loaded.IsZero() || (aged && time.Since(r.nodeCache.loaded) >= bound)
 	r.nodeCache.stale = false
 	r.mu.Unlock()
 	if !due {
@@ -138,6 +139,8 @@ func (r *Reconciler) LoadNodes(ctx context.Context) error { return r.loadNodes(c
 // last_seen and epoch. A stream this ctrl holds whose epoch the stored one
 // passed is superseded: the node connected again, to another replica.
 func (r *Reconciler) loadNodes(ctx context.Context) error {
+	r.loads.Lock()
+	defer r.loads.Unlock()
 	started := time.Now()
 	var states []store.NodeState
 	var docs []*store.Node

@@ -104,6 +104,11 @@ type Reconciler struct {
 	// its full state (resync).
 	resyncs chan struct{}
 
+	// loads serializes the reloads of the node and fleet records (loadNodes,
+	// loadFleet): the passes' and reloadEvery's, so that an older read is
+	// never learnt after a newer one.
+	loads sync.Mutex
+
 	mu        sync.Mutex
 	nodes     map[string]*nodeConn          // connected nodes
 	caps      map[string]workspace.Capacity // known nodes, connected or not

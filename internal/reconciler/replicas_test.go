@@ -417,3 +417,56 @@ func TestConnectedFleetWide(t *testing.T) {
 		t.Error("n1 holds its stream to a: not connected on a")
 	}
 }
+
+// TestPeriodicReloadsOffPass: a pass reloads the node and fleet records
+// only when never loaded or marked stale (a notification); their periodic
+// reload is reloadEvery's, off the passes, so that a pass placing a
+// Workspace never waits for one.
+func TestPeriodicReloadsOffPass(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	connectNode(t, r, hello("n1", 1024, 1000, "", workspace.DefaultTemplate))
+	loaded := func() (nodes, fleet time.Time) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.nodeCache.loaded, r.fleet.loaded
+	}
+	age := func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.nodeCache.loaded = r.nodeCache.loaded.Add(-time.Hour)
+		r.fleet.loaded = r.fleet.loaded.Add(-time.Hour)
+	}
+	if err := r.pass(t.Context()); err != nil { // the first pass loads both
+		t.Fatal(err)
+	}
+	if n, f := loaded(); n.IsZero() || f.IsZero() {
+		t.Fatalf("after the first pass: nodes loaded %v, fleet loaded %v; want both", n, f)
+	}
+	age()
+	n0, f0 := loaded()
+	if err := r.pass(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n, f := loaded(); !n.Equal(n0) || !f.Equal(f0) {
+		t.Fatal("a pass reloaded records that were only old: that is reloadEvery's work")
+	}
+	r.NodesChanged()
+	r.mu.Lock()
+	r.fleet.stale = true
+	r.mu.Unlock()
+	if err := r.pass(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n, f := loaded(); n.Equal(n0) || f.Equal(f0) {
+		t.Fatal("a pass did not reload the records marked stale")
+	}
+	age()
+	n0, f0 = loaded()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { r.reloadEvery(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	if !eventually(5*reloadTick, func() bool { n, f := loaded(); return !n.Equal(n0) && !f.Equal(f0) }) {
+		t.Fatal("reloadEvery did not reload the records older than their bounds")
+	}
+}
