@@ -461,6 +461,37 @@ func (d *decider) learn() {
 // before reading every node's sums again.
 const usageReload = time.Second
 
+// preloadUsage reads every node's sums into the usage cache, when it is
+// older than usageReload, in a read-only view before a placement
+// transaction begins: that read of the whole index then holds neither the
+// placement queue, for which the other replicas wait, nor the writer of
+// an SQLite store, nor SSI read locks over the whole index in the
+// serializable placement transaction, where every write of a report on
+// any node conflicted with them. The decider trusts the cache for no
+// decision (it reads the node picked again in its transaction); when the
+// view fails, it reads every node's sums in its transaction, as it does
+// when the cache finds no node.
+func (r *Reconciler) preloadUsage(ctx context.Context) {
+	r.mu.Lock()
+	fresh := r.usage.m != nil && time.Since(r.usage.loaded) < usageReload
+	r.mu.Unlock()
+	if fresh {
+		return
+	}
+	started := time.Now()
+	var m map[string]store.NodeUsage
+	if err := r.store.View(ctx, func(tx store.Tx) error {
+		var err error
+		m, err = tx.NodeUsages(ctx)
+		return err
+	}); err != nil {
+		return
+	}
+	r.mu.Lock()
+	r.usage = usageCache{m: m, loaded: started}
+	r.mu.Unlock()
+}
+
 // usageCache is every node's use as last read (store.Tx.NodeUsages).
 type usageCache struct {
 	m      map[string]store.NodeUsage
@@ -501,6 +532,7 @@ func (r *Reconciler) place(ctx context.Context, nodes []candidate, id string) (*
 	if nodes == nil {
 		nodes = r.reachable(r.now())
 	}
+	r.preloadUsage(ctx)
 	var p placement
 	var d *decider
 	err := r.store.InTxQueued(ctx, placementQueue, func(tx store.Tx) error {
@@ -530,6 +562,7 @@ func (r *Reconciler) placeBatch(ctx context.Context, nodes []candidate, ids []st
 	if nodes == nil {
 		nodes = r.reachable(r.now())
 	}
+	r.preloadUsage(ctx)
 	var out []placement
 	var d *decider
 	called, attempts := time.Now(), 0

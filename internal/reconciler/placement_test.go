@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -347,5 +348,63 @@ func corrupt(t *testing.T, st store.Store, id string) {
 		return tx.UpdateWorkspace(t.Context(), w)
 	}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// usageSpy counts where every node's sums are read (store.Tx.NodeUsages):
+// in read-only views, or in placement transactions.
+type usageSpy struct {
+	store.Store
+	inView, inTx atomic.Int64
+}
+
+type usageSpyTx struct {
+	store.Tx
+	n *atomic.Int64
+}
+
+func (t usageSpyTx) NodeUsages(ctx context.Context) (map[string]store.NodeUsage, error) {
+	t.n.Add(1)
+	return t.Tx.NodeUsages(ctx)
+}
+
+func (s *usageSpy) View(ctx context.Context, fn func(store.Tx) error) error {
+	return s.Store.View(ctx, func(tx store.Tx) error { return fn(usageSpyTx{tx, &s.inView}) })
+}
+
+func (s *usageSpy) InTxQueued(ctx context.Context, q string, fn func(store.Tx) error) error {
+	return s.Store.InTxQueued(ctx, q, func(tx store.Tx) error { return fn(usageSpyTx{tx, &s.inTx}) })
+}
+
+// TestUsagePreloadedOutsidePlacement: the usage cache, when older than
+// usageReload, is read again in a read-only view before the placement
+// transaction, not in it: that read of every node holds neither the
+// placement queue nor SQLite's writer, and takes no SSI read locks over
+// the whole index in the serializable transaction. The placement is as
+// the sums say: the emptier node.
+func TestUsagePreloadedOutsidePlacement(t *testing.T) {
+	_, st, clock := newTest(t, Config{})
+	spy := &usageSpy{Store: st}
+	r := New(Config{Store: spy, Now: clock.Now})
+	connectNode(t, r, hello("n1", 4096, 4000, "pool-a", workspace.DefaultTemplate))
+	connectNode(t, r, hello("n2", 4096, 4000, "pool-a", workspace.DefaultTemplate))
+	seed(t, st, t0, row{id: "ws-full", node: "n1", power: running, generation: 1, observed: 1, state: wsAvail, memMiB: 2048})
+	for i, id := range []string{"ws-a", "ws-b"} {
+		seed(t, st, t0, row{id: id, power: running, generation: 1, state: wsCreate, memMiB: 256, command: "c-" + id})
+		if i == 1 {
+			r.mu.Lock()
+			r.usage.loaded = r.usage.loaded.Add(-usageReload) // old
+			r.mu.Unlock()
+		}
+		ps, err := r.placeBatch(t.Context(), nil, []string{id}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ps[0].placed == nil || ps[0].placed.NodeID != "n2" {
+			t.Fatalf("%s placed %+v, want on n2 (n1 has 2048 MiB taken)", id, ps[0].placed)
+		}
+		if v, x := spy.inView.Load(), spy.inTx.Load(); v != int64(i+1) || x != 0 {
+			t.Errorf("after placing %s: every node's sums read %d times in views and %d in placement transactions, want %d and 0", id, v, x, i+1)
+		}
 	}
 }
