@@ -137,8 +137,9 @@ func (r *Reconciler) refresh(ctx context.Context, aged bool) {
 }
 
 // reloadEvery reloads, every reloadTick until ctx is done, the node and
-// fleet records older than their bounds (refresh): off the passes, so that
-// the pass placing the Workspace a client waits for does not wait for a
+// fleet records older than their bounds (refresh), and the usage cache
+// placement weighs nodes by (refreshUsage): off the passes, so that the
+// pass placing the Workspace a client waits for does not wait for a
 // periodic reload too. With 1,000 nodes one took 4–8 ms at p50 and 40 ms
 // at p90 when two replicas shared two cores, once a second in the passes
 // (bench/results/2026-12-03-reload-off-pass.md). A pass reloads only what
@@ -152,6 +153,7 @@ func (r *Reconciler) reloadEvery(ctx context.Context) {
 			return
 		case <-tick.C:
 			r.refresh(ctx, true)
+			r.refreshUsage(ctx)
 		}
 	}
 }

@@ -376,25 +376,43 @@ func (s *usageSpy) InTxQueued(ctx context.Context, q string, fn func(store.Tx) e
 	return s.Store.InTxQueued(ctx, q, func(tx store.Tx) error { return fn(usageSpyTx{tx, &s.inTx}) })
 }
 
-// TestUsagePreloadedOutsidePlacement: the usage cache, when older than
-// usageReload, is read again in a read-only view before the placement
-// transaction, not in it: that read of every node holds neither the
+// TestUsageReadOutsidePlacement: the usage cache is read in a read-only
+// view, never in the placement transaction: before the first placement,
+// and then by reloadEvery (refreshUsage) while placement uses it, once it
+// is older than usageReload; a placement reads it itself only when it is
+// older than usageStale. That read of every node holds neither the
 // placement queue nor SQLite's writer, and takes no SSI read locks over
-// the whole index in the serializable transaction. The placement is as
-// the sums say: the emptier node.
-func TestUsagePreloadedOutsidePlacement(t *testing.T) {
+// the whole index in the serializable transaction. The placements are as
+// the sums say: on the emptier node.
+func TestUsageReadOutsidePlacement(t *testing.T) {
 	_, st, clock := newTest(t, Config{})
 	spy := &usageSpy{Store: st}
 	r := New(Config{Store: spy, Now: clock.Now})
 	connectNode(t, r, hello("n1", 4096, 4000, "pool-a", workspace.DefaultTemplate))
 	connectNode(t, r, hello("n2", 4096, 4000, "pool-a", workspace.DefaultTemplate))
 	seed(t, st, t0, row{id: "ws-full", node: "n1", power: running, generation: 1, observed: 1, state: wsAvail, memMiB: 2048})
-	for i, id := range []string{"ws-a", "ws-b"} {
+	age := func(d time.Duration) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.usage.loaded = r.usage.loaded.Add(-d)
+	}
+	reads := func(when string, view, tx int64) {
+		t.Helper()
+		if v, x := spy.inView.Load(), spy.inTx.Load(); v != view || x != tx {
+			t.Errorf("%s: every node's sums read %d times in views and %d in placement transactions, want %d and %d", when, v, x, view, tx)
+		}
+	}
+	r.refreshUsage(t.Context())
+	reads("before any placement, reloadEvery", 0, 0) // placement has not used the cache
+	for i, id := range []string{"ws-a", "ws-b", "ws-c"} {
 		seed(t, st, t0, row{id: id, power: running, generation: 1, state: wsCreate, memMiB: 256, command: "c-" + id})
-		if i == 1 {
-			r.mu.Lock()
-			r.usage.loaded = r.usage.loaded.Add(-usageReload) // old
-			r.mu.Unlock()
+		switch i {
+		case 1: // old: reloadEvery reads it again
+			age(usageReload)
+			r.refreshUsage(t.Context())
+			reads("reloadEvery, the cache older than usageReload", 2, 0)
+		case 2: // stale (reloadEvery behind): the placement reads it first
+			age(usageStale)
 		}
 		ps, err := r.placeBatch(t.Context(), nil, []string{id}, nil)
 		if err != nil {
@@ -403,8 +421,12 @@ func TestUsagePreloadedOutsidePlacement(t *testing.T) {
 		if ps[0].placed == nil || ps[0].placed.NodeID != "n2" {
 			t.Fatalf("%s placed %+v, want on n2 (n1 has 2048 MiB taken)", id, ps[0].placed)
 		}
-		if v, x := spy.inView.Load(), spy.inTx.Load(); v != int64(i+1) || x != 0 {
-			t.Errorf("after placing %s: every node's sums read %d times in views and %d in placement transactions, want %d and 0", id, v, x, i+1)
-		}
+		reads("after placing "+id, []int64{1, 2, 3}[i], 0)
 	}
+	r.mu.Lock()
+	r.usage.used = r.usage.used.Add(-usageKeep)
+	r.mu.Unlock()
+	age(usageReload)
+	r.refreshUsage(t.Context())
+	reads("reloadEvery, placement idle for usageKeep", 3, 0)
 }
