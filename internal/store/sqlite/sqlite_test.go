@@ -831,3 +831,44 @@ func TestGroupCommitFailureAfterCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCheckpointsOffWriter: the writer never checkpoints (its
+// wal_autocheckpoint is 0: a checkpoint in its COMMIT held every write
+// queued behind it); the checkpointer copies the whole log into the
+// database file when no reader holds it.
+func TestCheckpointsOffWriter(t *testing.T) {
+	s := openTest(t)
+	ctx := t.Context()
+	var auto int64
+	if err := s.InTx(ctx, func(tx store.Tx) error {
+		return tx.(*txn).queryRow(ctx, "PRAGMA wal_autocheckpoint", nil, &auto)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if auto != 0 {
+		t.Fatalf("the writer's wal_autocheckpoint = %d, want 0", auto)
+	}
+	// One commit of about 3,000 pages: past the 1,000 at which SQLite's
+	// own autocheckpoint would have copied and restarted the log.
+	if err := s.InTx(ctx, func(tx store.Tx) error {
+		t := tx.(*txn)
+		if _, err := t.exec(ctx, "CREATE TABLE ckpt_test (b BLOB)"); err != nil {
+			return err
+		}
+		for range 3000 {
+			if _, err := t.exec(ctx, "INSERT INTO ckpt_test VALUES (randomblob(4000))"); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.checkpoint(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.logPages < 3000 || st.copiedPages != st.logPages {
+		t.Fatalf("checkpoint: %d pages in the log, %d copied; want at least 3,000, all copied", st.logPages, st.copiedPages)
+	}
+}
