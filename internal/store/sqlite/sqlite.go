@@ -21,10 +21,6 @@
 // exactly as if they had run one after the other, so each InTx is still
 // serializable.
 //
-// The writer never copies the log back into the database file (a
-// checkpoint, which SQLite would run inside a COMMIT): a checkpointer does,
-// beside it, on a connection of its own (checkpoint.go).
-//
 // Statements that run inside a batch are detached from the caller's context:
 // cancelling it mid-statement would interrupt SQLite, and an interrupted
 // write rolls back the whole transaction, that is every request of the batch.
@@ -119,7 +115,6 @@ type Store struct {
 
 	wdb *sql.DB // the single writer connection
 	rdb *sql.DB // query_only readers for View
-	cdb *sql.DB // the checkpointer's connection (checkpoint.go)
 	w   *conn   // wdb's connection, owned by writeLoop
 
 	// The pool of reader connections: a View takes one of readConns
@@ -130,10 +125,9 @@ type Store struct {
 	idle    []*conn // guarded by rmu
 	rclosed bool    // guarded by rmu; set by Close: released connections are closed
 
-	reqs  chan *request // unbuffered: a pending request is a blocked sender
-	quit  chan struct{} // closed by Close
-	done  chan struct{} // closed when writeLoop has returned
-	cdone chan struct{} // closed when checkpointLoop has returned
+	reqs chan *request // unbuffered: a pending request is a blocked sender
+	quit chan struct{} // closed by Close
+	done chan struct{} // closed when writeLoop has returned
 
 	closeOnce sync.Once
 	closeErr  error
@@ -170,7 +164,6 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	wv.Add("_pragma", "synchronous(FULL)")
 	wv.Set("_txlock", "immediate")
 	wv.Add("_pragma", fmt.Sprintf("mmap_size(%d)", writerMmapBytes))
-	wv.Add("_pragma", "wal_autocheckpoint(0)") // the checkpointer's work (checkpoint.go)
 	wdb, err := sql.Open("sqlite", path+"?"+wv.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("store/sqlite: open %s: %w", path, err)
@@ -213,32 +206,20 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		return nil, fmt.Errorf("store/sqlite: open %s: %w", path, err)
 	}
 
-	cdb, err := openCheckpointer(path, common)
-	if err != nil {
-		w.close(false)
-		r0.close(false)
-		wdb.Close()
-		rdb.Close()
-		return nil, fmt.Errorf("store/sqlite: open %s: %w", path, err)
-	}
-
 	s := &Store{
 		wdb:     wdb,
 		rdb:     rdb,
-		cdb:     cdb,
 		w:       w,
 		rtokens: make(chan struct{}, readConns),
 		idle:    []*conn{r0},
 		reqs:    make(chan *request),
 		quit:    make(chan struct{}),
 		done:    make(chan struct{}),
-		cdone:   make(chan struct{}),
 	}
 	for range readConns {
 		s.rtokens <- struct{}{}
 	}
 	go s.writeLoop()
-	go s.checkpointLoop()
 	return s, nil
 }
 
@@ -534,8 +515,7 @@ func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.quit)
 		<-s.done
-		<-s.cdone
-		errs := []error{s.w.close(false), s.cdb.Close()}
+		errs := []error{s.w.close(false)}
 		// Close the idle readers; those in use are closed as their View
 		// releases them.
 		s.rmu.Lock()
