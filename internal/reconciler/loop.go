@@ -145,15 +145,22 @@ func (r *Reconciler) refresh(ctx context.Context, aged bool) {
 // (bench/results/2026-12-03-reload-off-pass.md). A pass reloads only what
 // a notification marked stale.
 func (r *Reconciler) reloadEvery(ctx context.Context) {
-	tick := time.NewTicker(reloadTick)
+	every(ctx, reloadTick, func() {
+		r.refresh(ctx, true)
+		r.refreshUsage(ctx)
+	})
+}
+
+// every runs fn every d until ctx is done, one run at a time.
+func every(ctx context.Context, d time.Duration, fn func()) {
+	tick := time.NewTicker(d)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			r.refresh(ctx, true)
-			r.refreshUsage(ctx)
+			fn()
 		}
 	}
 }

@@ -449,16 +449,7 @@ const seenEvery = time.Second
 
 // writeSeenEvery runs writeSeen every seenEvery until ctx is done.
 func (r *Reconciler) writeSeenEvery(ctx context.Context) {
-	tick := time.NewTicker(seenEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			r.writeSeen(ctx)
-		}
-	}
+	every(ctx, seenEvery, func() { r.writeSeen(ctx) })
 }
 
 // fullState is the desired state of every Workspace on nc's node, read in
