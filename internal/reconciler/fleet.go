@@ -36,8 +36,8 @@ func emptyView() *fleet.View {
 
 // loadFleet reads the fleet's records into the cache.
 func (r *Reconciler) loadFleet(ctx context.Context) error {
-	r.loads.Lock()
-	defer r.loads.Unlock()
+	r.fleetLoads.Lock()
+	defer r.fleetLoads.Unlock()
 	var v *fleet.View
 	if err := r.store.View(ctx, func(tx store.Tx) error {
 		var err error

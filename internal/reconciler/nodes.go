@@ -139,8 +139,8 @@ func (r *Reconciler) LoadNodes(ctx context.Context) error { return r.loadNodes(c
 // last_seen and epoch. A stream this ctrl holds whose epoch the stored one
 // passed is superseded: the node connected again, to another replica.
 func (r *Reconciler) loadNodes(ctx context.Context) error {
-	r.loads.Lock()
-	defer r.loads.Unlock()
+	r.nodeLoads.Lock()
+	defer r.nodeLoads.Unlock()
 	started := time.Now()
 	var states []store.NodeState
 	var docs []*store.Node

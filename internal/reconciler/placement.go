@@ -489,38 +489,39 @@ type usageCache struct {
 // for does not wait for it too.
 func (r *Reconciler) refreshUsage(ctx context.Context) {
 	r.mu.Lock()
-	due := r.usage.m != nil && time.Since(r.usage.used) < usageKeep && time.Since(r.usage.loaded) >= usageReload
+	used := r.usage.m != nil && time.Since(r.usage.used) < usageKeep
 	r.mu.Unlock()
-	if due {
-		r.loadUsage(ctx)
+	if used {
+		r.loadUsage(ctx, usageReload)
 	}
 }
 
 // preloadUsage reads every node's sums, before a placement transaction
 // begins, when the usage cache is missing or older than usageStale (the
 // first placement, or reloadEvery behind or not running).
-func (r *Reconciler) preloadUsage(ctx context.Context) {
-	r.mu.Lock()
-	fresh := r.usage.m != nil && time.Since(r.usage.loaded) < usageStale
-	r.mu.Unlock()
-	if !fresh {
-		r.loadUsage(ctx)
-	}
-}
+func (r *Reconciler) preloadUsage(ctx context.Context) { r.loadUsage(ctx, usageStale) }
 
-// loadUsage reads every node's sums into the usage cache in a read-only
-// view, never in a placement transaction: that read of the whole index
-// then holds neither the placement queue, for which the other replicas
-// wait, nor the writer of an SQLite store, nor SSI read locks over the
-// whole index in the serializable placement transaction, where every
-// write of a report on any node conflicted with them. The decider trusts
-// the cache for no decision (it reads the node picked again in its
-// transaction). What placements learnt while the view ran is newer than
+// loadUsage reads every node's sums into the usage cache, when it is
+// missing or older than age, in a read-only view, never in a placement
+// transaction: that read of the whole index then holds neither the
+// placement queue, for which the other replicas wait, nor the writer of
+// an SQLite store, nor SSI read locks over the whole index in the
+// serializable placement transaction, where every write of a report on
+// any node conflicted with them. The decider trusts the cache for no
+// decision (it reads the node picked again in its transaction). Loads run
+// one at a time, and one that waited for another finds the cache fresh and
+// reads nothing. What placements learnt while the view ran is newer than
 // it and kept. When the view fails, the cache stays as it was; a decider
 // that finds it too old reads every node's sums in its transaction.
-func (r *Reconciler) loadUsage(ctx context.Context) {
+func (r *Reconciler) loadUsage(ctx context.Context, age time.Duration) {
+	r.usageLoads.Lock()
+	defer r.usageLoads.Unlock()
 	started := time.Now()
 	r.mu.Lock()
+	if r.usage.m != nil && started.Sub(r.usage.loaded) < age {
+		r.mu.Unlock()
+		return
+	}
 	r.usage.recent = map[string]store.NodeUsage{}
 	r.mu.Unlock()
 	var m map[string]store.NodeUsage

@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -356,6 +357,8 @@ func corrupt(t *testing.T, st store.Store, id string) {
 type usageSpy struct {
 	store.Store
 	inView, inTx atomic.Int64
+	// hold, when set, is called in each view before its read.
+	hold func()
 }
 
 type usageSpyTx struct {
@@ -369,6 +372,9 @@ func (t usageSpyTx) NodeUsages(ctx context.Context) (map[string]store.NodeUsage,
 }
 
 func (s *usageSpy) View(ctx context.Context, fn func(store.Tx) error) error {
+	if s.hold != nil {
+		s.hold()
+	}
 	return s.Store.View(ctx, func(tx store.Tx) error { return fn(usageSpyTx{tx, &s.inView}) })
 }
 
@@ -429,4 +435,26 @@ func TestUsageReadOutsidePlacement(t *testing.T) {
 	age(usageReload)
 	r.refreshUsage(t.Context())
 	reads("reloadEvery, placement idle for usageKeep", 3, 0)
+}
+
+// TestUsageLoadsOneAtATime: a placement needing the usage cache while
+// reloadEvery reads it waits for that read and reads nothing itself.
+func TestUsageLoadsOneAtATime(t *testing.T) {
+	_, st, clock := newTest(t, Config{})
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	spy := &usageSpy{Store: st, hold: func() { once.Do(func() { close(entered); <-release }) }}
+	r := New(Config{Store: spy, Now: clock.Now})
+	done := make(chan struct{})
+	go func() { r.loadUsage(t.Context(), usageReload); close(done) }() // reloadEvery's
+	<-entered
+	second := make(chan struct{})
+	go func() { r.preloadUsage(t.Context()); close(second) }() // a placement's
+	time.Sleep(50 * time.Millisecond)                          // let it wait for the first
+	close(release)
+	<-done
+	<-second
+	if n := spy.inView.Load(); n != 1 {
+		t.Fatalf("two loads at once read every node's sums %d times, want 1", n)
+	}
 }

@@ -104,10 +104,12 @@ type Reconciler struct {
 	// its full state (resync).
 	resyncs chan struct{}
 
-	// loads serializes the reloads of the node and fleet records (loadNodes,
-	// loadFleet): the passes' and reloadEvery's, so that an older read is
-	// never learnt after a newer one.
-	loads sync.Mutex
+	// nodeLoads, fleetLoads and usageLoads serialize the loads of the node
+	// records (loadNodes), the fleet's records (loadFleet) and the usage
+	// cache (loadUsage): the passes' and reloadEvery's, so that an older
+	// read is never learnt after a newer one. One lock each: a load of one
+	// never waits for a load of another.
+	nodeLoads, fleetLoads, usageLoads sync.Mutex
 
 	mu        sync.Mutex
 	nodes     map[string]*nodeConn          // connected nodes
