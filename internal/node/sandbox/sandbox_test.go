@@ -122,6 +122,46 @@ func processAlive(pid int) bool {
 	return unix.Kill(pid, 0) == nil
 }
 
+// freeze stops every thread of pid with SIGSTOP and waits until each one
+// is stopped. kill(2) only queues the signal: until the thread chosen to
+// take it runs, the process's other threads (a guest agent answering the
+// node) keep going, so a test that wants an unresponsive guest must wait.
+func freeze(tb testing.TB, pid int) {
+	tb.Helper()
+	if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
+		tb.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !allThreadsStopped(pid) {
+		if time.Now().After(deadline) {
+			tb.Fatalf("pid %d: threads still running 10 s after SIGSTOP", pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// allThreadsStopped reports whether every thread of pid is in state T
+// (stopped) according to /proc.
+func allThreadsStopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			return false
+		}
+		// The state follows the command, which is in parentheses and may
+		// hold any byte: read after the last ')'.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
+}
+
 func waitEvent(tb testing.TB, r *Runtime, timeout time.Duration, match func(Event) bool) Event {
 	tb.Helper()
 	deadline := time.After(timeout)
@@ -357,9 +397,7 @@ func TestWritebackFailureKeepsExecution(t *testing.T) {
 	const ws = "ws-frozen"
 	start(t, r, testSpec(ws))
 	st, _ := r.Status(ws)
-	if err := unix.Kill(st.PID, unix.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	freeze(t, st.PID)
 	t0 := time.Now()
 	err := r.Stop(ctx, ws, false)
 	if !errors.Is(err, ErrWritebackFailed) {
@@ -396,9 +434,7 @@ func TestForceSupersedesNormalStop(t *testing.T) {
 	const ws = "ws-supersede"
 	start(t, r, testSpec(ws))
 	st, _ := r.Status(ws)
-	if err := unix.Kill(st.PID, unix.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	freeze(t, st.PID)
 	normal := make(chan error, 1)
 	go func() { normal <- r.Stop(ctx, ws, false) }()
 	time.Sleep(300 * time.Millisecond)
@@ -749,9 +785,7 @@ func TestGuestConditions(t *testing.T) {
 
 	// A frozen guest becomes UNRESPONSIVE, then READY again.
 	st, _ := r.Status(ws)
-	if err := unix.Kill(st.PID, unix.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	freeze(t, st.PID)
 	ev = waitEvent(t, r, 10*time.Second, func(ev Event) bool { return ev.Kind == EventCondition && ev.WorkspaceID == ws })
 	if ev.Condition != GuestUnresponsive {
 		t.Fatalf("frozen guest: %+v", ev)
