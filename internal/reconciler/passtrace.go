@@ -15,9 +15,9 @@ type passTrace struct {
 	// Placement transactions (placeBatch): how many, the Workspaces they
 	// decided on, the attempts they took (a serialization failure is
 	// tried again), and the time until their first attempt began (the
-	// placement queue's turn and the BEGIN).
+	// pool's connection or SQLite's writer, and the BEGIN).
 	batches, rows, attempts int
-	queued                  time.Duration
+	wait                    time.Duration
 }
 
 // newPassTrace returns a trace when the debug log is on, else nil.
@@ -49,7 +49,7 @@ func (t *passTrace) batch(rows, attempts int, called, first time.Time) {
 	t.rows += rows
 	t.attempts += attempts
 	if !first.IsZero() {
-		t.queued += first.Sub(called)
+		t.wait += first.Sub(called)
 	}
 }
 
@@ -61,7 +61,7 @@ func (t *passTrace) log(ctx context.Context, log *slog.Logger) {
 	attrs := append([]any{"total_ms", ms(time.Since(t.start))}, t.attrs...)
 	if t.batches > 0 {
 		attrs = append(attrs, "place_batches", t.batches, "place_rows", t.rows, "place_attempts", t.attempts,
-			"place_queued_ms", ms(t.queued))
+			"place_wait_ms", ms(t.wait))
 	}
 	log.DebugContext(ctx, "reconcile pass", attrs...)
 }

@@ -504,8 +504,7 @@ func (r *Reconciler) preloadUsage(ctx context.Context) { r.loadUsage(ctx, usageS
 // loadUsage reads every node's sums into the usage cache, when it is
 // missing or older than age, in a read-only view, never in a placement
 // transaction: that read of the whole index then holds neither the
-// placement queue, for which the other replicas wait, nor the writer of
-// an SQLite store, nor SSI read locks over the whole index in the
+// writer of an SQLite store, nor SSI read locks over the whole index in the
 // serializable placement transaction, where every write of a report on
 // any node conflicted with them. The decider trusts the cache for no
 // decision (it reads the node picked again in its transaction). Loads run
@@ -541,14 +540,6 @@ func (r *Reconciler) loadUsage(ctx context.Context, age time.Duration) {
 	r.usage.m, r.usage.loaded = m, started
 }
 
-// placementQueue is the store queue (store.Store.InTxQueued) of every
-// placement transaction: replicas place at once (each the Workspaces it
-// admitted, and the lease holder those past handoff), on the same nodes,
-// and in the queue their transactions wait for each other instead of
-// making PostgreSQL abort them over the nodes' usage (one that finds a row
-// placed skips it).
-const placementQueue = "placement"
-
 // placement is what placing one Workspace came to.
 type placement struct {
 	placed    *store.Workspace // the row placed, nil when not
@@ -578,7 +569,7 @@ func (r *Reconciler) place(ctx context.Context, nodes []candidate, id string) (*
 	r.preloadUsage(ctx)
 	var p placement
 	var d *decider
-	err := r.store.InTxQueued(ctx, placementQueue, func(tx store.Tx) error {
+	err := r.store.InTx(ctx, func(tx store.Tx) error {
 		var err error
 		if d, err = r.newDecider(ctx, tx, slices.Clone(nodes)); err != nil {
 			return err
@@ -610,7 +601,7 @@ func (r *Reconciler) placeBatch(ctx context.Context, nodes []candidate, ids []st
 	var d *decider
 	called, attempts := time.Now(), 0
 	var first time.Time
-	err := r.store.InTxQueued(ctx, placementQueue, func(tx store.Tx) error {
+	err := r.store.InTx(ctx, func(tx store.Tx) error {
 		if attempts++; attempts == 1 {
 			first = time.Now()
 		}

@@ -378,17 +378,16 @@ func (s *usageSpy) View(ctx context.Context, fn func(store.Tx) error) error {
 	return s.Store.View(ctx, func(tx store.Tx) error { return fn(usageSpyTx{tx, &s.inView}) })
 }
 
-func (s *usageSpy) InTxQueued(ctx context.Context, q string, fn func(store.Tx) error) error {
-	return s.Store.InTxQueued(ctx, q, func(tx store.Tx) error { return fn(usageSpyTx{tx, &s.inTx}) })
+func (s *usageSpy) InTx(ctx context.Context, fn func(store.Tx) error) error {
+	return s.Store.InTx(ctx, func(tx store.Tx) error { return fn(usageSpyTx{tx, &s.inTx}) })
 }
 
 // TestUsageReadOutsidePlacement: the usage cache is read in a read-only
 // view, never in the placement transaction: before the first placement,
 // and then by reloadEvery (refreshUsage) while placement uses it, once it
 // is older than usageReload; a placement reads it itself only when it is
-// older than usageStale. That read of every node holds neither the
-// placement queue nor SQLite's writer, and takes no SSI read locks over
-// the whole index in the serializable transaction. The placements are as
+// older than usageStale. That read of every node does not hold SQLite's
+// writer, and takes no SSI read locks over the whole index in the serializable transaction. The placements are as
 // the sums say: on the emptier node.
 func TestUsageReadOutsidePlacement(t *testing.T) {
 	_, st, clock := newTest(t, Config{})

@@ -35,14 +35,6 @@ type Store interface {
 	// error from fn rolls back everything fn wrote and is returned as is.
 	// Commit is durable (fsync'd) before InTx returns nil.
 	InTx(ctx context.Context, fn func(Tx) error) error
-	// InTxQueued runs fn as InTx does, after the InTxQueued transactions
-	// of the same queue that began before it, on any replica sharing the
-	// store, have ended: for work that several replicas do over the same
-	// rows (placement), so that their transactions wait for each other
-	// instead of aborting each other. The queue orders, it guarantees
-	// nothing: fn's transaction is as serializable as InTx's, and one that
-	// waited for its turn longer than the dialect's bound runs unqueued.
-	InTxQueued(ctx context.Context, queue string, fn func(Tx) error) error
 	// View runs fn in a read-only transaction with a consistent snapshot.
 	View(ctx context.Context, fn func(Tx) error) error
 	// TouchNodes records when nodes were last heard: the last_seen of each

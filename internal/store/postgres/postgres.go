@@ -21,10 +21,6 @@
 // serialization failure and retried, so the retry sees the committed
 // command.
 //
-// InTxQueued runs its transactions on a connection holding a session
-// advisory lock of the queue (queue.go), so that the transactions of one
-// queue, on every replica, begin each after the last committed.
-//
 // InsertCommand, InsertResource and InsertWorkspace run their INSERTs inside
 // a savepoint, so an ErrDuplicate does not abort the transaction (fn may go
 // on), as in the SQLite dialect. They are plain INSERTs, not INSERT … ON
@@ -156,9 +152,6 @@ type Store struct {
 	acquire time.Duration
 	// maxConns is the pool's size.
 	maxConns int32
-	// queueWait bounds the wait for a queue's turn (InTxQueued); zero is
-	// defaultQueueWait.
-	queueWait time.Duration
 }
 
 var _ store.Store = (*Store)(nil)
@@ -242,17 +235,8 @@ func (s *Store) inTx(ctx context.Context, fn func(*txn) error) error {
 // run runs fn in a write transaction of isolation level iso, with InTx's
 // retries.
 func (s *Store) run(ctx context.Context, iso pgx.TxIsoLevel, fn func(*txn) error) error {
-	return s.runWith(ctx, s.begin, iso, fn)
-}
-
-// beginFunc begins a transaction: on a connection of the pool (Store.begin)
-// or on one connection held (InTxQueued).
-type beginFunc func(context.Context, pgx.TxOptions) (pgx.Tx, error)
-
-// runWith is run with the transactions begun by begin.
-func (s *Store) runWith(ctx context.Context, begin beginFunc, iso pgx.TxIsoLevel, fn func(*txn) error) error {
 	for attempt := 1; ; attempt++ {
-		retry, err := s.attempt(ctx, begin, iso, fn)
+		retry, err := s.attempt(ctx, iso, fn)
 		if !retry {
 			if errors.Is(err, store.ErrReadOnly) {
 				// A write transaction is read-only only on a
@@ -276,11 +260,11 @@ func (s *Store) runWith(ctx context.Context, begin beginFunc, iso pgx.TxIsoLevel
 // attempt runs fn once in a new transaction of isolation level iso; retry
 // reports a serialization failure or deadlock (seen by any statement of fn,
 // even one whose error fn swallowed, or by COMMIT).
-func (s *Store) attempt(ctx context.Context, begin beginFunc, iso pgx.TxIsoLevel, fn func(*txn) error) (retry bool, err error) {
+func (s *Store) attempt(ctx context.Context, iso pgx.TxIsoLevel, fn func(*txn) error) (retry bool, err error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	tx, err := begin(ctx, pgx.TxOptions{IsoLevel: iso})
+	tx, err := s.begin(ctx, pgx.TxOptions{IsoLevel: iso})
 	if err != nil {
 		return false, err
 	}

@@ -158,7 +158,7 @@ func TestOpenURLSearchPath(t *testing.T) {
 var pgconnError = pgconn.PgError{Code: codeSerializationFailure, Message: "test: could not serialize access"}
 
 // insertAB stores the Egresses "a" and "b", which the write skew of
-// TestRetry and TestQueueOrders reads and writes.
+// TestRetry reads and writes.
 func insertAB(t *testing.T, s *Store) {
 	t.Helper()
 	ctx := context.Background()

@@ -231,12 +231,6 @@ func cloneValues(v url.Values) url.Values {
 	return c
 }
 
-// InTxQueued implements store.Store: it is InTx, whose write transactions
-// already run one after another (one writer).
-func (s *Store) InTxQueued(ctx context.Context, _ string, fn func(store.Tx) error) error {
-	return s.InTx(ctx, fn)
-}
-
 // InTx implements store.Store. fn runs on the writer goroutine, in a batch
 // with other concurrent calls; see the package documentation. fn runs once;
 // it holds up every other write while it runs, so it must be quick, and it

@@ -32,7 +32,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -65,7 +64,6 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"KindsIsolated", testKindsIsolated},
 		{"References", testReferences},
 		{"Rollback", testRollback},
-		{"Queued", testQueued},
 		{"ViewReadOnly", testViewReadOnly},
 		{"ViewSnapshot", testViewSnapshot},
 		{"Secret", testSecret},
@@ -905,43 +903,6 @@ func testReferences(t *testing.T, s store.Store) {
 		{Kind: store.RefEgress, TargetID: "e1"}: nil,
 		{Kind: store.RefEgress, TargetID: "e2"}: nil,
 	})
-}
-
-// testQueued checks that InTxQueued is a write transaction as InTx is:
-// what fn writes is committed when it returns nil, rolled back when it
-// returns an error, which comes back as is; queues share nothing but their
-// order, so transactions of several queues at once all commit.
-func testQueued(t *testing.T, s store.Store) {
-	ctx := context.Background()
-	var wg sync.WaitGroup
-	errs := make([]error, 4)
-	for i := range errs {
-		wg.Go(func() {
-			errs[i] = s.InTxQueued(ctx, "q"+strconv.Itoa(i%2), func(tx store.Tx) error {
-				return tx.InsertResource(ctx, egress("e"+strconv.Itoa(i), base, nil))
-			})
-		})
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("InTxQueued %d: %v", i, err)
-		}
-		if _, err := getResource(t, s, store.KindEgress, "e"+strconv.Itoa(i)); err != nil {
-			t.Errorf("resource of queued transaction %d: %v", i, err)
-		}
-	}
-	err := s.InTxQueued(ctx, "q0", func(tx store.Tx) error {
-		if err := tx.InsertResource(ctx, egress("undone", base, nil)); err != nil {
-			return err
-		}
-		return errBoom
-	})
-	if err != errBoom { //nolint:errorlint // must be returned as is
-		t.Fatalf("InTxQueued = %v, want fn's error as is", err)
-	}
-	_, err = getResource(t, s, store.KindEgress, "undone")
-	wantErr(t, "resource of a rolled back queued tx", err, store.ErrNotFound)
 }
 
 func testRollback(t *testing.T, s store.Store) {
