@@ -440,17 +440,16 @@ func (d *decider) took(c *candidate, w *store.Workspace, dm demand) {
 }
 
 // learn puts into the usage cache what the decider read and placed, once
-// its transaction committed: every node's sums when it read them all, else
-// those of the nodes it checked or placed on.
+// its transaction committed: every node's sums when it read them all, and
+// those of the nodes it checked or placed on, which a load of the cache
+// running meanwhile keeps over what it read (recent).
 func (d *decider) learn() {
 	r := d.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if d.fresh {
 		r.usage.m, r.usage.loaded = d.usage, time.Now()
-		return
-	}
-	if r.usage.m == nil {
+	} else if r.usage.m == nil {
 		return
 	}
 	for id := range d.touched {

@@ -457,3 +457,28 @@ func TestUsageLoadsOneAtATime(t *testing.T) {
 		t.Fatalf("two loads at once read every node's sums %d times, want 1", n)
 	}
 }
+
+// TestLearntKeptOverLoad: what a decider that read every node's sums in its
+// transaction placed is kept when a load of the cache that began before it
+// committed ends after it (the load's view may predate the placement).
+func TestLearntKeptOverLoad(t *testing.T) {
+	_, st, clock := newTest(t, Config{})
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	spy := &usageSpy{Store: st, hold: func() { once.Do(func() { close(entered); <-release }) }}
+	r := New(Config{Store: spy, Now: clock.Now})
+	done := make(chan struct{})
+	go func() { r.loadUsage(t.Context(), usageReload); close(done) }()
+	<-entered
+	placed := store.NodeUsage{RunningMemoryMiB: 512, RunningCPUMillis: 500}
+	d := &decider{r: r, fresh: true, usage: map[string]store.NodeUsage{"n1": placed}, touched: map[string]bool{"n1": true}}
+	d.learn()
+	close(release)
+	<-done
+	r.mu.Lock()
+	got := r.usage.m["n1"]
+	r.mu.Unlock()
+	if got != placed {
+		t.Fatalf("usage of n1 after the load = %+v, want what the placement learnt, %+v", got, placed)
+	}
+}
